@@ -1,0 +1,162 @@
+//! The `verdict` command line.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use uuid::Uuid;
+
+use crate::config::{Config, DatabaseArgs, ServeArgs, ServeConfig};
+use crate::store::{self, SecretPurpose};
+use crate::tenant::{self, TenantSpec};
+
+/// verdict: exactly-once trust decisions for identity-risk signals.
+#[derive(Debug, Parser)]
+#[command(name = "verdict", version)]
+pub struct Cli {
+    #[command(flatten)]
+    pub db: DatabaseArgs,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the HTTP API.
+    Serve(ServeArgs),
+    /// Apply database migrations and exit.
+    Migrate,
+    /// Manage tenants.
+    #[command(subcommand)]
+    Tenant(TenantCommand),
+}
+
+/// `verdict tenant …`.
+#[derive(Debug, Subcommand)]
+pub enum TenantCommand {
+    /// Create a tenant and print its credentials (shown once).
+    Create {
+        /// A name for people to recognise the tenant by.
+        #[arg(long)]
+        name: String,
+        /// Accept unsigned signals from this tenant (a deliberate, recorded choice).
+        #[arg(long)]
+        no_inbound_signature: bool,
+        /// Where signed callbacks are sent.
+        #[arg(long)]
+        callback_url: Option<String>,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Replace a signing secret; the old one stays valid for the grace period.
+    RotateSecret {
+        /// The tenant's id.
+        #[arg(long)]
+        tenant: Uuid,
+        /// Which secret to rotate.
+        #[arg(long, value_enum, default_value_t = Purpose::Inbound)]
+        purpose: Purpose,
+        /// How long the old secret stays valid, in seconds.
+        #[arg(long, default_value_t = 24 * 60 * 60)]
+        grace_secs: u64,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Which of a tenant's secrets.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Purpose {
+    /// Verifies inbound `Verdict-Signature`.
+    Inbound,
+    /// Signs outbound callbacks.
+    Webhook,
+}
+
+impl From<Purpose> for SecretPurpose {
+    fn from(p: Purpose) -> Self {
+        match p {
+            Purpose::Inbound => SecretPurpose::Inbound,
+            Purpose::Webhook => SecretPurpose::Webhook,
+        }
+    }
+}
+
+/// Runs the parsed command line.
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    let (config, file) = Config::resolve(&cli.db)?;
+    match cli.command {
+        Command::Serve(args) => {
+            let serve = ServeConfig::resolve(&args, &file)?;
+            crate::server::serve(&config, serve).await
+        }
+        Command::Migrate => {
+            store::connect(&config.database_url)
+                .await
+                .context("connecting to the database and migrating")?;
+            println!("migrations applied");
+            Ok(())
+        }
+        Command::Tenant(cmd) => run_tenant(&config, cmd).await,
+    }
+}
+
+async fn run_tenant(config: &Config, cmd: TenantCommand) -> anyhow::Result<()> {
+    let store = store::connect(&config.database_url)
+        .await
+        .context("connecting to the database")?;
+    let keys = Arc::new(config.master_key()?.keyring());
+    match cmd {
+        TenantCommand::Create {
+            name,
+            no_inbound_signature,
+            callback_url,
+            json,
+        } => {
+            let created = tenant::create(
+                &*store,
+                &keys,
+                TenantSpec {
+                    name,
+                    inbound_signature_required: !no_inbound_signature,
+                    callback_url,
+                },
+            )
+            .await?;
+            if json {
+                println!("{}", serde_json::to_string(&created)?);
+            } else {
+                println!("tenant_id       {}", created.tenant_id);
+                println!("api_key         {}", created.api_key);
+                println!("signing_secret  {}", created.signing_secret);
+                println!("webhook_secret  {}", created.webhook_secret);
+                println!("(secrets are shown once; store them now)");
+            }
+        }
+        TenantCommand::RotateSecret {
+            tenant,
+            purpose,
+            grace_secs,
+            json,
+        } => {
+            let grace_ms = i64::try_from(grace_secs.saturating_mul(1000)).unwrap_or(i64::MAX);
+            let secret =
+                tenant::rotate_secret(&*store, &keys, tenant, purpose.into(), grace_ms).await?;
+            if json {
+                let out = serde_json::json!({
+                    "tenant_id": tenant,
+                    "purpose": SecretPurpose::from(purpose).as_str(),
+                    "secret": secret.to_whsec(),
+                    "previous_valid_for_secs": grace_secs,
+                });
+                println!("{out}");
+            } else {
+                println!("{}", secret.to_whsec());
+            }
+        }
+    }
+    Ok(())
+}

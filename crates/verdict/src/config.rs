@@ -1,0 +1,187 @@
+//! Configuration, layered: built-in defaults, then an optional TOML file, then `VERDICT_*`
+//! environment variables and command-line flags (clap reads both; a flag wins).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::ingest::IngestSettings;
+use crate::secrets::{MasterKey, SecretsError};
+use crate::store;
+
+/// The database used when none is configured: a file in the working directory.
+pub const DEFAULT_DATABASE_URL: &str = "sqlite://verdict.db";
+/// Where the API listens by default.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+/// How long an idempotency key is remembered by default (24 h).
+pub const DEFAULT_KEY_TTL_SECS: u64 = 24 * 60 * 60;
+/// How long a crashed holder's lock blocks a key by default.
+pub const DEFAULT_LOCK_TIMEOUT_SECS: u64 = 60;
+/// How often expired keys are pruned by default.
+pub const DEFAULT_PRUNE_INTERVAL_SECS: u64 = 60;
+
+/// Errors assembling configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("could not read the config file {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the config file {path} is invalid: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("`{0}` is not a valid listen address (expected HOST:PORT)")]
+    Listen(String),
+    #[error(
+        "VERDICT_MASTER_KEY (or master_key_file) must be set for {0}: every instance sharing \
+         the database needs the same key"
+    )]
+    MasterKeyRequired(&'static str),
+    #[error(transparent)]
+    Secrets(#[from] SecretsError),
+}
+
+/// The optional config file's contents; every field may be omitted.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub listen: Option<String>,
+    pub database_url: Option<String>,
+    pub key_ttl_secs: Option<u64>,
+    pub lock_timeout_secs: Option<u64>,
+    pub prune_interval_secs: Option<u64>,
+    pub master_key_file: Option<PathBuf>,
+}
+
+impl FileConfig {
+    /// Reads the file, or the empty config when there is none.
+    pub fn load(path: Option<&Path>) -> Result<Self, ConfigError> {
+        let Some(path) = path else {
+            return Ok(Self::default());
+        };
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.into(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.into(),
+            message: e.to_string(),
+        })
+    }
+}
+
+/// Settings every command that touches the database shares.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DatabaseArgs {
+    /// Database URL: `sqlite://PATH` (default `sqlite://verdict.db`) or `postgres://…`.
+    #[arg(long = "database", env = "VERDICT_DATABASE_URL", global = true)]
+    pub database_url: Option<String>,
+    /// A TOML config file with any of the settings.
+    #[arg(long, env = "VERDICT_CONFIG", global = true)]
+    pub config: Option<PathBuf>,
+}
+
+/// Settings of `verdict serve`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, env = "VERDICT_LISTEN")]
+    pub listen: Option<String>,
+    /// How long an idempotency key is remembered, in seconds.
+    #[arg(long, env = "VERDICT_KEY_TTL_SECS")]
+    pub key_ttl_secs: Option<u64>,
+    /// How long a crashed holder's lock blocks its key, in seconds.
+    #[arg(long, env = "VERDICT_LOCK_TIMEOUT_SECS")]
+    pub lock_timeout_secs: Option<u64>,
+    /// How often expired keys are pruned, in seconds.
+    #[arg(long, env = "VERDICT_PRUNE_INTERVAL_SECS")]
+    pub prune_interval_secs: Option<u64>,
+}
+
+/// The resolved settings for database access and secrets.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub database_url: String,
+    pub master_key_file: Option<PathBuf>,
+}
+
+impl Config {
+    /// Resolves the database URL and master key location.
+    pub fn resolve(db: &DatabaseArgs) -> Result<(Self, FileConfig), ConfigError> {
+        let file = FileConfig::load(db.config.as_deref())?;
+        let database_url = db
+            .database_url
+            .clone()
+            .or_else(|| file.database_url.clone())
+            .unwrap_or_else(|| DEFAULT_DATABASE_URL.into());
+        let config = Self {
+            database_url,
+            master_key_file: file.master_key_file.clone(),
+        };
+        Ok((config, file))
+    }
+
+    /// The master key: `VERDICT_MASTER_KEY`, else the configured file, else (SQLite only) a
+    /// file beside the database, created on first use.
+    pub fn master_key(&self) -> Result<MasterKey, ConfigError> {
+        if let Ok(text) = std::env::var("VERDICT_MASTER_KEY") {
+            return Ok(MasterKey::from_base64(&text)?);
+        }
+        if let Some(path) = &self.master_key_file {
+            return Ok(MasterKey::load_or_create(path)?);
+        }
+        match store::sqlite_path(&self.database_url) {
+            Some(db) => Ok(MasterKey::load_or_create(&master_key_beside(&db))?),
+            None => Err(ConfigError::MasterKeyRequired("a shared database")),
+        }
+    }
+}
+
+/// The default master key file for a SQLite database file.
+pub fn master_key_beside(db: &Path) -> PathBuf {
+    let mut name = db.file_name().unwrap_or_default().to_os_string();
+    name.push(".master-key");
+    db.with_file_name(name)
+}
+
+/// Resolved settings of `verdict serve`.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub listen: SocketAddr,
+    pub ingest: IngestSettings,
+    pub prune_interval_secs: u64,
+}
+
+impl ServeConfig {
+    /// Flags and environment first, then the file, then defaults.
+    pub fn resolve(args: &ServeArgs, file: &FileConfig) -> Result<Self, ConfigError> {
+        let listen = args
+            .listen
+            .clone()
+            .or_else(|| file.listen.clone())
+            .unwrap_or_else(|| DEFAULT_LISTEN.into());
+        let secs = |flag: Option<u64>, file: Option<u64>, default: u64| {
+            flag.or(file).unwrap_or(default)
+        };
+        let ms = |s: u64| i64::try_from(s.saturating_mul(1000)).unwrap_or(i64::MAX);
+        Ok(Self {
+            listen: listen.parse().map_err(|_| ConfigError::Listen(listen))?,
+            ingest: IngestSettings {
+                key_ttl_ms: ms(secs(args.key_ttl_secs, file.key_ttl_secs, DEFAULT_KEY_TTL_SECS)),
+                lock_timeout_ms: ms(secs(
+                    args.lock_timeout_secs,
+                    file.lock_timeout_secs,
+                    DEFAULT_LOCK_TIMEOUT_SECS,
+                )),
+            },
+            prune_interval_secs: secs(
+                args.prune_interval_secs,
+                file.prune_interval_secs,
+                DEFAULT_PRUNE_INTERVAL_SECS,
+            )
+            .max(1),
+        })
+    }
+}

@@ -1,0 +1,116 @@
+//! The API's error type: every failure a handler can meet, mapped once to a problem response.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+
+use super::problem::Problem;
+use crate::idempotency::KeyError;
+use crate::ingest::IngestError;
+use crate::signal::SignalError;
+use crate::store::StoreError;
+use crate::tenant::TenantError;
+
+/// Why authentication failed. The messages never repeat what the client sent.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    #[error("send the tenant API key as `Authorization: Bearer <key>`")]
+    MissingApiKey,
+    #[error("the API key is not valid")]
+    InvalidApiKey,
+    #[error("this tenant requires `Verdict-Timestamp` and `Verdict-Signature` headers")]
+    MissingSignature,
+    #[error("`Verdict-Timestamp` must be unix seconds")]
+    MalformedTimestamp,
+    #[error("`Verdict-Timestamp` is more than 300 seconds from the server's clock")]
+    StaleTimestamp,
+    #[error("no signature in `Verdict-Signature` matches the body")]
+    BadSignature,
+}
+
+/// Everything a handler can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    #[error(transparent)]
+    Signal(#[from] SignalError),
+    #[error("the body must be application/json")]
+    UnsupportedMediaType,
+    #[error("the body is larger than {0} bytes")]
+    TooLarge(usize),
+    #[error("the body could not be read")]
+    UnreadableBody,
+    #[error(transparent)]
+    Auth(#[from] AuthError),
+    #[error(transparent)]
+    Ingest(#[from] IngestError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Tenant(#[from] TenantError),
+    #[error("not found")]
+    NotFound,
+}
+
+impl ApiError {
+    /// The problem this error is shown as.
+    pub fn problem(&self) -> Problem {
+        match self {
+            Self::Key(e) => Problem::invalid_idempotency_key(e.to_string()),
+            Self::Signal(e) => Problem::invalid_request(e.to_string()),
+            Self::UnsupportedMediaType => Problem::new(
+                "unsupported-media-type",
+                "Unsupported media type",
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            )
+            .detail(self.to_string()),
+            Self::TooLarge(_) => Problem::new(
+                "payload-too-large",
+                "Payload too large",
+                StatusCode::PAYLOAD_TOO_LARGE,
+            )
+            .detail(self.to_string()),
+            Self::UnreadableBody => Problem::invalid_request(self.to_string()),
+            Self::Auth(e) => {
+                let slug = match e {
+                    AuthError::MissingApiKey | AuthError::InvalidApiKey => "invalid-api-key",
+                    AuthError::StaleTimestamp | AuthError::MalformedTimestamp => "stale-timestamp",
+                    AuthError::MissingSignature | AuthError::BadSignature => "invalid-signature",
+                };
+                Problem::unauthorized(slug, e.to_string())
+            }
+            Self::Ingest(IngestError::InProgress) => Problem::new(
+                "request-in-progress",
+                "A request with this Idempotency-Key is in progress",
+                StatusCode::CONFLICT,
+            )
+            .detail("Retry after the Retry-After interval to get its result.")
+            .retry_after(2),
+            Self::Ingest(IngestError::KeyReused) => Problem::new(
+                "idempotency-key-reused",
+                "This Idempotency-Key was used with a different payload",
+                StatusCode::UNPROCESSABLE_ENTITY,
+            )
+            .detail("Each distinct signal needs its own key; a retry must send the same payload."),
+            Self::Ingest(IngestError::Unavailable(_)) => Problem::unavailable(),
+            Self::Store(e) if e.is_transient() => Problem::unavailable(),
+            Self::Tenant(TenantError::Store(e)) if e.is_transient() => Problem::unavailable(),
+            Self::NotFound | Self::Tenant(TenantError::NotFound(_)) => Problem::not_found(),
+            Self::Ingest(IngestError::Store(_)) | Self::Store(_) | Self::Tenant(_) => {
+                Problem::internal()
+            }
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let problem = self.problem();
+        if problem.status >= 500 {
+            tracing::error!(error = ?self, "request failed");
+        } else {
+            tracing::info!(problem = %problem.type_uri, "request refused");
+        }
+        problem.into_response()
+    }
+}

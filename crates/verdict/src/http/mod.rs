@@ -1,0 +1,94 @@
+//! The HTTP API: routes, shared state, and the layers every request passes through.
+
+pub mod error;
+pub mod problem;
+mod signals;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderName, Request, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use metrics_exporter_prometheus::PrometheusHandle;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::trace::TraceLayer;
+
+use crate::ingest::Ingest;
+use crate::secrets::Keyring;
+use crate::store::Store;
+
+pub use signals::MAX_BODY_BYTES;
+
+/// What handlers share.
+#[derive(Clone)]
+pub struct AppState {
+    pub store: Arc<dyn Store>,
+    pub keys: Arc<Keyring>,
+    pub ingest: Arc<Ingest>,
+    pub metrics: Option<PrometheusHandle>,
+}
+
+const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// The whole API.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/signals", post(signals::post_signal))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .fallback(|| async { problem::Problem::not_found() })
+        .with_state(state)
+        .layer(
+            tower::ServiceBuilder::new()
+                .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
+                .layer(
+                    // The span carries the request id; it deliberately records no headers or
+                    // query, which could hold keys or identifiers.
+                    TraceLayer::new_for_http().make_span_with(|req: &Request<_>| {
+                        let id = req
+                            .headers()
+                            .get(REQUEST_ID)
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or("-");
+                        tracing::info_span!(
+                            "request",
+                            request_id = %id,
+                            method = %req.method(),
+                            path = %req.uri().path(),
+                        )
+                    }),
+                )
+                .layer(PropagateRequestIdLayer::new(REQUEST_ID)),
+        )
+}
+
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+async fn readyz(State(app): State<AppState>) -> Response {
+    match app.store.ping().await {
+        Ok(()) => "ready".into_response(),
+        Err(err) => {
+            tracing::warn!(error = %err, "readiness check failed");
+            problem::Problem::unavailable()
+                .detail("The database is unreachable.")
+                .into_response()
+        }
+    }
+}
+
+async fn metrics(State(app): State<AppState>) -> Response {
+    match &app.metrics {
+        Some(handle) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+            handle.render(),
+        )
+            .into_response(),
+        None => problem::Problem::not_found().into_response(),
+    }
+}

@@ -1,0 +1,179 @@
+//! `POST /v1/signals`: validate, authenticate, then hand over to the ingest pipeline.
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
+use super::AppState;
+use super::error::{ApiError, AuthError};
+use super::problem::PROBLEM_JSON;
+use crate::idempotency::{Fingerprint, IdempotencyKey, KeyError};
+use crate::ingest::{Inbound, Reply};
+use crate::signal::{Signal, SignalError};
+use crate::store::{SecretPurpose, StoredResponse, TenantRecord};
+use crate::tenant;
+
+/// Largest body accepted.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// How far `Verdict-Timestamp` may be from our clock, either way.
+const TIMESTAMP_TOLERANCE_SECS: i64 = 300;
+
+/// Accepts one signal.
+#[tracing::instrument(skip_all)]
+pub async fn post_signal(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    // 1. Validate without a round trip.
+    let key = idempotency_key(&headers)?;
+    require_json(&headers)?;
+    let body = read_body(&headers, body).await?;
+    let (signal, value) = Signal::parse(&body)?;
+    let fingerprint =
+        Fingerprint::of(&value).map_err(|e| SignalError::Schema(e.to_string()))?;
+
+    // 2. Authenticate.
+    let tenant = authenticate(&app, &headers, &body).await?;
+
+    // 3–5. Claim, act, persist.
+    metrics::counter!("verdict_signals_total").increment(1);
+    let reply = app
+        .ingest
+        .run(Inbound {
+            tenant: &tenant,
+            key,
+            signal,
+            fingerprint,
+        })
+        .await
+        .inspect_err(|err| {
+            let name = match err {
+                crate::ingest::IngestError::InProgress => "verdict_key_conflicts_total",
+                crate::ingest::IngestError::KeyReused => "verdict_key_mismatches_total",
+                _ => "verdict_ingest_failures_total",
+            };
+            metrics::counter!(name).increment(1);
+        })?;
+    Ok(match reply {
+        Reply::Fresh(stored) => stored_response(stored, false),
+        Reply::Replayed(stored) => {
+            metrics::counter!("verdict_replays_total").increment(1);
+            stored_response(stored, true)
+        }
+    })
+}
+
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, KeyError> {
+    let mut values = headers.get_all("idempotency-key").iter();
+    let Some(first) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(KeyError::Repeated);
+    }
+    IdempotencyKey::parse(first.as_bytes()).map(Some)
+}
+
+fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
+    let essence = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .map(str::trim);
+    match essence {
+        Some(t) if t.eq_ignore_ascii_case("application/json") => Ok(()),
+        _ => Err(ApiError::UnsupportedMediaType),
+    }
+}
+
+async fn read_body(headers: &HeaderMap, body: Body) -> Result<axum::body::Bytes, ApiError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+        return Err(ApiError::TooLarge(MAX_BODY_BYTES));
+    }
+    axum::body::to_bytes(body, MAX_BODY_BYTES)
+        .await
+        .map_err(|err| {
+            let too_large = std::error::Error::source(&err)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+            if too_large {
+                ApiError::TooLarge(MAX_BODY_BYTES)
+            } else {
+                ApiError::UnreadableBody
+            }
+        })
+}
+
+/// The API key, then the signature over the exact bytes.
+async fn authenticate(
+    app: &AppState,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<TenantRecord, ApiError> {
+    let api_key = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+        .ok_or(AuthError::MissingApiKey)?;
+    let tenant = tenant::by_api_key(&app.store, api_key)
+        .await?
+        .ok_or(AuthError::InvalidApiKey)?;
+    if !tenant.inbound_signature_required {
+        return Ok(tenant);
+    }
+    let header_str = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let (Some(timestamp), Some(signature)) = (
+        header_str("verdict-timestamp"),
+        header_str("verdict-signature"),
+    ) else {
+        return Err(AuthError::MissingSignature.into());
+    };
+    let ts: i64 = timestamp
+        .trim()
+        .parse()
+        .map_err(|_| AuthError::MalformedTimestamp)?;
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    if now.abs_diff(ts) > TIMESTAMP_TOLERANCE_SECS as u64 {
+        return Err(AuthError::StaleTimestamp.into());
+    }
+    let secrets =
+        tenant::live_secrets(&*app.store, &app.keys, tenant.id, SecretPurpose::Inbound).await?;
+    let mut content = Vec::with_capacity(timestamp.len() + 1 + body.len());
+    content.extend_from_slice(timestamp.trim().as_bytes());
+    content.push(b'.');
+    content.extend_from_slice(body);
+    if verdict_webhooks::signature_matches(&secrets, &content, signature) {
+        Ok(tenant)
+    } else {
+        Err(AuthError::BadSignature.into())
+    }
+}
+
+fn stored_response(stored: StoredResponse, replayed: bool) -> Response {
+    let status = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let content_type = if status.is_success() {
+        "application/json"
+    } else {
+        PROBLEM_JSON
+    };
+    let mut response = (
+        status,
+        [(header::CONTENT_TYPE, HeaderValue::from_static(content_type))],
+        stored.body,
+    )
+        .into_response();
+    if replayed {
+        response
+            .headers_mut()
+            .insert("idempotent-replayed", HeaderValue::from_static("true"));
+    }
+    response
+}

@@ -1,0 +1,11 @@
+//! The `Idempotency-Key` contract: the key itself, the payload fingerprint, and what a claim on
+//! a key can find.
+
+mod fingerprint;
+mod key;
+
+pub use fingerprint::{Fingerprint, FingerprintError};
+pub use key::{IdempotencyKey, KeyError};
+
+/// The endpoint part of the key table's primary key: keys are scoped per tenant and endpoint.
+pub const SIGNALS_ENDPOINT: &str = "POST /v1/signals";

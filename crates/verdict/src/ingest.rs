@@ -1,0 +1,317 @@
+//! The exactly-once ingest pipeline, phase by phase (SPEC §3): claim the key, act, record the
+//! recovery point, persist. Validation and authentication happen before, in the HTTP layer.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use crate::clock::{now_ms, to_ms};
+use crate::failpoint::failpoint;
+use crate::idempotency::{Fingerprint, IdempotencyKey, SIGNALS_ENDPOINT};
+use crate::playbook::{self, ActionKind, Decision};
+use crate::secrets::{Keyring, hex};
+use crate::signal::Signal;
+use crate::store::{
+    Claim, ClaimOutcome, Completion, KeyRef, NewEvent, RecoveryPoint, Store, StoreError,
+    StoredResponse, TenantRecord,
+};
+
+/// Lifetimes that shape the key contract.
+#[derive(Clone, Copy, Debug)]
+pub struct IngestSettings {
+    /// How long a key is remembered.
+    pub key_ttl_ms: i64,
+    /// How long a holder's lock protects it before another request may take over.
+    pub lock_timeout_ms: i64,
+}
+
+/// The decision and action outcomes: what the recovery point stores and the response reports.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DecisionRecord {
+    pub decision: Decision,
+    pub playbook_version: i64,
+    pub rule: String,
+    pub actions: Vec<ActionResult>,
+}
+
+/// One action and how it ended.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ActionResult {
+    pub action: ActionKind,
+    pub outcome: String,
+}
+
+/// The success body of `POST /v1/signals`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct SignalResponse {
+    pub event_id: Uuid,
+    pub subject_hash: String,
+    #[serde(flatten)]
+    pub record: DecisionRecord,
+}
+
+/// How the request ended, for the HTTP layer.
+#[derive(Debug)]
+pub enum Reply {
+    /// Processed by this request.
+    Fresh(StoredResponse),
+    /// A completed key's stored response.
+    Replayed(StoredResponse),
+}
+
+/// Why ingest did not produce a reply.
+#[derive(Debug, thiserror::Error)]
+pub enum IngestError {
+    #[error("a request with this idempotency key is being processed")]
+    InProgress,
+    #[error("this idempotency key was used with a different payload")]
+    KeyReused,
+    #[error("storage is unavailable; the request can be retried")]
+    Unavailable(#[source] StoreError),
+    #[error("storage failed")]
+    Store(#[source] StoreError),
+}
+
+/// A validated, authenticated signal ready for ingest.
+pub struct Inbound<'a> {
+    pub tenant: &'a TenantRecord,
+    pub key: Option<IdempotencyKey>,
+    pub signal: Signal,
+    pub fingerprint: Fingerprint,
+}
+
+/// The pipeline and what it needs.
+pub struct Ingest {
+    store: Arc<dyn Store>,
+    keys: Arc<Keyring>,
+    settings: IngestSettings,
+}
+
+/// A held claim: the row's key and our lock on it.
+struct Held {
+    key: KeyRef,
+    lock_token: Uuid,
+}
+
+impl Ingest {
+    /// Builds the pipeline.
+    pub fn new(store: Arc<dyn Store>, keys: Arc<Keyring>, settings: IngestSettings) -> Self {
+        Self {
+            store,
+            keys,
+            settings,
+        }
+    }
+
+    /// The subject's keyed digest, scoped to the tenant so digests do not correlate across
+    /// tenants.
+    pub fn subject_hash(&self, tenant_id: Uuid, signal: &Signal) -> [u8; 32] {
+        self.keys.digest(&[
+            b"subject",
+            tenant_id.as_bytes(),
+            signal.subject.kind().as_bytes(),
+            signal.subject.value().as_bytes(),
+        ])
+    }
+
+    /// Runs a signal through claim, act, dispatch and persist.
+    #[tracing::instrument(skip_all, fields(tenant_id = %inbound.tenant.id, keyed = inbound.key.is_some()))]
+    pub async fn run(&self, inbound: Inbound<'_>) -> Result<Reply, IngestError> {
+        let Some(key) = &inbound.key else {
+            // No key: at least once, and the idempotent actions absorb duplicates.
+            let event_id = Uuid::now_v7();
+            let record = self.act(&inbound, event_id).await?;
+            return self
+                .persist(&inbound, event_id, record, None)
+                .await
+                .map(Reply::Fresh)
+                .map_err(classify);
+        };
+        let now = now_ms();
+        let claim = Claim {
+            key: KeyRef {
+                tenant_id: inbound.tenant.id,
+                endpoint: SIGNALS_ENDPOINT,
+                digest: self
+                    .keys
+                    .digest(&[b"idempotency-key", key.as_bytes()])
+                    .to_vec(),
+            },
+            fingerprint: inbound.fingerprint.0.to_vec(),
+            event_id: Uuid::now_v7(),
+            lock_token: Uuid::new_v4(),
+            now,
+            locked_until: now.saturating_add(self.settings.lock_timeout_ms),
+            expires_at: now.saturating_add(self.settings.key_ttl_ms),
+        };
+        let (event_id, from) = match self.store.claim(&claim).await.map_err(classify)? {
+            ClaimOutcome::Started => (claim.event_id, RecoveryPoint::InFlight),
+            ClaimOutcome::TakenOver { event_id, from } => {
+                tracing::info!(%event_id, "took over an abandoned idempotency key");
+                (event_id, from)
+            }
+            ClaimOutcome::InProgress => return Err(IngestError::InProgress),
+            ClaimOutcome::Mismatch => return Err(IngestError::KeyReused),
+            ClaimOutcome::Completed(response) => return Ok(Reply::Replayed(response)),
+        };
+        let held = Held {
+            key: claim.key,
+            lock_token: claim.lock_token,
+        };
+        let result = self.resume(&inbound, event_id, from, &held).await;
+        if let Err(err) = &result {
+            self.settle_failure(err, &held).await;
+        }
+        result.map(Reply::Fresh)
+    }
+
+    /// Continues a held claim from its recovery point.
+    async fn resume(
+        &self,
+        inbound: &Inbound<'_>,
+        event_id: Uuid,
+        from: RecoveryPoint,
+        held: &Held,
+    ) -> Result<StoredResponse, IngestError> {
+        failpoint!("ingest::after_claim");
+        let record = match from {
+            RecoveryPoint::InFlight => {
+                let record = self.act(inbound, event_id).await?;
+                self.store
+                    .dispatch(&held.key, held.lock_token, &json(&record))
+                    .await
+                    .map_err(classify)?;
+                failpoint!("ingest::after_dispatch");
+                record
+            }
+            RecoveryPoint::Dispatched { action_results } => {
+                tracing::info!(%event_id, "resuming from the dispatched recovery point");
+                serde_json::from_str(&action_results)
+                    .map_err(|e| IngestError::Store(StoreError::Corrupt(e.to_string())))?
+            }
+        };
+        self.persist(inbound, event_id, record, Some(held))
+            .await
+            .map_err(classify)
+    }
+
+    /// Decides and runs the playbook's actions.
+    async fn act(
+        &self,
+        inbound: &Inbound<'_>,
+        _event_id: Uuid,
+    ) -> Result<DecisionRecord, IngestError> {
+        let outcome = playbook::built_in(&inbound.signal, OffsetDateTime::now_utc());
+        let actions = outcome
+            .actions
+            .iter()
+            .map(|&action| ActionResult {
+                action,
+                outcome: "done".into(),
+            })
+            .collect();
+        Ok(DecisionRecord {
+            decision: outcome.decision,
+            playbook_version: outcome.playbook_version,
+            rule: outcome.rule.to_owned(),
+            actions,
+        })
+    }
+
+    /// Stores the event, decision and response, completing the key, in one transaction.
+    async fn persist(
+        &self,
+        inbound: &Inbound<'_>,
+        event_id: Uuid,
+        record: DecisionRecord,
+        held: Option<&Held>,
+    ) -> Result<StoredResponse, StoreError> {
+        let tenant_id = inbound.tenant.id;
+        let signal = &inbound.signal;
+        let subject_hash = self.subject_hash(tenant_id, signal);
+        let event = NewEvent {
+            id: event_id,
+            tenant_id,
+            signal_type: signal.signal_type.as_str(),
+            subject_hash: subject_hash.to_vec(),
+            observed_at: to_ms(signal.observed_at),
+            attributes: json(&signal.attributes),
+            metadata: json(&signal.metadata),
+            decision: record.decision.as_str(),
+            playbook_version: record.playbook_version,
+            rule: record.rule.clone(),
+            actions: json(&record.actions),
+            created_at: now_ms(),
+        };
+        let decision = record.decision;
+        let body = SignalResponse {
+            event_id,
+            subject_hash: hex(&subject_hash),
+            record,
+        };
+        let response = StoredResponse {
+            status: 200,
+            body: json(&body).into_bytes(),
+        };
+        failpoint!("ingest::before_persist");
+        self.store
+            .complete(&Completion {
+                event: Some(event),
+                key: held.map(|h| (h.key.clone(), h.lock_token)),
+                response: response.clone(),
+            })
+            .await?;
+        metrics::counter!("verdict_decisions_total", "decision" => decision.as_str()).increment(1);
+        tracing::info!(%event_id, decision = decision.as_str(), "signal decided");
+        Ok(response)
+    }
+
+    /// After a failure with the key held: a transient one releases the lock so the retry
+    /// resumes from the recovery point; a final one is stored and replayed.
+    async fn settle_failure(&self, err: &IngestError, held: &Held) {
+        match err {
+            IngestError::Unavailable(_) | IngestError::InProgress | IngestError::KeyReused => {
+                if let Err(release) = self.store.release(&held.key, held.lock_token).await {
+                    tracing::warn!(error = %release, "could not release an idempotency lock");
+                }
+            }
+            IngestError::Store(cause) => {
+                tracing::error!(error = ?cause, "signal failed permanently; storing the 500");
+                let response = StoredResponse {
+                    status: 500,
+                    body: crate::http::problem::Problem::internal().to_json(),
+                };
+                let completion = Completion {
+                    event: None,
+                    key: Some((held.key.clone(), held.lock_token)),
+                    response,
+                };
+                if let Err(store) = self.store.complete(&completion).await {
+                    tracing::warn!(error = %store, "could not store a final error");
+                }
+            }
+        }
+    }
+}
+
+impl From<StoreError> for IngestError {
+    fn from(err: StoreError) -> Self {
+        classify(err)
+    }
+}
+
+fn classify(err: StoreError) -> IngestError {
+    if err.is_transient() {
+        IngestError::Unavailable(err)
+    } else {
+        IngestError::Store(err)
+    }
+}
+
+/// Serialises our own types and JSON maps, which cannot fail: no non-string map keys and no
+/// failing `Serialize` impls.
+fn json<T: Serialize>(value: &T) -> String {
+    serde_json::to_string(value).expect("serialising owned JSON-safe values cannot fail")
+}

@@ -1,0 +1,21 @@
+//! verdict: exactly-once trust decisions for identity-risk signals.
+//!
+//! A request flows through the modules in this order:
+//! HTTP ([`http`]) → validated [`signal::Signal`] and [`idempotency::IdempotencyKey`] →
+//! [`tenant`] authentication → [`ingest`] (claim in the [`store`], decide with the
+//! [`playbook`], record the recovery point, persist). [`secrets`] derives every server key
+//! from one master key; [`config`] and [`cli`] wire it together for the `verdict` binary.
+
+pub mod cli;
+pub mod clock;
+pub mod config;
+mod failpoint;
+pub mod http;
+pub mod idempotency;
+pub mod ingest;
+pub mod playbook;
+pub mod secrets;
+pub mod server;
+pub mod signal;
+pub mod store;
+pub mod tenant;

@@ -1,0 +1,89 @@
+//! `verdict serve`: the API, its background pruner, and graceful shutdown.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::now_ms;
+use crate::config::{Config, ServeConfig};
+use crate::http::{AppState, router};
+use crate::ingest::Ingest;
+use crate::store::{self, Store};
+
+/// Runs the API until SIGINT or SIGTERM.
+pub async fn serve(config: &Config, serve: ServeConfig) -> anyhow::Result<()> {
+    let store = store::connect(&config.database_url)
+        .await
+        .context("connecting to the database")?;
+    let keys = Arc::new(config.master_key()?.keyring());
+    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .ok();
+    let state = AppState {
+        ingest: Arc::new(Ingest::new(store.clone(), keys.clone(), serve.ingest)),
+        store: store.clone(),
+        keys,
+        metrics,
+    };
+    let shutdown = CancellationToken::new();
+    let pruner = tokio::spawn(prune_keys(
+        store,
+        Duration::from_secs(serve.prune_interval_secs),
+        shutdown.clone(),
+    ));
+
+    let listener = tokio::net::TcpListener::bind(serve.listen)
+        .await
+        .with_context(|| format!("binding {}", serve.listen))?;
+    let addr = listener.local_addr()?;
+    tracing::info!("listening on http://{addr}");
+    let stop = shutdown.clone();
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(async move {
+            shutdown_signal().await;
+            stop.cancel();
+        })
+        .await?;
+    shutdown.cancel();
+    let _ = pruner.await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Deletes expired idempotency keys on a schedule.
+async fn prune_keys(store: Arc<dyn Store>, every: Duration, stop: CancellationToken) {
+    let mut ticker = tokio::time::interval(every);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = ticker.tick() => match store.prune_expired_keys(now_ms()).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(pruned = n, "pruned expired idempotency keys"),
+                Err(err) => tracing::warn!(error = %err, "pruning expired keys failed"),
+            },
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}

@@ -1,0 +1,308 @@
+//! Storage: one trait, two real backends (SQLite embedded, PostgreSQL shared).
+//!
+//! Both use the database's own uniqueness check to decide races: a claim is one
+//! `INSERT … ON CONFLICT DO NOTHING RETURNING`, a takeover one compare-and-set `UPDATE`.
+//! Times are unix milliseconds; identifiers only ever arrive here as keyed digests.
+
+mod postgres;
+mod sqlite;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use uuid::Uuid;
+
+pub use postgres::PostgresStore;
+pub use sqlite::SqliteStore;
+
+/// Errors from storage; `is_transient` tells a retry from a final failure.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("the database is unreachable or busy")]
+    Unavailable(#[source] sqlx::Error),
+    #[error("another request took over this idempotency key")]
+    LockLost,
+    #[error("database error")]
+    Database(#[source] sqlx::Error),
+    #[error("migrations failed")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("a stored record is malformed: {0}")]
+    Corrupt(String),
+    #[error("unsupported database URL (expected sqlite://PATH or postgres://…)")]
+    UnsupportedUrl,
+}
+
+impl StoreError {
+    /// A transient failure leaves work at its last recovery point for a retry to resume.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Unavailable(_) | Self::LockLost)
+    }
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(err: sqlx::Error) -> Self {
+        use sqlx::Error as E;
+        match &err {
+            E::Io(_) | E::Tls(_) | E::PoolTimedOut | E::PoolClosed | E::WorkerCrashed => {
+                Self::Unavailable(err)
+            }
+            // SQLITE_BUSY / SQLITE_LOCKED, and PostgreSQL's serialization, deadlock, connection
+            // and shutdown classes: the same statement may well succeed on retry.
+            E::Database(db) => match db.code().as_deref() {
+                Some("5" | "6" | "517" | "40001" | "40P01" | "57P01" | "57P02" | "57P03") => {
+                    Self::Unavailable(err)
+                }
+                Some(code) if code.starts_with("08") => Self::Unavailable(err),
+                _ => Self::Database(err),
+            },
+            _ => Self::Database(err),
+        }
+    }
+}
+
+/// Which secret of a tenant's a row holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SecretPurpose {
+    /// Verifies `Verdict-Signature` on inbound signals.
+    Inbound,
+    /// Signs outbound callbacks.
+    Webhook,
+}
+
+impl SecretPurpose {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Inbound => "inbound",
+            Self::Webhook => "webhook",
+        }
+    }
+}
+
+/// A tenant to insert.
+#[derive(Clone, Debug)]
+pub struct NewTenant {
+    pub id: Uuid,
+    pub name: String,
+    pub api_key_hash: Vec<u8>,
+    pub inbound_signature_required: bool,
+    pub callback_url: Option<String>,
+    pub created_at: i64,
+}
+
+/// A tenant as stored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TenantRecord {
+    pub id: Uuid,
+    pub name: String,
+    pub inbound_signature_required: bool,
+    pub callback_url: Option<String>,
+    pub callback_disabled: bool,
+}
+
+/// A signing secret sealed under the master key.
+#[derive(Clone, Debug)]
+pub struct SealedSecret {
+    pub id: Uuid,
+    pub purpose: SecretPurpose,
+    pub sealed: Vec<u8>,
+    pub created_at: i64,
+}
+
+/// The primary key of an idempotency row.
+#[derive(Clone, Debug)]
+pub struct KeyRef {
+    pub tenant_id: Uuid,
+    pub endpoint: &'static str,
+    pub digest: Vec<u8>,
+}
+
+/// A request to claim a key, with the lock it takes if it wins.
+#[derive(Clone, Debug)]
+pub struct Claim {
+    pub key: KeyRef,
+    pub fingerprint: Vec<u8>,
+    pub event_id: Uuid,
+    pub lock_token: Uuid,
+    pub now: i64,
+    pub locked_until: i64,
+    pub expires_at: i64,
+}
+
+/// A response stored on a completed key, replayed byte for byte.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredResponse {
+    pub status: u16,
+    pub body: Vec<u8>,
+}
+
+/// Where a taken-over row stood when its holder died.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RecoveryPoint {
+    /// Nothing recorded yet: process from the start.
+    InFlight,
+    /// Actions ran; their results (JSON) are all persistence needs.
+    Dispatched { action_results: String },
+}
+
+/// What a claim found; each arm is the handler's next step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClaimOutcome {
+    /// We inserted the row: process from the start with our event id.
+    Started,
+    /// The holder's lock had expired and we took the row over.
+    TakenOver {
+        event_id: Uuid,
+        from: RecoveryPoint,
+    },
+    /// Someone holds a fresh lock: 409.
+    InProgress,
+    /// The key was used with another payload: 422.
+    Mismatch,
+    /// Completed earlier: replay.
+    Completed(StoredResponse),
+}
+
+/// An event (the signal without raw identifiers, and its decision) to persist.
+#[derive(Clone, Debug)]
+pub struct NewEvent {
+    pub id: Uuid,
+    pub tenant_id: Uuid,
+    pub signal_type: &'static str,
+    pub subject_hash: Vec<u8>,
+    pub observed_at: i64,
+    pub attributes: String,
+    pub metadata: String,
+    pub decision: &'static str,
+    pub playbook_version: i64,
+    pub rule: String,
+    pub actions: String,
+    pub created_at: i64,
+}
+
+/// The last step of a request: the event (if one was decided) and the response, with the key
+/// (if any) moved to `completed` in the same transaction.
+#[derive(Clone, Debug)]
+pub struct Completion {
+    pub event: Option<NewEvent>,
+    pub key: Option<(KeyRef, Uuid)>,
+    pub response: StoredResponse,
+}
+
+/// Everything verdict stores, whichever database holds it.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Applies pending migrations.
+    async fn migrate(&self) -> Result<(), StoreError>;
+    /// One round trip, for readiness.
+    async fn ping(&self) -> Result<(), StoreError>;
+
+    /// Inserts a tenant and its first secrets in one transaction.
+    async fn create_tenant(
+        &self,
+        tenant: &NewTenant,
+        secrets: &[SealedSecret],
+    ) -> Result<(), StoreError>;
+    /// The tenant whose API key hashes to `hash`.
+    async fn tenant_by_api_key(&self, hash: &[u8]) -> Result<Option<TenantRecord>, StoreError>;
+    /// A tenant by id.
+    async fn tenant(&self, id: Uuid) -> Result<Option<TenantRecord>, StoreError>;
+    /// Secrets of a purpose that are valid at `now`, newest first.
+    async fn live_secrets(
+        &self,
+        tenant_id: Uuid,
+        purpose: SecretPurpose,
+        now: i64,
+    ) -> Result<Vec<SealedSecret>, StoreError>;
+    /// Adds `secret` and retires the tenant's current secrets of its purpose at `retire_at`.
+    async fn rotate_secret(
+        &self,
+        tenant_id: Uuid,
+        secret: &SealedSecret,
+        retire_at: i64,
+    ) -> Result<(), StoreError>;
+
+    /// Claims an idempotency key, or reports what holds it.
+    async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome, StoreError>;
+    /// Records action results and moves the row to `dispatched`: the recovery point.
+    async fn dispatch(
+        &self,
+        key: &KeyRef,
+        lock_token: Uuid,
+        action_results: &str,
+    ) -> Result<(), StoreError>;
+    /// Persists the event and the response and completes the key, in one transaction.
+    async fn complete(&self, completion: &Completion) -> Result<(), StoreError>;
+    /// Releases our lock, leaving the row at its last recovery point.
+    async fn release(&self, key: &KeyRef, lock_token: Uuid) -> Result<(), StoreError>;
+    /// Deletes keys whose lifetime ended; returns how many.
+    async fn prune_expired_keys(&self, now: i64) -> Result<u64, StoreError>;
+}
+
+/// Opens the backend a URL names and runs its migrations.
+pub async fn connect(url: &str) -> Result<Arc<dyn Store>, StoreError> {
+    let store: Arc<dyn Store> = if url.starts_with("sqlite:") {
+        Arc::new(SqliteStore::connect(url).await?)
+    } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+        Arc::new(PostgresStore::connect(url).await?)
+    } else {
+        return Err(StoreError::UnsupportedUrl);
+    };
+    store.migrate().await?;
+    Ok(store)
+}
+
+/// The file a `sqlite:` URL points at, if any (for placing the master key beside it).
+pub fn sqlite_path(url: &str) -> Option<std::path::PathBuf> {
+    let rest = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:"))?;
+    let path = rest.split('?').next().unwrap_or(rest);
+    (!path.is_empty() && path != ":memory:").then(|| path.into())
+}
+
+/// An existing key row, as a claim that lost the insert reads it.
+#[derive(Clone, Debug)]
+struct ExistingKey {
+    fingerprint: Vec<u8>,
+    state: String,
+    event_id: Uuid,
+    locked_until: i64,
+    action_results: Option<String>,
+    response_status: Option<i32>,
+    response_body: Option<Vec<u8>>,
+    expires_at: i64,
+}
+
+/// What to do about a row a claim found; shared by both backends so they judge alike.
+enum Judgement {
+    /// The row outlived its key lifetime: delete it and insert afresh.
+    Expired,
+    /// The answer is known without another statement.
+    Final(ClaimOutcome),
+    /// The holder's lock expired: compare-and-set it, then resume from here.
+    TakeOver(RecoveryPoint),
+}
+
+fn judge(row: ExistingKey, claim: &Claim) -> Judgement {
+    if row.expires_at <= claim.now {
+        return Judgement::Expired;
+    }
+    if row.fingerprint != claim.fingerprint {
+        return Judgement::Final(ClaimOutcome::Mismatch);
+    }
+    match (row.state.as_str(), row.response_status, row.response_body) {
+        ("completed", Some(status), Some(body)) => {
+            Judgement::Final(ClaimOutcome::Completed(StoredResponse {
+                status: u16::try_from(status).unwrap_or(500),
+                body,
+            }))
+        }
+        _ if row.locked_until > claim.now => Judgement::Final(ClaimOutcome::InProgress),
+        ("dispatched", _, _) => Judgement::TakeOver(RecoveryPoint::Dispatched {
+            action_results: row.action_results.unwrap_or_else(|| "[]".into()),
+        }),
+        _ => Judgement::TakeOver(RecoveryPoint::InFlight),
+    }
+}
+
+/// How many times a claim retries after finding an expired row deleted under it.
+const CLAIM_ATTEMPTS: usize = 3;

@@ -1,0 +1,155 @@
+//! Tenants: creation with fresh credentials, secret rotation, and the per-request lookups that
+//! authenticate a signal.
+
+use std::sync::Arc;
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use rand::RngCore;
+use serde::Serialize;
+use uuid::Uuid;
+use verdict_webhooks::Secret;
+
+use crate::clock::now_ms;
+use crate::secrets::{Keyring, SecretsError, api_key_hash};
+use crate::store::{NewTenant, SealedSecret, SecretPurpose, Store, StoreError, TenantRecord};
+
+/// Prefix of every API key, so leaked keys are recognisable by scanners.
+const API_KEY_PREFIX: &str = "vk_";
+
+/// Errors managing tenants.
+#[derive(Debug, thiserror::Error)]
+pub enum TenantError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Secrets(#[from] SecretsError),
+    #[error("no tenant with id {0}")]
+    NotFound(Uuid),
+    #[error("the callback URL is not an http(s) URL")]
+    InvalidCallbackUrl,
+}
+
+/// What `tenant create` prints; the secrets are shown this once and never again.
+#[derive(Debug, Serialize)]
+pub struct CreatedTenant {
+    pub tenant_id: Uuid,
+    pub name: String,
+    pub api_key: String,
+    pub signing_secret: String,
+    pub webhook_secret: String,
+    pub inbound_signature_required: bool,
+    pub callback_url: Option<String>,
+}
+
+/// Options for a new tenant.
+#[derive(Debug, Clone)]
+pub struct TenantSpec {
+    pub name: String,
+    pub inbound_signature_required: bool,
+    pub callback_url: Option<String>,
+}
+
+/// Associated data binding a sealed secret to its tenant and purpose.
+fn seal_context(tenant_id: Uuid, purpose: SecretPurpose) -> Vec<u8> {
+    format!("{tenant_id}/{}", purpose.as_str()).into_bytes()
+}
+
+fn seal(keys: &Keyring, tenant_id: Uuid, purpose: SecretPurpose, secret: &Secret) -> SealedSecret {
+    SealedSecret {
+        id: Uuid::now_v7(),
+        purpose,
+        sealed: keys.seal(secret.as_bytes(), &seal_context(tenant_id, purpose)),
+        created_at: now_ms(),
+    }
+}
+
+fn generate_api_key() -> String {
+    let mut bytes = [0u8; 32];
+    rand::rng().fill_bytes(&mut bytes);
+    format!("{API_KEY_PREFIX}{}", URL_SAFE_NO_PAD.encode(bytes))
+}
+
+/// Creates a tenant with a fresh API key, inbound signing secret and webhook secret.
+pub async fn create(
+    store: &dyn Store,
+    keys: &Keyring,
+    spec: TenantSpec,
+) -> Result<CreatedTenant, TenantError> {
+    if let Some(url) = &spec.callback_url {
+        let parsed = reqwest::Url::parse(url).map_err(|_| TenantError::InvalidCallbackUrl)?;
+        if !matches!(parsed.scheme(), "http" | "https") {
+            return Err(TenantError::InvalidCallbackUrl);
+        }
+    }
+    let id = Uuid::now_v7();
+    let api_key = generate_api_key();
+    let inbound = Secret::generate();
+    let webhook = Secret::generate();
+    let tenant = NewTenant {
+        id,
+        name: spec.name.clone(),
+        api_key_hash: api_key_hash(&api_key).to_vec(),
+        inbound_signature_required: spec.inbound_signature_required,
+        callback_url: spec.callback_url.clone(),
+        created_at: now_ms(),
+    };
+    let sealed = [
+        seal(keys, id, SecretPurpose::Inbound, &inbound),
+        seal(keys, id, SecretPurpose::Webhook, &webhook),
+    ];
+    store.create_tenant(&tenant, &sealed).await?;
+    Ok(CreatedTenant {
+        tenant_id: id,
+        name: spec.name,
+        api_key,
+        signing_secret: inbound.to_whsec(),
+        webhook_secret: webhook.to_whsec(),
+        inbound_signature_required: spec.inbound_signature_required,
+        callback_url: spec.callback_url,
+    })
+}
+
+/// Replaces a tenant's secret of `purpose`; the old ones stay valid for `grace_ms`.
+pub async fn rotate_secret(
+    store: &dyn Store,
+    keys: &Keyring,
+    tenant_id: Uuid,
+    purpose: SecretPurpose,
+    grace_ms: i64,
+) -> Result<Secret, TenantError> {
+    store
+        .tenant(tenant_id)
+        .await?
+        .ok_or(TenantError::NotFound(tenant_id))?;
+    let secret = Secret::generate();
+    let sealed = seal(keys, tenant_id, purpose, &secret);
+    store
+        .rotate_secret(tenant_id, &sealed, now_ms().saturating_add(grace_ms))
+        .await?;
+    Ok(secret)
+}
+
+/// A tenant's secrets of one purpose that are valid now, opened, newest first.
+pub async fn live_secrets(
+    store: &dyn Store,
+    keys: &Keyring,
+    tenant_id: Uuid,
+    purpose: SecretPurpose,
+) -> Result<Vec<Secret>, TenantError> {
+    let context = seal_context(tenant_id, purpose);
+    store
+        .live_secrets(tenant_id, purpose, now_ms())
+        .await?
+        .into_iter()
+        .map(|s| Ok(Secret::from_bytes(keys.open(&s.sealed, &context)?)))
+        .collect()
+}
+
+/// The tenant an API key belongs to, if any.
+pub async fn by_api_key(
+    store: &Arc<dyn Store>,
+    api_key: &str,
+) -> Result<Option<TenantRecord>, StoreError> {
+    store.tenant_by_api_key(&api_key_hash(api_key)).await
+}
