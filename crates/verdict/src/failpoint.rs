@@ -1,27 +1,51 @@
 //! Named failpoints between ingest phases, compiled in only with the `failpoints` feature.
 //!
-//! Configure with `FAILPOINTS="ingest::after_claim=return(abort)"` (the `fail` crate's syntax).
-//! `return(abort)` aborts the process on the spot, as a crash would; `return` alone fails the
-//! request as if the database had gone away; `sleep(ms)` and the other `fail` actions work too.
+//! Configure with `FAILPOINTS="ingest::after_claim=return(abort)"` (the `fail` crate's syntax):
+//! - `return(abort)` aborts the process on the spot, as a crash would;
+//! - `return(delay_ms=N)` holds the request N ms without blocking the runtime (the crate's own
+//!   `sleep` would block a worker thread and stall unrelated requests);
+//! - `return` alone fails the request as if the database had gone away.
+//!
+//! A count prefix limits how often a point fires, e.g. `1*return`.
 
 /// Marks a point where tests may inject a crash, a transient failure or a delay.
 macro_rules! failpoint {
     ($name:literal) => {
         #[cfg(feature = "failpoints")]
-        {
-            fail::fail_point!($name, |arg| {
-                if arg.as_deref() == Some("abort") {
-                    std::process::abort();
+        if let Some(arg) = fail::eval($name, |arg| arg) {
+            match crate::failpoint::Injected::from(arg) {
+                crate::failpoint::Injected::Abort => std::process::abort(),
+                crate::failpoint::Injected::Delay(pause) => tokio::time::sleep(pause).await,
+                crate::failpoint::Injected::Fail => {
+                    return Err(crate::store::StoreError::Unavailable(
+                        sqlx::Error::PoolTimedOut,
+                    )
+                    .into());
                 }
-                Err(crate::failpoint::injected().into())
-            });
+            }
         }
     };
 }
 pub(crate) use failpoint;
 
-/// The error an injected failure returns: a transient database outage.
+/// What a configured failpoint asks for.
 #[cfg(feature = "failpoints")]
-pub(crate) fn injected() -> crate::store::StoreError {
-    crate::store::StoreError::Unavailable(sqlx::Error::PoolTimedOut)
+pub(crate) enum Injected {
+    Abort,
+    Delay(std::time::Duration),
+    Fail,
+}
+
+#[cfg(feature = "failpoints")]
+impl From<Option<String>> for Injected {
+    fn from(arg: Option<String>) -> Self {
+        match arg.as_deref() {
+            Some("abort") => Self::Abort,
+            Some(other) => match other.strip_prefix("delay_ms=").map(str::parse) {
+                Some(Ok(ms)) => Self::Delay(std::time::Duration::from_millis(ms)),
+                _ => Self::Fail,
+            },
+            None => Self::Fail,
+        }
+    }
 }

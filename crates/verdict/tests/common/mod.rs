@@ -1,0 +1,454 @@
+//! The one test harness: a fresh database per test on either backend, the real `verdict` binary
+//! on a real socket, tenants made with the real CLI, and signed requests.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use base64::Engine;
+use serde_json::Value;
+use sqlx::{PgPool, SqlitePool};
+use uuid::Uuid;
+
+/// Which database a test runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// Runs each named `async fn name(backend: Backend)` in this file once per backend, as
+/// `sqlite::name` and `postgres::name`.
+#[macro_export]
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name($crate::common::Backend::Sqlite).await
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name($crate::common::Backend::Postgres).await
+                }
+            )*
+        }
+    };
+}
+
+/// The PostgreSQL server tests create their databases on.
+pub fn pg_admin_url() -> String {
+    std::env::var("VERDICT_TEST_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+/// A database of its own for one test, dropped afterwards.
+pub struct TestDb {
+    pub backend: Backend,
+    pub url: String,
+    pub master_key: String,
+    dir: PathBuf,
+    pg_name: Option<String>,
+}
+
+impl TestDb {
+    /// A fresh, empty database on `backend`.
+    pub async fn new(backend: Backend) -> TestDb {
+        let dir = std::env::temp_dir().join(format!("verdict-test-{}", Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let master_key = base64::engine::general_purpose::STANDARD.encode(rand_bytes());
+        match backend {
+            Backend::Sqlite => TestDb {
+                backend,
+                url: format!("sqlite://{}", dir.join("verdict.db").display()),
+                master_key,
+                dir,
+                pg_name: None,
+            },
+            Backend::Postgres => {
+                let name = format!("verdict_test_{}", Uuid::new_v4().simple());
+                let admin = PgPool::connect(&pg_admin_url()).await.unwrap_or_else(|e| {
+                    panic!(
+                        "PostgreSQL is required for the postgres tests and is unreachable at {} \
+                         ({e}); start it with `pg_ctlcluster --skip-systemctl-redirect \
+                         $(ls /etc/postgresql) main start`",
+                        pg_admin_url()
+                    )
+                });
+                sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+                    .execute(&admin)
+                    .await
+                    .unwrap();
+                admin.close().await;
+                let base = pg_admin_url();
+                let url = format!("{}/{name}", &base[..base.rfind('/').unwrap()]);
+                TestDb {
+                    backend,
+                    url,
+                    master_key,
+                    dir,
+                    pg_name: Some(name),
+                }
+            }
+        }
+    }
+
+    /// The folder for this test's files (SQLite database, key files).
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
+    }
+
+    /// Runs a scalar query (written to work on both backends) against the test database.
+    pub async fn scalar(&self, sql: &'static str) -> i64 {
+        match self.backend {
+            Backend::Sqlite => {
+                let pool = SqlitePool::connect(&self.url).await.unwrap();
+                let n: i64 = sqlx::query_scalar(sql).fetch_one(&pool).await.unwrap();
+                pool.close().await;
+                n
+            }
+            Backend::Postgres => {
+                let pool = PgPool::connect(&self.url).await.unwrap();
+                let n: i64 = sqlx::query_scalar(sql).fetch_one(&pool).await.unwrap();
+                pool.close().await;
+                n
+            }
+        }
+    }
+
+    /// A text scalar query.
+    pub async fn text(&self, sql: &'static str) -> String {
+        match self.backend {
+            Backend::Sqlite => {
+                let pool = SqlitePool::connect(&self.url).await.unwrap();
+                let s: String = sqlx::query_scalar(sql).fetch_one(&pool).await.unwrap();
+                pool.close().await;
+                s
+            }
+            Backend::Postgres => {
+                let pool = PgPool::connect(&self.url).await.unwrap();
+                let s: String = sqlx::query_scalar(sql).fetch_one(&pool).await.unwrap();
+                pool.close().await;
+                s
+            }
+        }
+    }
+
+    /// Rows in a table.
+    pub async fn count(&self, table: &str) -> i64 {
+        let sql: &'static str = match table {
+            "events" => "SELECT COUNT(*) FROM events",
+            "idempotency_keys" => "SELECT COUNT(*) FROM idempotency_keys",
+            "tenants" => "SELECT COUNT(*) FROM tenants",
+            other => panic!("no count query for {other}"),
+        };
+        self.scalar(sql).await
+    }
+
+    /// Every byte the database holds: the SQLite files, or a `pg_dump` of the database.
+    pub fn dump(&self) -> Vec<u8> {
+        match self.backend {
+            Backend::Sqlite => {
+                let mut bytes = Vec::new();
+                for entry in std::fs::read_dir(&self.dir).unwrap() {
+                    let path = entry.unwrap().path();
+                    let name = path.file_name().unwrap().to_string_lossy().into_owned();
+                    if name.starts_with("verdict.db") && !name.ends_with(".master-key") {
+                        bytes.extend(std::fs::read(&path).unwrap());
+                    }
+                }
+                assert!(!bytes.is_empty(), "the SQLite database files were not found");
+                bytes
+            }
+            Backend::Postgres => {
+                let out = Command::new("pg_dump")
+                    .arg(&self.url)
+                    .output()
+                    .expect("pg_dump must be installed for the postgres dump test");
+                assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+                out.stdout
+            }
+        }
+    }
+
+    /// Runs the `verdict` CLI against this database and returns its stdout.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new(env!("CARGO_BIN_EXE_verdict"))
+            .args(args)
+            .env("VERDICT_DATABASE_URL", &self.url)
+            .env("VERDICT_MASTER_KEY", &self.master_key)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "verdict {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// Creates a tenant with the real CLI.
+    pub fn tenant(&self, extra: &[&str]) -> Tenant {
+        let mut args = vec!["tenant", "create", "--name", "test", "--json"];
+        args.extend_from_slice(extra);
+        let json: Value = serde_json::from_str(&self.cli(&args)).unwrap();
+        Tenant {
+            id: json["tenant_id"].as_str().unwrap().to_owned(),
+            api_key: json["api_key"].as_str().unwrap().to_owned(),
+            signing_secret: json["signing_secret"].as_str().unwrap().to_owned(),
+            webhook_secret: json["webhook_secret"].as_str().unwrap().to_owned(),
+        }
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+        if let Some(name) = self.pg_name.take() {
+            // Drop runs outside any runtime guarantee, so use a short-lived one on a thread.
+            let admin_url = pg_admin_url();
+            let _ = std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                rt.block_on(async {
+                    if let Ok(admin) = PgPool::connect(&admin_url).await {
+                        let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+                            "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+                        )))
+                        .execute(&admin)
+                        .await;
+                        admin.close().await;
+                    }
+                });
+            })
+            .join();
+        }
+    }
+}
+
+fn rand_bytes() -> [u8; 32] {
+    let mut b = [0u8; 32];
+    for chunk in b.chunks_mut(16) {
+        chunk.copy_from_slice(Uuid::new_v4().as_bytes());
+    }
+    b
+}
+
+/// A tenant's credentials as `tenant create` printed them.
+#[derive(Clone, Debug)]
+pub struct Tenant {
+    pub id: String,
+    pub api_key: String,
+    pub signing_secret: String,
+    pub webhook_secret: String,
+}
+
+/// A running `verdict serve`, killed on drop; its stderr (JSON logs) is kept for inspection.
+pub struct Server {
+    pub base: String,
+    child: Child,
+    logs: Arc<Mutex<Vec<String>>>,
+    pub client: reqwest::Client,
+}
+
+impl Server {
+    /// Starts the binary on a free port with extra environment variables.
+    pub fn start(db: &TestDb, env: &[(&str, &str)]) -> Server {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_verdict"));
+        cmd.args(["serve", "--listen", "127.0.0.1:0"])
+            .env("VERDICT_DATABASE_URL", &db.url)
+            .env("VERDICT_MASTER_KEY", &db.master_key)
+            .env("VERDICT_LOG_FORMAT", "json")
+            .env("VERDICT_LOG", "debug,sqlx=warn,hyper=info,h2=info")
+            .env_remove("FAILPOINTS")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sink = logs.clone();
+        std::thread::spawn(move || {
+            let mut tx = Some(tx);
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if let Some(at) = line.find("listening on http://") {
+                    let rest = &line[at + "listening on http://".len()..];
+                    let addr: String = rest
+                        .chars()
+                        .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
+                        .collect();
+                    if let Some(tx) = tx.take() {
+                        let _ = tx.send(addr);
+                    }
+                }
+                sink.lock().unwrap().push(line);
+            }
+        });
+        let addr = match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(addr) => addr,
+            Err(_) => {
+                let _ = child.kill();
+                panic!("verdict serve did not start: {:?}", logs.lock().unwrap());
+            }
+        };
+        Server {
+            base: format!("http://{addr}"),
+            child,
+            logs,
+            client: reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .unwrap(),
+        }
+    }
+
+    /// Everything the server logged so far.
+    pub fn logs(&self) -> String {
+        self.logs.lock().unwrap().join("\n")
+    }
+
+    /// Kills the process, as a crash would.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Waits for the process to exit on its own (an aborted failpoint) and returns whether it
+    /// died abnormally.
+    pub fn wait_for_crash(mut self) -> bool {
+        for _ in 0..100 {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return !status.success();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("the server did not exit at the failpoint");
+    }
+
+    /// Sends a keyed signal to a server that is expected to die at a failpoint on the way.
+    pub async fn send_raw_expecting_crash(&self, tenant: &Tenant, key: &str, body: &str) {
+        let req = signed(
+            self.client.post(format!("{}/v1/signals", self.base)),
+            tenant,
+            Some(key),
+            body,
+            now(),
+        );
+        assert!(req.send().await.is_err(), "the connection dies with the process");
+    }
+
+    /// Sends a signal body with the given key, signed for `tenant` at the current time.
+    pub async fn send(&self, tenant: &Tenant, key: Option<&str>, body: &str) -> Reply {
+        let req = signed(
+            self.client.post(format!("{}/v1/signals", self.base)),
+            tenant,
+            key,
+            body,
+            now(),
+        );
+        Reply::from(req.send().await.unwrap()).await
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Unix seconds now.
+pub fn now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
+
+/// Adds the API key, content type, optional idempotency key and a `Verdict-Signature` made
+/// at `timestamp` to a request.
+pub fn signed(
+    req: reqwest::RequestBuilder,
+    tenant: &Tenant,
+    key: Option<&str>,
+    body: &str,
+    timestamp: i64,
+) -> reqwest::RequestBuilder {
+    let secret = verdict_webhooks::Secret::parse(&tenant.signing_secret).unwrap();
+    let signature = secret.sign_content(format!("{timestamp}.{body}").as_bytes());
+    let mut req = req
+        .bearer_auth(&tenant.api_key)
+        .header("content-type", "application/json")
+        .header("verdict-timestamp", timestamp.to_string())
+        .header("verdict-signature", signature)
+        .body(body.to_owned());
+    if let Some(key) = key {
+        req = req.header("idempotency-key", key);
+    }
+    req
+}
+
+/// A response, read whole.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    /// Reads a response.
+    pub async fn from(resp: reqwest::Response) -> Reply {
+        Reply {
+            status: resp.status().as_u16(),
+            headers: resp.headers().clone(),
+            body: resp.bytes().await.unwrap().to_vec(),
+        }
+    }
+
+    /// The body as JSON.
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|_| panic!("not JSON: {}", String::from_utf8_lossy(&self.body)))
+    }
+
+    /// A header's value.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// Whether this is a replay of a stored response.
+    pub fn replayed(&self) -> bool {
+        self.header("idempotent-replayed") == Some("true")
+    }
+}
+
+/// A SIM-swap signal about `phone`, observed an hour ago.
+pub fn sim_swap(phone: &str) -> String {
+    let observed = time::OffsetDateTime::now_utc() - time::Duration::hours(1);
+    let observed = observed
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap();
+    format!(
+        r#"{{"type":"sim_swap","subject":{{"phone":"{phone}"}},"observed_at":"{observed}","attributes":{{"carrier":"example-mobile"}},"metadata":{{"case_ref":"abc-1"}}}}"#
+    )
+}
+
+/// A fresh random UUIDv4 idempotency key.
+pub fn new_key() -> String {
+    Uuid::new_v4().to_string()
+}

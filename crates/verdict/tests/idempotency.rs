@@ -1,0 +1,304 @@
+//! The Idempotency-Key contract of `POST /v1/signals`, row by row of SPEC §3's state table,
+//! over real sockets against the real binary, on both backends.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Backend, Server, TestDb, new_key, sim_swap};
+
+async fn completed_key_replays_status_and_body_with_replayed_header(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = db.tenant(&[]);
+    let server = Server::start(&db, &[]);
+    let key = new_key();
+    let body = sim_swap("+447700900001");
+
+    let first = server.send(&tenant, Some(&key), &body).await;
+    assert_eq!(first.status, 200, "{}", String::from_utf8_lossy(&first.body));
+    assert!(!first.replayed());
+    assert_eq!(first.json()["decision"], "deny");
+
+    let again = server.send(&tenant, Some(&key), &body).await;
+    assert_eq!(again.status, 200);
+    assert!(again.replayed());
+    assert_eq!(again.body, first.body, "a replay is byte for byte the stored body");
+    assert_eq!(db.count("events").await, 1);
+}
+
+async fn retry_with_other_body_gets_422(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = db.tenant(&[]);
+    let server = Server::start(&db, &[]);
+    let key = new_key();
+
+    let first = server.send(&tenant, Some(&key), &sim_swap("+447700900002")).await;
+    assert_eq!(first.status, 200);
+    let other = server.send(&tenant, Some(&key), &sim_swap("+447700900003")).await;
+    assert_eq!(other.status, 422);
+    assert_eq!(other.header("content-type"), Some("application/problem+json"));
+    assert_eq!(
+        other.json()["type"],
+        "https://verdict.dev/problems/idempotency-key-reused"
+    );
+    assert_eq!(db.count("events").await, 1);
+}
+
+async fn in_flight_key_gets_409_with_retry_after_then_the_result(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = db.tenant(&[]);
+    let server = Server::start(&db, &[("FAILPOINTS", "ingest::after_claim=1*return(delay_ms=2500)")]);
+    let key = new_key();
+    let body = sim_swap("+447700900004");
+
+    let slow = {
+        let (server_base, tenant, key, body) =
+            (server.base.clone(), tenant.clone(), key.clone(), body.clone());
+        tokio::spawn(async move {
+            let client = reqwest::Client::new();
+            let req = common::signed(
+                client.post(format!("{server_base}/v1/signals")),
+                &tenant,
+                Some(&key),
+                &body,
+                common::now(),
+            );
+            common::Reply::from(req.send().await.unwrap()).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(800)).await;
+
+    let busy = server.send(&tenant, Some(&key), &body).await;
+    assert_eq!(busy.status, 409);
+    assert_eq!(busy.header("retry-after"), Some("2"));
+    assert_eq!(busy.json()["type"], "https://verdict.dev/problems/request-in-progress");
+
+    let mismatch = server.send(&tenant, Some(&key), &sim_swap("+447700900005")).await;
+    assert_eq!(mismatch.status, 422, "another payload is refused even while in flight");
+
+    let first = slow.await.unwrap();
+    assert_eq!(first.status, 200);
+    let after = server.send(&tenant, Some(&key), &body).await;
+    assert!(after.replayed());
+    assert_eq!(after.body, first.body);
+    assert_eq!(db.count("events").await, 1);
+}
+
+async fn abandoned_in_flight_key_is_taken_over_after_the_lock_expires(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = db.tenant(&[]);
+    let key = new_key();
+    let body = sim_swap("+447700900006");
+    let lock = [("VERDICT_LOCK_TIMEOUT_SECS", "2")];
+
+    let doomed = Server::start(
+        &db,
+        &[
+            lock[0],
+            ("FAILPOINTS", "ingest::after_claim=return(abort)"),
+        ],
+    );
+    doomed.send_raw_expecting_crash(&tenant, &key, &body).await;
+    assert!(doomed.wait_for_crash());
+    assert_eq!(db.count("idempotency_keys").await, 1, "the claim survived the crash");
+
+    let server = Server::start(&db, &lock);
+    let blocked = server.send(&tenant, Some(&key), &body).await;
+    assert_eq!(blocked.status, 409, "the dead holder's lock is still fresh");
+
+    tokio::time::sleep(Duration::from_millis(2200)).await;
+    let taken = server.send(&tenant, Some(&key), &body).await;
+    assert_eq!(taken.status, 200, "{}", String::from_utf8_lossy(&taken.body));
+    assert!(!taken.replayed());
+    assert!(server.logs().contains("took over an abandoned idempotency key"));
+    assert_eq!(db.count("events").await, 1);
+}
+
+async fn dispatched_key_resumes_with_stored_results_without_acting_again(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = db.tenant(&[]);
+    let key = new_key();
+    let body = sim_swap("+447700900007");
+    let lock = ("VERDICT_LOCK_TIMEOUT_SECS", "1");
+
+    let doomed = Server::start(&db, &[lock, ("FAILPOINTS", "ingest::after_dispatch=return(abort)")]);
+    doomed.send_raw_expecting_crash(&tenant, &key, &body).await;
+    assert!(doomed.wait_for_crash());
+    assert_eq!(
+        db.scalar("SELECT COUNT(*) FROM idempotency_keys WHERE state = 'dispatched'")
+            .await,
+        1
+    );
+    assert_eq!(db.count("events").await, 0);
+
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let server = Server::start(&db, &[lock]);
+    let resumed = server.send(&tenant, Some(&key), &body).await;
+    assert_eq!(resumed.status, 200, "{}", String::from_utf8_lossy(&resumed.body));
+    assert!(server.logs().contains("resuming from the dispatched recovery point"));
+    let stored: serde_json::Value = serde_json::from_str(
+        &db.text("SELECT action_results FROM idempotency_keys").await,
+    )
+    .unwrap();
+    assert_eq!(resumed.json()["actions"], stored["actions"]);
+    assert_eq!(db.count("events").await, 1);
+}
+
+async fn transient_failure_releases_the_lock_and_the_retry_resumes(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = db.tenant(&[]);
+    let server = Server::start(&db, &[("FAILPOINTS", "ingest::before_persist=1*return")]);
+    let key = new_key();
+    let body = sim_swap("+447700900008");
+
+    let failed = server.send(&tenant, Some(&key), &body).await;
+    assert_eq!(failed.status, 503);
+    assert_eq!(failed.header("retry-after"), Some("2"));
+    assert_eq!(
+        db.scalar("SELECT COUNT(*) FROM idempotency_keys WHERE state = 'dispatched'")
+            .await,
+        1,
+        "the row stays at its recovery point"
+    );
+
+    // No wait for the lock timeout: the lock was released.
+    let retried = server.send(&tenant, Some(&key), &body).await;
+    assert_eq!(retried.status, 200);
+    assert!(!retried.replayed());
+    assert_eq!(db.count("events").await, 1);
+    let replay = server.send(&tenant, Some(&key), &body).await;
+    assert!(replay.replayed(), "a 503 is never stored; the 200 is");
+}
+
+async fn hundred_concurrent_requests_with_one_key_yield_one_event(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = db.tenant(&[]);
+    let server = Server::start(&db, &[]);
+    let key = new_key();
+    let body = sim_swap("+447700900009");
+
+    let mut tasks = Vec::new();
+    for _ in 0..100 {
+        let req = common::signed(
+            server.client.post(format!("{}/v1/signals", server.base)),
+            &tenant,
+            Some(&key),
+            &body,
+            common::now(),
+        );
+        tasks.push(tokio::spawn(async move {
+            common::Reply::from(req.send().await.unwrap()).await
+        }));
+    }
+    let mut replies = Vec::new();
+    for t in tasks {
+        replies.push(t.await.unwrap());
+    }
+    let fresh: Vec<_> = replies.iter().filter(|r| r.status == 200 && !r.replayed()).collect();
+    assert_eq!(fresh.len(), 1, "exactly one request processed the signal");
+    for r in &replies {
+        match r.status {
+            200 => assert_eq!(r.body, fresh[0].body, "every 200 is the same answer"),
+            409 => assert_eq!(r.header("retry-after"), Some("2")),
+            other => panic!("unexpected status {other}: {}", String::from_utf8_lossy(&r.body)),
+        }
+    }
+    assert_eq!(db.count("events").await, 1);
+    assert_eq!(db.scalar("SELECT COUNT(DISTINCT decision) FROM events").await, 1);
+}
+
+async fn reserialised_body_is_a_replay_not_a_422(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = db.tenant(&[]);
+    let server = Server::start(&db, &[]);
+    let key = new_key();
+    let body = sim_swap("+447700900010");
+
+    let first = server.send(&tenant, Some(&key), &body).await;
+    assert_eq!(first.status, 200);
+    let value: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let mut reordered = String::from("{\n");
+    let obj = value.as_object().unwrap();
+    let fields: Vec<_> = obj.iter().rev().collect();
+    for (i, (k, v)) in fields.iter().enumerate() {
+        let sep = if i + 1 < fields.len() { "," } else { "" };
+        reordered.push_str(&format!("  {:?} :  {}{sep}\n", k, serde_json::to_string_pretty(v).unwrap()));
+    }
+    reordered.push('}');
+    assert_ne!(reordered, body);
+
+    let again = server.send(&tenant, Some(&key), &reordered).await;
+    assert_eq!(again.status, 200, "{}", String::from_utf8_lossy(&again.body));
+    assert!(again.replayed());
+    assert_eq!(again.body, first.body);
+}
+
+async fn same_key_under_two_tenants_makes_two_signals(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let a = db.tenant(&[]);
+    let b = db.tenant(&[]);
+    let server = Server::start(&db, &[]);
+    let key = new_key();
+    let body = sim_swap("+447700900011");
+
+    let ra = server.send(&a, Some(&key), &body).await;
+    let rb = server.send(&b, Some(&key), &body).await;
+    assert_eq!((ra.status, rb.status), (200, 200));
+    assert!(!ra.replayed() && !rb.replayed());
+    assert_ne!(ra.json()["event_id"], rb.json()["event_id"]);
+    assert_ne!(
+        ra.json()["subject_hash"],
+        rb.json()["subject_hash"],
+        "subject digests do not correlate across tenants"
+    );
+    assert_eq!(db.count("events").await, 2);
+}
+
+async fn expired_key_is_accepted_as_a_new_request(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = db.tenant(&[]);
+    let server = Server::start(&db, &[("VERDICT_KEY_TTL_SECS", "1")]);
+    let key = new_key();
+    let body = sim_swap("+447700900012");
+
+    let first = server.send(&tenant, Some(&key), &body).await;
+    assert_eq!(first.status, 200);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let later = server.send(&tenant, Some(&key), &body).await;
+    assert_eq!(later.status, 200);
+    assert!(!later.replayed());
+    assert_ne!(later.json()["event_id"], first.json()["event_id"]);
+    assert_eq!(db.count("events").await, 2);
+}
+
+async fn expired_keys_are_pruned_on_schedule(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = db.tenant(&[]);
+    let server = Server::start(
+        &db,
+        &[("VERDICT_KEY_TTL_SECS", "1"), ("VERDICT_PRUNE_INTERVAL_SECS", "1")],
+    );
+    let reply = server.send(&tenant, Some(&new_key()), &sim_swap("+447700900013")).await;
+    assert_eq!(reply.status, 200);
+    for _ in 0..40 {
+        if db.count("idempotency_keys").await == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the expired key was not pruned");
+}
+
+on_both_backends!(
+    completed_key_replays_status_and_body_with_replayed_header,
+    retry_with_other_body_gets_422,
+    in_flight_key_gets_409_with_retry_after_then_the_result,
+    abandoned_in_flight_key_is_taken_over_after_the_lock_expires,
+    dispatched_key_resumes_with_stored_results_without_acting_again,
+    transient_failure_releases_the_lock_and_the_retry_resumes,
+    hundred_concurrent_requests_with_one_key_yield_one_event,
+    reserialised_body_is_a_replay_not_a_422,
+    same_key_under_two_tenants_makes_two_signals,
+    expired_key_is_accepted_as_a_new_request,
+    expired_keys_are_pruned_on_schedule,
+);
