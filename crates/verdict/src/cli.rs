@@ -105,10 +105,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 async fn run_tenant(config: &Config, cmd: TenantCommand) -> anyhow::Result<()> {
+    let keys = Arc::new(config.master_key()?.keyring());
     let store = store::connect(&config.database_url)
         .await
         .context("connecting to the database")?;
-    let keys = Arc::new(config.master_key()?.keyring());
     match cmd {
         TenantCommand::Create {
             name,

@@ -162,14 +162,17 @@ impl ServeConfig {
             .clone()
             .or_else(|| file.listen.clone())
             .unwrap_or_else(|| DEFAULT_LISTEN.into());
-        let secs = |flag: Option<u64>, file: Option<u64>, default: u64| {
-            flag.or(file).unwrap_or(default)
-        };
+        let secs =
+            |flag: Option<u64>, file: Option<u64>, default: u64| flag.or(file).unwrap_or(default);
         let ms = |s: u64| i64::try_from(s.saturating_mul(1000)).unwrap_or(i64::MAX);
         Ok(Self {
             listen: listen.parse().map_err(|_| ConfigError::Listen(listen))?,
             ingest: IngestSettings {
-                key_ttl_ms: ms(secs(args.key_ttl_secs, file.key_ttl_secs, DEFAULT_KEY_TTL_SECS)),
+                key_ttl_ms: ms(secs(
+                    args.key_ttl_secs,
+                    file.key_ttl_secs,
+                    DEFAULT_KEY_TTL_SECS,
+                )),
                 lock_timeout_ms: ms(secs(
                     args.lock_timeout_secs,
                     file.lock_timeout_secs,

@@ -17,10 +17,9 @@ macro_rules! failpoint {
                 crate::failpoint::Injected::Abort => std::process::abort(),
                 crate::failpoint::Injected::Delay(pause) => tokio::time::sleep(pause).await,
                 crate::failpoint::Injected::Fail => {
-                    return Err(crate::store::StoreError::Unavailable(
-                        sqlx::Error::PoolTimedOut,
-                    )
-                    .into());
+                    return Err(
+                        crate::store::StoreError::Unavailable(sqlx::Error::PoolTimedOut).into(),
+                    );
                 }
             }
         }

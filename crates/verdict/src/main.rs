@@ -27,7 +27,11 @@ fn init_logging() {
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
     if std::env::var("VERDICT_LOG_FORMAT").is_ok_and(|f| f == "json") {
-        builder.json().flatten_event(true).with_current_span(true).init();
+        builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .init();
     } else {
         builder.init();
     }

@@ -119,10 +119,9 @@ impl Keyring {
     /// HMAC-SHA256 under the digest key over length-prefixed parts, so that no two different
     /// part lists can collide by concatenation.
     pub fn digest(&self, parts: &[&[u8]]) -> [u8; 32] {
-        let mut mac = <hmac::Hmac<Sha256> as hmac::KeyInit>::new_from_slice(
-            self.digest.expose_secret(),
-        )
-        .expect("HMAC accepts keys of any length");
+        let mut mac =
+            <hmac::Hmac<Sha256> as hmac::KeyInit>::new_from_slice(self.digest.expose_secret())
+                .expect("HMAC accepts keys of any length");
         for part in parts {
             mac.update(&(part.len() as u64).to_be_bytes());
             mac.update(part);
@@ -183,10 +182,12 @@ pub fn api_key_hash(api_key: &str) -> [u8; 32] {
 /// Lower-case hex, for digests shown to users.
 pub fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write;
-    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
 }
 
 #[cfg(test)]
@@ -203,7 +204,10 @@ mod tests {
     fn sealed_secret_opens_only_under_its_own_context() {
         let keys = keyring();
         let sealed = keys.seal(b"whsec_abc", b"tenant-1/inbound");
-        assert_eq!(keys.open(&sealed, b"tenant-1/inbound").unwrap(), b"whsec_abc");
+        assert_eq!(
+            keys.open(&sealed, b"tenant-1/inbound").unwrap(),
+            b"whsec_abc"
+        );
         assert!(keys.open(&sealed, b"tenant-2/inbound").is_err());
     }
 

@@ -14,10 +14,10 @@ use crate::store::{self, Store};
 
 /// Runs the API until SIGINT or SIGTERM.
 pub async fn serve(config: &Config, serve: ServeConfig) -> anyhow::Result<()> {
+    let keys = Arc::new(config.master_key()?.keyring());
     let store = store::connect(&config.database_url)
         .await
         .context("connecting to the database")?;
-    let keys = Arc::new(config.master_key()?.keyring());
     let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
         .ok();

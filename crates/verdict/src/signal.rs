@@ -103,7 +103,8 @@ impl Signal {
     pub fn parse(body: &[u8]) -> Result<(Signal, Value), SignalError> {
         let value: Value =
             serde_json::from_slice(body).map_err(|e| SignalError::Json(e.to_string()))?;
-        let wire = WireSignal::deserialize(&value).map_err(|e| SignalError::Schema(e.to_string()))?;
+        let wire =
+            WireSignal::deserialize(&value).map_err(|e| SignalError::Schema(e.to_string()))?;
         let subject = match (wire.subject.phone, wire.subject.account) {
             (Some(phone), None) => Subject::Phone(validate_phone(phone)?),
             (None, Some(account)) => Subject::Account(validate_account(account)?),
@@ -196,7 +197,10 @@ mod tests {
     fn unknown_fields_and_types_are_refused() {
         assert!(parse(r#"{"type":"sim_swap","subject":{"account":"a"},"observed_at":"2026-11-30T10:00:00Z","extra":1}"#).is_err());
         assert!(parse(r#"{"type":"weather","subject":{"account":"a"},"observed_at":"2026-11-30T10:00:00Z"}"#).is_err());
-        assert!(parse(r#"{"type":"sim_swap","subject":{"account":"a"},"observed_at":"yesterday"}"#).is_err());
+        assert!(
+            parse(r#"{"type":"sim_swap","subject":{"account":"a"},"observed_at":"yesterday"}"#)
+                .is_err()
+        );
     }
 
     proptest! {

@@ -15,14 +15,22 @@ async fn completed_key_replays_status_and_body_with_replayed_header(backend: Bac
     let body = sim_swap("+447700900001");
 
     let first = server.send(&tenant, Some(&key), &body).await;
-    assert_eq!(first.status, 200, "{}", String::from_utf8_lossy(&first.body));
+    assert_eq!(
+        first.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&first.body)
+    );
     assert!(!first.replayed());
     assert_eq!(first.json()["decision"], "deny");
 
     let again = server.send(&tenant, Some(&key), &body).await;
     assert_eq!(again.status, 200);
     assert!(again.replayed());
-    assert_eq!(again.body, first.body, "a replay is byte for byte the stored body");
+    assert_eq!(
+        again.body, first.body,
+        "a replay is byte for byte the stored body"
+    );
     assert_eq!(db.count("events").await, 1);
 }
 
@@ -32,11 +40,18 @@ async fn retry_with_other_body_gets_422(backend: Backend) {
     let server = Server::start(&db, &[]);
     let key = new_key();
 
-    let first = server.send(&tenant, Some(&key), &sim_swap("+447700900002")).await;
+    let first = server
+        .send(&tenant, Some(&key), &sim_swap("+447700900002"))
+        .await;
     assert_eq!(first.status, 200);
-    let other = server.send(&tenant, Some(&key), &sim_swap("+447700900003")).await;
+    let other = server
+        .send(&tenant, Some(&key), &sim_swap("+447700900003"))
+        .await;
     assert_eq!(other.status, 422);
-    assert_eq!(other.header("content-type"), Some("application/problem+json"));
+    assert_eq!(
+        other.header("content-type"),
+        Some("application/problem+json")
+    );
     assert_eq!(
         other.json()["type"],
         "https://verdict.dev/problems/idempotency-key-reused"
@@ -47,13 +62,20 @@ async fn retry_with_other_body_gets_422(backend: Backend) {
 async fn in_flight_key_gets_409_with_retry_after_then_the_result(backend: Backend) {
     let db = TestDb::new(backend).await;
     let tenant = db.tenant(&[]);
-    let server = Server::start(&db, &[("FAILPOINTS", "ingest::after_claim=1*return(delay_ms=2500)")]);
+    let server = Server::start(
+        &db,
+        &[("FAILPOINTS", "ingest::after_claim=1*return(delay_ms=2500)")],
+    );
     let key = new_key();
     let body = sim_swap("+447700900004");
 
     let slow = {
-        let (server_base, tenant, key, body) =
-            (server.base.clone(), tenant.clone(), key.clone(), body.clone());
+        let (server_base, tenant, key, body) = (
+            server.base.clone(),
+            tenant.clone(),
+            key.clone(),
+            body.clone(),
+        );
         tokio::spawn(async move {
             let client = reqwest::Client::new();
             let req = common::signed(
@@ -71,10 +93,18 @@ async fn in_flight_key_gets_409_with_retry_after_then_the_result(backend: Backen
     let busy = server.send(&tenant, Some(&key), &body).await;
     assert_eq!(busy.status, 409);
     assert_eq!(busy.header("retry-after"), Some("2"));
-    assert_eq!(busy.json()["type"], "https://verdict.dev/problems/request-in-progress");
+    assert_eq!(
+        busy.json()["type"],
+        "https://verdict.dev/problems/request-in-progress"
+    );
 
-    let mismatch = server.send(&tenant, Some(&key), &sim_swap("+447700900005")).await;
-    assert_eq!(mismatch.status, 422, "another payload is refused even while in flight");
+    let mismatch = server
+        .send(&tenant, Some(&key), &sim_swap("+447700900005"))
+        .await;
+    assert_eq!(
+        mismatch.status, 422,
+        "another payload is refused even while in flight"
+    );
 
     let first = slow.await.unwrap();
     assert_eq!(first.status, 200);
@@ -93,14 +123,15 @@ async fn abandoned_in_flight_key_is_taken_over_after_the_lock_expires(backend: B
 
     let doomed = Server::start(
         &db,
-        &[
-            lock[0],
-            ("FAILPOINTS", "ingest::after_claim=return(abort)"),
-        ],
+        &[lock[0], ("FAILPOINTS", "ingest::after_claim=return(abort)")],
     );
     doomed.send_raw_expecting_crash(&tenant, &key, &body).await;
     assert!(doomed.wait_for_crash());
-    assert_eq!(db.count("idempotency_keys").await, 1, "the claim survived the crash");
+    assert_eq!(
+        db.count("idempotency_keys").await,
+        1,
+        "the claim survived the crash"
+    );
 
     let server = Server::start(&db, &lock);
     let blocked = server.send(&tenant, Some(&key), &body).await;
@@ -108,9 +139,18 @@ async fn abandoned_in_flight_key_is_taken_over_after_the_lock_expires(backend: B
 
     tokio::time::sleep(Duration::from_millis(2200)).await;
     let taken = server.send(&tenant, Some(&key), &body).await;
-    assert_eq!(taken.status, 200, "{}", String::from_utf8_lossy(&taken.body));
+    assert_eq!(
+        taken.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&taken.body)
+    );
     assert!(!taken.replayed());
-    assert!(server.logs().contains("took over an abandoned idempotency key"));
+    assert!(
+        server
+            .logs()
+            .contains("took over an abandoned idempotency key")
+    );
     assert_eq!(db.count("events").await, 1);
 }
 
@@ -121,7 +161,10 @@ async fn dispatched_key_resumes_with_stored_results_without_acting_again(backend
     let body = sim_swap("+447700900007");
     let lock = ("VERDICT_LOCK_TIMEOUT_SECS", "1");
 
-    let doomed = Server::start(&db, &[lock, ("FAILPOINTS", "ingest::after_dispatch=return(abort)")]);
+    let doomed = Server::start(
+        &db,
+        &[lock, ("FAILPOINTS", "ingest::after_dispatch=return(abort)")],
+    );
     doomed.send_raw_expecting_crash(&tenant, &key, &body).await;
     assert!(doomed.wait_for_crash());
     assert_eq!(
@@ -134,12 +177,20 @@ async fn dispatched_key_resumes_with_stored_results_without_acting_again(backend
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let server = Server::start(&db, &[lock]);
     let resumed = server.send(&tenant, Some(&key), &body).await;
-    assert_eq!(resumed.status, 200, "{}", String::from_utf8_lossy(&resumed.body));
-    assert!(server.logs().contains("resuming from the dispatched recovery point"));
-    let stored: serde_json::Value = serde_json::from_str(
-        &db.text("SELECT action_results FROM idempotency_keys").await,
-    )
-    .unwrap();
+    assert_eq!(
+        resumed.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&resumed.body)
+    );
+    assert!(
+        server
+            .logs()
+            .contains("resuming from the dispatched recovery point")
+    );
+    let stored: serde_json::Value =
+        serde_json::from_str(&db.text("SELECT action_results FROM idempotency_keys").await)
+            .unwrap();
     assert_eq!(resumed.json()["actions"], stored["actions"]);
     assert_eq!(db.count("events").await, 1);
 }
@@ -194,17 +245,27 @@ async fn hundred_concurrent_requests_with_one_key_yield_one_event(backend: Backe
     for t in tasks {
         replies.push(t.await.unwrap());
     }
-    let fresh: Vec<_> = replies.iter().filter(|r| r.status == 200 && !r.replayed()).collect();
+    let fresh: Vec<_> = replies
+        .iter()
+        .filter(|r| r.status == 200 && !r.replayed())
+        .collect();
     assert_eq!(fresh.len(), 1, "exactly one request processed the signal");
     for r in &replies {
         match r.status {
             200 => assert_eq!(r.body, fresh[0].body, "every 200 is the same answer"),
             409 => assert_eq!(r.header("retry-after"), Some("2")),
-            other => panic!("unexpected status {other}: {}", String::from_utf8_lossy(&r.body)),
+            other => panic!(
+                "unexpected status {other}: {}",
+                String::from_utf8_lossy(&r.body)
+            ),
         }
     }
     assert_eq!(db.count("events").await, 1);
-    assert_eq!(db.scalar("SELECT COUNT(DISTINCT decision) FROM events").await, 1);
+    assert_eq!(
+        db.scalar("SELECT COUNT(DISTINCT decision) FROM events")
+            .await,
+        1
+    );
 }
 
 async fn reserialised_body_is_a_replay_not_a_422(backend: Backend) {
@@ -222,13 +283,22 @@ async fn reserialised_body_is_a_replay_not_a_422(backend: Backend) {
     let fields: Vec<_> = obj.iter().rev().collect();
     for (i, (k, v)) in fields.iter().enumerate() {
         let sep = if i + 1 < fields.len() { "," } else { "" };
-        reordered.push_str(&format!("  {:?} :  {}{sep}\n", k, serde_json::to_string_pretty(v).unwrap()));
+        reordered.push_str(&format!(
+            "  {:?} :  {}{sep}\n",
+            k,
+            serde_json::to_string_pretty(v).unwrap()
+        ));
     }
     reordered.push('}');
     assert_ne!(reordered, body);
 
     let again = server.send(&tenant, Some(&key), &reordered).await;
-    assert_eq!(again.status, 200, "{}", String::from_utf8_lossy(&again.body));
+    assert_eq!(
+        again.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&again.body)
+    );
     assert!(again.replayed());
     assert_eq!(again.body, first.body);
 }
@@ -276,9 +346,14 @@ async fn expired_keys_are_pruned_on_schedule(backend: Backend) {
     let tenant = db.tenant(&[]);
     let server = Server::start(
         &db,
-        &[("VERDICT_KEY_TTL_SECS", "1"), ("VERDICT_PRUNE_INTERVAL_SECS", "1")],
+        &[
+            ("VERDICT_KEY_TTL_SECS", "1"),
+            ("VERDICT_PRUNE_INTERVAL_SECS", "1"),
+        ],
     );
-    let reply = server.send(&tenant, Some(&new_key()), &sim_swap("+447700900013")).await;
+    let reply = server
+        .send(&tenant, Some(&new_key()), &sim_swap("+447700900013"))
+        .await;
     assert_eq!(reply.status, 200);
     for _ in 0..40 {
         if db.count("idempotency_keys").await == 0 {

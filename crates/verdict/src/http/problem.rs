@@ -49,8 +49,12 @@ impl Problem {
 
     /// 400: the request is malformed.
     pub fn invalid_request(detail: impl Into<String>) -> Self {
-        Self::new("invalid-request", "The request is invalid", StatusCode::BAD_REQUEST)
-            .detail(detail)
+        Self::new(
+            "invalid-request",
+            "The request is invalid",
+            StatusCode::BAD_REQUEST,
+        )
+        .detail(detail)
     }
 
     /// 400: the Idempotency-Key header is malformed.
@@ -65,7 +69,8 @@ impl Problem {
 
     /// 401: no valid credentials.
     pub fn unauthorized(slug: &str, detail: impl Into<String>) -> Self {
-        let mut p = Self::new(slug, "Authentication failed", StatusCode::UNAUTHORIZED).detail(detail);
+        let mut p =
+            Self::new(slug, "Authentication failed", StatusCode::UNAUTHORIZED).detail(detail);
         p.www_authenticate = slug == "invalid-api-key";
         p
     }

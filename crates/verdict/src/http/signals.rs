@@ -32,8 +32,7 @@ pub async fn post_signal(
     require_json(&headers)?;
     let body = read_body(&headers, body).await?;
     let (signal, value) = Signal::parse(&body)?;
-    let fingerprint =
-        Fingerprint::of(&value).map_err(|e| SignalError::Schema(e.to_string()))?;
+    let fingerprint = Fingerprint::of(&value).map_err(|e| SignalError::Schema(e.to_string()))?;
 
     // 2. Authenticate.
     let tenant = authenticate(&app, &headers, &body).await?;
@@ -78,8 +77,12 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, KeyErr
 }
 
 fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
-    let essence = headers
-        .get(header::CONTENT_TYPE)
+    let mut values = headers.get_all(header::CONTENT_TYPE).iter();
+    let (first, repeated) = (values.next(), values.next().is_some());
+    if repeated {
+        return Err(ApiError::UnsupportedMediaType);
+    }
+    let essence = first
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split(';').next())
         .map(str::trim);

@@ -62,11 +62,22 @@ mod tests {
         }"#;
         let value: Value = serde_json::from_str(input).unwrap();
         let out = String::from_utf8(canonical(&value).unwrap()).unwrap();
-        let keys: Vec<&str> = ["\r", "1", "\u{80}", "\u{f6}", "\u{20ac}", "\u{1f600}", "\u{fb33}"]
-            .to_vec();
+        let keys: Vec<&str> = [
+            "\r",
+            "1",
+            "\u{80}",
+            "\u{f6}",
+            "\u{20ac}",
+            "\u{1f600}",
+            "\u{fb33}",
+        ]
+        .to_vec();
         let positions: Vec<usize> = keys
             .iter()
-            .map(|k| out.find(&format!("\"{}\":", k.replace('\r', "\\r"))).unwrap())
+            .map(|k| {
+                out.find(&format!("\"{}\":", k.replace('\r', "\\r")))
+                    .unwrap()
+            })
             .collect();
         assert!(positions.windows(2).all(|w| w[0] < w[1]), "{out}");
     }
@@ -101,7 +112,11 @@ mod tests {
             (0x43143ff3c1cb0959, "1424953923781206.2"),
         ] {
             let value = json!(f64::from_bits(bits));
-            assert_eq!(String::from_utf8(canonical(&value).unwrap()).unwrap(), expected, "{bits:#x}");
+            assert_eq!(
+                String::from_utf8(canonical(&value).unwrap()).unwrap(),
+                expected,
+                "{bits:#x}"
+            );
         }
     }
 

@@ -113,10 +113,22 @@ mod tests {
         assert_eq!(IdempotencyKey::parse(b"\"\""), Err(KeyError::Empty));
         assert_eq!(IdempotencyKey::parse(b"\"abc"), Err(KeyError::BadQuoting));
         assert_eq!(IdempotencyKey::parse(b"\"a\"b"), Err(KeyError::BadQuoting));
-        assert_eq!(IdempotencyKey::parse(b"\"a\\nb\""), Err(KeyError::BadQuoting));
-        assert_eq!(IdempotencyKey::parse(b"has space"), Err(KeyError::NotVisibleAscii));
-        assert_eq!(IdempotencyKey::parse(b"\"in space\""), Err(KeyError::NotVisibleAscii));
-        assert_eq!(IdempotencyKey::parse("caf\u{e9}".as_bytes()), Err(KeyError::NotVisibleAscii));
+        assert_eq!(
+            IdempotencyKey::parse(b"\"a\\nb\""),
+            Err(KeyError::BadQuoting)
+        );
+        assert_eq!(
+            IdempotencyKey::parse(b"has space"),
+            Err(KeyError::NotVisibleAscii)
+        );
+        assert_eq!(
+            IdempotencyKey::parse(b"\"in space\""),
+            Err(KeyError::NotVisibleAscii)
+        );
+        assert_eq!(
+            IdempotencyKey::parse("caf\u{e9}".as_bytes()),
+            Err(KeyError::NotVisibleAscii)
+        );
         assert_eq!(IdempotencyKey::parse(&[b'k'; 256]), Err(KeyError::TooLong));
         assert!(IdempotencyKey::parse(&[b'k'; 255]).is_ok());
     }

@@ -151,10 +151,7 @@ pub enum ClaimOutcome {
     /// We inserted the row: process from the start with our event id.
     Started,
     /// The holder's lock had expired and we took the row over.
-    TakenOver {
-        event_id: Uuid,
-        from: RecoveryPoint,
-    },
+    TakenOver { event_id: Uuid, from: RecoveryPoint },
     /// Someone holds a fresh lock: 409.
     InProgress,
     /// The key was used with another payload: 422.
@@ -254,7 +251,9 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Store>, StoreError> {
 
 /// The file a `sqlite:` URL points at, if any (for placing the master key beside it).
 pub fn sqlite_path(url: &str) -> Option<std::path::PathBuf> {
-    let rest = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:"))?;
+    let rest = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))?;
     let path = rest.split('?').next().unwrap_or(rest);
     (!path.is_empty() && path != ":memory:").then(|| path.into())
 }

@@ -9,8 +9,8 @@ use sqlx::{PgConnection, Row};
 use uuid::Uuid;
 
 use super::{
-    CLAIM_ATTEMPTS, Claim, ClaimOutcome, Completion, ExistingKey, Judgement, KeyRef,
-    SealedSecret, SecretPurpose, Store, StoreError, TenantRecord, NewTenant, judge,
+    CLAIM_ATTEMPTS, Claim, ClaimOutcome, Completion, ExistingKey, Judgement, KeyRef, NewTenant,
+    SealedSecret, SecretPurpose, Store, StoreError, TenantRecord, judge,
 };
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");

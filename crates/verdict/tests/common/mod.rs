@@ -165,7 +165,10 @@ impl TestDb {
                         bytes.extend(std::fs::read(&path).unwrap());
                     }
                 }
-                assert!(!bytes.is_empty(), "the SQLite database files were not found");
+                assert!(
+                    !bytes.is_empty(),
+                    "the SQLite database files were not found"
+                );
                 bytes
             }
             Backend::Postgres => {
@@ -173,7 +176,11 @@ impl TestDb {
                     .arg(&self.url)
                     .output()
                     .expect("pg_dump must be installed for the postgres dump test");
-                assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+                assert!(
+                    out.status.success(),
+                    "{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
                 out.stdout
             }
         }
@@ -348,7 +355,10 @@ impl Server {
             body,
             now(),
         );
-        assert!(req.send().await.is_err(), "the connection dies with the process");
+        assert!(
+            req.send().await.is_err(),
+            "the connection dies with the process"
+        );
     }
 
     /// Sends a signal body with the given key, signed for `tenant` at the current time.
