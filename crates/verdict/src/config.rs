@@ -18,6 +18,8 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 pub const DEFAULT_KEY_TTL_SECS: u64 = 24 * 60 * 60;
 /// How long a crashed holder's lock blocks a key by default.
 pub const DEFAULT_LOCK_TIMEOUT_SECS: u64 = 60;
+/// At most one customer alert per subject and signal type within this window by default.
+pub const DEFAULT_ALERT_WINDOW_SECS: u64 = 24 * 60 * 60;
 /// How often expired keys are pruned by default.
 pub const DEFAULT_PRUNE_INTERVAL_SECS: u64 = 60;
 
@@ -52,6 +54,7 @@ pub struct FileConfig {
     pub key_ttl_secs: Option<u64>,
     pub lock_timeout_secs: Option<u64>,
     pub prune_interval_secs: Option<u64>,
+    pub alert_window_secs: Option<u64>,
     pub master_key_file: Option<PathBuf>,
 }
 
@@ -98,6 +101,9 @@ pub struct ServeArgs {
     /// How often expired keys are pruned, in seconds.
     #[arg(long, env = "VERDICT_PRUNE_INTERVAL_SECS")]
     pub prune_interval_secs: Option<u64>,
+    /// At most one customer alert per subject and signal type within this many seconds.
+    #[arg(long, env = "VERDICT_ALERT_WINDOW_SECS")]
+    pub alert_window_secs: Option<u64>,
 }
 
 /// The resolved settings for database access and secrets.
@@ -177,6 +183,11 @@ impl ServeConfig {
                     args.lock_timeout_secs,
                     file.lock_timeout_secs,
                     DEFAULT_LOCK_TIMEOUT_SECS,
+                )),
+                alert_window_ms: ms(secs(
+                    args.alert_window_secs,
+                    file.alert_window_secs,
+                    DEFAULT_ALERT_WINDOW_SECS,
                 )),
             },
             prune_interval_secs: secs(

@@ -10,7 +10,7 @@
 
 /// Marks a point where tests may inject a crash, a transient failure or a delay.
 macro_rules! failpoint {
-    ($name:literal) => {
+    ($name:expr) => {
         #[cfg(feature = "failpoints")]
         if let Some(arg) = fail::eval($name, |arg| arg) {
             match crate::failpoint::Injected::from(arg) {

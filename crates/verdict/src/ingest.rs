@@ -7,24 +7,27 @@ use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
+use crate::actions::{ActionKind, ActionResult, Applied, Outcome};
 use crate::clock::{now_ms, to_ms};
 use crate::failpoint::failpoint;
 use crate::idempotency::{Fingerprint, IdempotencyKey, SIGNALS_ENDPOINT};
-use crate::playbook::{self, ActionKind, Decision};
+use crate::playbook::{Decision, Library, SubjectFacts};
 use crate::secrets::{Keyring, hex};
 use crate::signal::Signal;
 use crate::store::{
-    Claim, ClaimOutcome, Completion, KeyRef, NewEvent, RecoveryPoint, Store, StoreError,
-    StoredResponse, TenantRecord,
+    ActionTarget, Claim, ClaimOutcome, Completion, Dispatch, KeyRef, NewDelivery, NewEvent,
+    RecoveryPoint, Store, StoreError, StoredResponse, TenantRecord,
 };
 
-/// Lifetimes that shape the key contract.
+/// Lifetimes that shape the key contract and the actions.
 #[derive(Clone, Copy, Debug)]
 pub struct IngestSettings {
     /// How long a key is remembered.
     pub key_ttl_ms: i64,
     /// How long a holder's lock protects it before another request may take over.
     pub lock_timeout_ms: i64,
+    /// At most one customer alert per subject and signal type within this window.
+    pub alert_window_ms: i64,
 }
 
 /// The decision and action outcomes: what the recovery point stores and the response reports.
@@ -34,13 +37,6 @@ pub struct DecisionRecord {
     pub playbook_version: i64,
     pub rule: String,
     pub actions: Vec<ActionResult>,
-}
-
-/// One action and how it ended.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct ActionResult {
-    pub action: ActionKind,
-    pub outcome: String,
 }
 
 /// The success body of `POST /v1/signals`.
@@ -87,6 +83,7 @@ pub struct Ingest {
     store: Arc<dyn Store>,
     keys: Arc<Keyring>,
     settings: IngestSettings,
+    playbooks: Library,
 }
 
 /// A held claim: the row's key and our lock on it.
@@ -102,6 +99,7 @@ impl Ingest {
             store,
             keys,
             settings,
+            playbooks: Library::default(),
         }
     }
 
@@ -122,7 +120,7 @@ impl Ingest {
         let Some(key) = &inbound.key else {
             // No key: at least once, and the idempotent actions absorb duplicates.
             let event_id = Uuid::now_v7();
-            let record = self.act(&inbound, event_id).await?;
+            let record = self.act(&inbound, event_id, None).await?;
             return self
                 .persist(&inbound, event_id, record, None)
                 .await
@@ -177,15 +175,7 @@ impl Ingest {
     ) -> Result<StoredResponse, IngestError> {
         failpoint!("ingest::after_claim");
         let record = match from {
-            RecoveryPoint::InFlight => {
-                let record = self.act(inbound, event_id).await?;
-                self.store
-                    .dispatch(&held.key, held.lock_token, &json(&record))
-                    .await
-                    .map_err(classify)?;
-                failpoint!("ingest::after_dispatch");
-                record
-            }
+            RecoveryPoint::InFlight => self.act(inbound, event_id, Some(held)).await?,
             RecoveryPoint::Dispatched { action_results } => {
                 tracing::info!(%event_id, "resuming from the dispatched recovery point");
                 serde_json::from_str(&action_results)
@@ -197,27 +187,135 @@ impl Ingest {
             .map_err(classify)
     }
 
-    /// Decides and runs the playbook's actions.
+    /// Decides, runs each action, and records the recovery point: the callback's outbox row
+    /// and (for a keyed request) the decision record on the key, in one transaction.
     async fn act(
         &self,
         inbound: &Inbound<'_>,
-        _event_id: Uuid,
+        event_id: Uuid,
+        held: Option<&Held>,
     ) -> Result<DecisionRecord, IngestError> {
-        let outcome = playbook::built_in(&inbound.signal, OffsetDateTime::now_utc());
-        let actions = outcome
-            .actions
-            .iter()
-            .map(|&action| ActionResult {
+        let tenant = inbound.tenant;
+        let signal = &inbound.signal;
+        let (playbook, playbook_version) = self.playbooks.current(&*self.store, tenant.id).await?;
+        let subject_hash = self.subject_hash(tenant.id, signal).to_vec();
+        let facts = if playbook.needs_subject_facts() {
+            SubjectFacts {
+                locked: self.store.subject_locked(tenant.id, &subject_hash).await?,
+            }
+        } else {
+            SubjectFacts::default()
+        };
+        let now = OffsetDateTime::now_utc();
+        let verdict = playbook.decide(signal, facts, now);
+        let target = ActionTarget {
+            tenant_id: tenant.id,
+            event_id,
+            signal_key: self
+                .keys
+                .digest(&[
+                    b"signal",
+                    &subject_hash,
+                    signal.signal_type.as_str().as_bytes(),
+                    &to_ms(signal.observed_at).to_be_bytes(),
+                ])
+                .to_vec(),
+            subject_hash,
+            signal_type: signal.signal_type.as_str(),
+            now: to_ms(now),
+        };
+
+        let mut done = Vec::with_capacity(verdict.actions.len());
+        for &action in &verdict.actions {
+            let applied = match action {
+                ActionKind::Callback => continue, // recorded with the recovery point below
+                ActionKind::LockAccount => self.store.lock_account(&target).await?,
+                ActionKind::OpenCase => self.store.open_case(&target).await?,
+                ActionKind::AlertCustomer => {
+                    self.store
+                        .alert_customer(&target, self.settings.alert_window_ms)
+                        .await?
+                }
+                ActionKind::ChargeStepUp => self.store.charge_step_up(&target).await?,
+                ActionKind::Deny => self.store.deny_subject(&target).await?,
+            };
+            done.push(ActionResult {
                 action,
-                outcome: "done".into(),
+                outcome: applied.into(),
+            });
+            failpoint!(after_action(action));
+        }
+
+        let wants_callback = verdict.actions.contains(&ActionKind::Callback);
+        let callback = match (&tenant.callback_url, tenant.callback_disabled) {
+            _ if !wants_callback => Ok(None),
+            (None, _) => Err("no callback URL is configured"),
+            (Some(_), true) => Err("the callback endpoint is disabled"),
+            (Some(_), false) => Ok(Some(self.envelope(inbound, &target, verdict.decision, &done))),
+        };
+        let record_for = |callback_outcome: Option<Applied>| {
+            let actions = verdict
+                .actions
+                .iter()
+                .filter_map(|&action| match action {
+                    ActionKind::Callback => Some(ActionResult {
+                        action,
+                        outcome: match (&callback, callback_outcome) {
+                            (Err(why), _) => Outcome::Failed((*why).to_owned()),
+                            (Ok(_), Some(applied)) => applied.into(),
+                            (Ok(_), None) => Outcome::Failed("not recorded".into()),
+                        },
+                    }),
+                    _ => done.iter().find(|r| r.action == action).cloned(),
+                })
+                .collect();
+            DecisionRecord {
+                decision: verdict.decision,
+                playbook_version,
+                rule: verdict.rule.clone(),
+                actions,
+            }
+        };
+        let to_store = |outcome: Option<Applied>| json(&record_for(outcome));
+        let callback_outcome = self
+            .store
+            .dispatch(&Dispatch {
+                target: &target,
+                key: held.map(|h| (&h.key, h.lock_token)),
+                callback: callback.as_ref().ok().and_then(Option::as_ref),
+                record: &to_store,
             })
-            .collect();
-        Ok(DecisionRecord {
-            decision: outcome.decision,
-            playbook_version: outcome.playbook_version,
-            rule: outcome.rule.to_owned(),
-            actions,
-        })
+            .await?;
+        failpoint!("ingest::after_dispatch");
+        Ok(record_for(callback_outcome))
+    }
+
+    /// The callback envelope, built once: its timestamp is fixed here and repeated on every
+    /// retry and redelivery.
+    fn envelope(
+        &self,
+        inbound: &Inbound<'_>,
+        target: &ActionTarget,
+        decision: Decision,
+        actions: &[ActionResult],
+    ) -> NewDelivery {
+        let envelope = verdict_webhooks::Envelope {
+            event_id: target.event_id.to_string(),
+            tenant: inbound.tenant.id.to_string(),
+            event_type: format!("decision.{}", target.signal_type),
+            subject_hash: hex(&target.subject_hash),
+            timestamp: OffsetDateTime::now_utc()
+                .format(&time::format_description::well_known::Rfc3339)
+                .unwrap_or_default(),
+            decision: decision.as_str().to_owned(),
+            actions: serde_json::to_value(actions).unwrap_or_default(),
+            metadata: serde_json::Value::Object(inbound.signal.metadata.clone()),
+        };
+        NewDelivery {
+            id: Uuid::now_v7(),
+            webhook_id: format!("msg_{}", target.event_id.simple()),
+            payload: json(&envelope).into_bytes(),
+        }
     }
 
     /// Stores the event, decision and response, completing the key, in one transaction.
@@ -307,6 +405,19 @@ fn classify(err: StoreError) -> IngestError {
         IngestError::Unavailable(err)
     } else {
         IngestError::Store(err)
+    }
+}
+
+/// The failpoint after an action, named `act::after_<action>`.
+#[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
+fn after_action(action: ActionKind) -> &'static str {
+    match action {
+        ActionKind::LockAccount => "act::after_lock_account",
+        ActionKind::OpenCase => "act::after_open_case",
+        ActionKind::AlertCustomer => "act::after_alert_customer",
+        ActionKind::ChargeStepUp => "act::after_charge_step_up",
+        ActionKind::Deny => "act::after_deny",
+        ActionKind::Callback => "act::after_callback",
     }
 }
 

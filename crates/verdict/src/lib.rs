@@ -6,6 +6,7 @@
 //! [`playbook`], record the recovery point, persist). [`secrets`] derives every server key
 //! from one master key; [`config`] and [`cli`] wire it together for the `verdict` binary.
 
+pub mod actions;
 pub mod cli;
 pub mod clock;
 pub mod config;

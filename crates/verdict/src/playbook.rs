@@ -1,9 +1,21 @@
-//! Playbooks: the rules that turn a signal into one decision and a list of actions.
+//! Playbooks: a tenant's versioned, ordered rules that turn a signal into one decision and a
+//! list of actions.
+//!
+//! A playbook is a TOML or JSON document of `[[rule]]`s. Each rule has a `name`, a `when` table
+//! of conditions that must all hold, a `decision` and `actions`. The first matching rule decides;
+//! when none matches the decision is `allow` with no actions. See `playbooks/default.toml`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use time::format_description::well_known::Rfc3339;
 use time::{Duration, OffsetDateTime};
 
+use crate::actions::ActionKind;
 use crate::signal::{Signal, SignalType};
+use crate::store::{Store, StoreError, StoredPlaybook};
 
 /// What verdict decides about a signal.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -25,64 +37,323 @@ impl Decision {
     }
 }
 
-/// A side effect a rule asks for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ActionKind {
-    LockAccount,
-    OpenCase,
-    AlertCustomer,
-    ChargeStepUp,
-    Deny,
-    Callback,
+/// The source of the playbook every tenant starts with.
+pub const DEFAULT_SOURCE: &str = include_str!("../playbooks/default.toml");
+
+/// The version number of the built-in default playbook.
+pub const DEFAULT_VERSION: i64 = 0;
+
+/// A document format a playbook may be written in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Toml,
+    Json,
 }
 
-/// The playbook's verdict on one signal.
+impl Format {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Toml => "toml",
+            Self::Json => "json",
+        }
+    }
+
+    /// Parses a stored name.
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "toml" => Some(Self::Toml),
+            "json" => Some(Self::Json),
+            _ => None,
+        }
+    }
+
+    /// Guesses the format of a document: JSON starts with `{`.
+    pub fn sniff(source: &str) -> Self {
+        if source.trim_start().starts_with('{') {
+            Self::Json
+        } else {
+            Self::Toml
+        }
+    }
+}
+
+/// A validated playbook.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Playbook {
+    #[serde(rename = "rule", alias = "rules", default)]
+    pub rules: Vec<Rule>,
+}
+
+/// One rule: conditions, then what to decide and do.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rule {
+    pub name: String,
+    #[serde(default)]
+    pub when: Conditions,
+    pub decision: Decision,
+    #[serde(default)]
+    pub actions: Vec<ActionKind>,
+}
+
+/// Conditions of a rule; all present ones must hold.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Conditions {
+    /// The signal is one of these types.
+    #[serde(rename = "type")]
+    pub types: Option<Vec<SignalType>>,
+    /// `observed_at` is at most this many hours before the decision.
+    pub observed_within_hours: Option<f64>,
+    /// An RFC 3339 attribute (e.g. `swapped_at`) is within N hours of `observed_at`.
+    pub attribute_within_hours: Option<AttributeWithin>,
+    /// A string attribute (e.g. `to_carrier`) is one of the listed values.
+    pub attribute_in: Option<AttributeIn>,
+    /// A numeric attribute (e.g. `severity`) is at least this value.
+    pub attribute_at_least: Option<AttributeAtLeast>,
+    /// The subject does (true) or does not (false) hold an account lock.
+    pub subject_locked: Option<bool>,
+}
+
+/// `attribute_within_hours = { attribute = "swapped_at", hours = 24 }`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttributeWithin {
+    pub attribute: String,
+    pub hours: f64,
+}
+
+/// `attribute_in = { attribute = "to_carrier", values = ["…"] }`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttributeIn {
+    pub attribute: String,
+    pub values: Vec<String>,
+}
+
+/// `attribute_at_least = { attribute = "severity", value = 7 }`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttributeAtLeast {
+    pub attribute: String,
+    pub value: f64,
+}
+
+/// Why a playbook document is refused; the message names the line, rule or field.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("invalid playbook: {0}")]
+pub struct PlaybookError(pub String);
+
+/// What the playbook decided for one signal.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Outcome {
+pub struct Verdict {
     pub decision: Decision,
     pub actions: Vec<ActionKind>,
-    pub playbook_version: i64,
-    pub rule: &'static str,
+    pub rule: String,
 }
 
-/// Version number recorded for decisions made by the built-in rules.
-pub const BUILT_IN_VERSION: i64 = 0;
+/// Facts about the subject that rules may ask for, looked up only when a rule needs them.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SubjectFacts {
+    pub locked: bool,
+}
 
-/// How recent a SIM swap or port-out must be to deny.
-const RECENT: Duration = Duration::hours(72);
+impl Playbook {
+    /// Parses and validates a document.
+    pub fn parse(source: &str, format: Format) -> Result<Self, PlaybookError> {
+        let playbook: Playbook = match format {
+            Format::Toml => toml::from_str(source).map_err(|e| PlaybookError(e.to_string()))?,
+            Format::Json => serde_json::from_str(source).map_err(|e| PlaybookError(e.to_string()))?,
+        };
+        playbook.validate()?;
+        Ok(playbook)
+    }
 
-/// The built-in rule set: a SIM swap or port-out observed in the last 72 h is `deny`, a breach
-/// is `step_up`, anything else is `allow`.
-pub fn built_in(signal: &Signal, now: OffsetDateTime) -> Outcome {
-    let recent = now - signal.observed_at <= RECENT;
-    let (decision, actions, rule) = match signal.signal_type {
-        SignalType::SimSwap | SignalType::PortOut if recent => (
-            Decision::Deny,
-            vec![
-                ActionKind::LockAccount,
-                ActionKind::OpenCase,
-                ActionKind::Deny,
-                ActionKind::Callback,
-            ],
-            "recent_takeover_signal",
-        ),
-        SignalType::CredentialBreach => (
-            Decision::StepUp,
-            vec![
-                ActionKind::AlertCustomer,
-                ActionKind::ChargeStepUp,
-                ActionKind::Callback,
-            ],
-            "breached_credential",
-        ),
-        _ => (Decision::Allow, vec![ActionKind::Callback], "default_allow"),
-    };
-    Outcome {
-        decision,
-        actions,
-        playbook_version: BUILT_IN_VERSION,
-        rule,
+    /// The built-in default playbook.
+    pub fn default_playbook() -> &'static Playbook {
+        static DEFAULT: OnceLock<Playbook> = OnceLock::new();
+        DEFAULT.get_or_init(|| {
+            Playbook::parse(DEFAULT_SOURCE, Format::Toml)
+                .expect("the shipped default playbook is valid (a unit test checks it)")
+        })
+    }
+
+    fn validate(&self) -> Result<(), PlaybookError> {
+        if self.rules.is_empty() {
+            return Err(PlaybookError("a playbook needs at least one [[rule]]".into()));
+        }
+        let mut names = std::collections::HashSet::new();
+        for (i, rule) in self.rules.iter().enumerate() {
+            let at = |msg: String| PlaybookError(format!("rule {} (`{}`): {msg}", i + 1, rule.name));
+            if rule.name.trim().is_empty() {
+                return Err(PlaybookError(format!("rule {}: `name` must not be empty", i + 1)));
+            }
+            if !names.insert(rule.name.as_str()) {
+                return Err(at("another rule has the same name".into()));
+            }
+            let mut seen = std::collections::HashSet::new();
+            for action in &rule.actions {
+                if !seen.insert(action) {
+                    return Err(at(format!("action `{}` is listed twice", action.as_str())));
+                }
+            }
+            let w = &rule.when;
+            let hours = [
+                ("when.observed_within_hours", w.observed_within_hours),
+                (
+                    "when.attribute_within_hours.hours",
+                    w.attribute_within_hours.as_ref().map(|a| a.hours),
+                ),
+            ];
+            for (field, value) in hours {
+                if value.is_some_and(|h| !h.is_finite() || h <= 0.0) {
+                    return Err(at(format!("`{field}` must be a positive number")));
+                }
+            }
+            if w.types.as_ref().is_some_and(Vec::is_empty) {
+                return Err(at("`when.type` must list at least one signal type".into()));
+            }
+            if w.attribute_in.as_ref().is_some_and(|a| a.values.is_empty()) {
+                return Err(at("`when.attribute_in.values` must not be empty".into()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether any rule needs to know if the subject is locked (a database read).
+    pub fn needs_subject_facts(&self) -> bool {
+        self.rules.iter().any(|r| r.when.subject_locked.is_some())
+    }
+
+    /// The first matching rule's decision and actions.
+    pub fn decide(&self, signal: &Signal, facts: SubjectFacts, now: OffsetDateTime) -> Verdict {
+        self.rules
+            .iter()
+            .find(|rule| rule.when.hold(signal, facts, now))
+            .map(|rule| Verdict {
+                decision: rule.decision,
+                actions: rule.actions.clone(),
+                rule: rule.name.clone(),
+            })
+            .unwrap_or(Verdict {
+                decision: Decision::Allow,
+                actions: Vec::new(),
+                rule: "no_rule_matched".into(),
+            })
+    }
+}
+
+fn hours(h: f64) -> Duration {
+    Duration::seconds_f64(h * 3600.0)
+}
+
+impl Conditions {
+    fn hold(&self, signal: &Signal, facts: SubjectFacts, now: OffsetDateTime) -> bool {
+        let attr = |name: &str| signal.attributes.get(name);
+        self.types
+            .as_ref()
+            .is_none_or(|types| types.contains(&signal.signal_type))
+            && self
+                .observed_within_hours
+                .is_none_or(|h| now - signal.observed_at <= hours(h))
+            && self.attribute_within_hours.as_ref().is_none_or(|a| {
+                attr(&a.attribute)
+                    .and_then(Value::as_str)
+                    .and_then(|s| OffsetDateTime::parse(s, &Rfc3339).ok())
+                    .is_some_and(|t| (signal.observed_at - t).abs() <= hours(a.hours))
+            })
+            && self.attribute_in.as_ref().is_none_or(|a| {
+                attr(&a.attribute)
+                    .and_then(Value::as_str)
+                    .is_some_and(|v| a.values.iter().any(|x| x == v))
+            })
+            && self.attribute_at_least.as_ref().is_none_or(|a| {
+                attr(&a.attribute)
+                    .and_then(Value::as_f64)
+                    .is_some_and(|v| v >= a.value)
+            })
+            && self.subject_locked.is_none_or(|want| facts.locked == want)
+    }
+}
+
+/// Why a playbook could not be read or replaced.
+#[derive(Debug, thiserror::Error)]
+pub enum PlaybookStoreError {
+    #[error(transparent)]
+    Invalid(#[from] PlaybookError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Validates `source` and stores it as the tenant's next version; the old one stays in force
+/// if validation fails.
+pub async fn upload(
+    store: &dyn Store,
+    tenant_id: uuid::Uuid,
+    source: &str,
+    format: Format,
+) -> Result<i64, PlaybookStoreError> {
+    Playbook::parse(source, format)?;
+    let now = crate::clock::now_ms();
+    Ok(store
+        .put_playbook(tenant_id, format.as_str(), source, now)
+        .await?)
+}
+
+/// A tenant's current playbook source: its newest upload, or the default.
+pub async fn current_source(
+    store: &dyn Store,
+    tenant_id: uuid::Uuid,
+) -> Result<StoredPlaybook, StoreError> {
+    Ok(store
+        .current_playbook(tenant_id)
+        .await?
+        .unwrap_or_else(|| StoredPlaybook {
+            version: DEFAULT_VERSION,
+            format: Format::Toml.as_str().into(),
+            source: DEFAULT_SOURCE.into(),
+            created_at: 0,
+        }))
+}
+
+/// Parsed playbooks by tenant and version, so a decision costs one indexed read, not a parse.
+/// Versions are immutable, so entries never go stale; only the newest per tenant is kept.
+#[derive(Default)]
+pub struct Library {
+    parsed: Mutex<HashMap<uuid::Uuid, (i64, Arc<Playbook>)>>,
+}
+
+impl Library {
+    /// The tenant's current playbook and its version.
+    pub async fn current(
+        &self,
+        store: &dyn Store,
+        tenant_id: uuid::Uuid,
+    ) -> Result<(Arc<Playbook>, i64), StoreError> {
+        let Some(stored) = store.current_playbook(tenant_id).await? else {
+            return Ok((Arc::new(Playbook::default_playbook().clone()), DEFAULT_VERSION));
+        };
+        let cached = self
+            .parsed
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&tenant_id).filter(|(v, _)| *v == stored.version).cloned());
+        if let Some((version, playbook)) = cached {
+            return Ok((playbook, version));
+        }
+        let format = Format::from_name(&stored.format).unwrap_or(Format::Toml);
+        // Uploads are validated, so a stored playbook that no longer parses means the row was
+        // changed behind our back: a final error, not something a retry fixes.
+        let playbook = Arc::new(
+            Playbook::parse(&stored.source, format)
+                .map_err(|e| StoreError::Corrupt(e.to_string()))?,
+        );
+        if let Ok(mut m) = self.parsed.lock() {
+            m.insert(tenant_id, (stored.version, playbook.clone()));
+        }
+        Ok((playbook, stored.version))
     }
 }
 
@@ -92,29 +363,107 @@ mod tests {
     use crate::signal::Subject;
     use time::macros::datetime;
 
-    fn signal(signal_type: SignalType, observed_at: OffsetDateTime) -> Signal {
+    const NOW: OffsetDateTime = datetime!(2026-11-30 12:00 UTC);
+
+    fn signal(signal_type: SignalType, observed_at: OffsetDateTime, attributes: Value) -> Signal {
         Signal {
             signal_type,
             subject: Subject::Account("a".into()),
             observed_at,
-            attributes: Default::default(),
+            attributes: attributes.as_object().cloned().unwrap_or_default(),
             metadata: Default::default(),
         }
     }
 
     #[test]
-    fn recent_sim_swap_is_denied_and_old_one_allowed() {
-        let now = datetime!(2026-11-30 12:00 UTC);
-        let recent = built_in(&signal(SignalType::SimSwap, now - Duration::hours(1)), now);
-        assert_eq!(recent.decision, Decision::Deny);
-        let old = built_in(&signal(SignalType::PortOut, now - Duration::hours(73)), now);
-        assert_eq!(old.decision, Decision::Allow);
+    fn default_playbook_is_valid_and_denies_a_recent_sim_swap() {
+        let pb = Playbook::default_playbook();
+        let recent = signal(SignalType::SimSwap, NOW - Duration::hours(1), Value::Null);
+        let v = pb.decide(&recent, SubjectFacts::default(), NOW);
+        assert_eq!((v.decision, v.rule.as_str()), (Decision::Deny, "recent_sim_swap"));
+        let old = signal(SignalType::PortOut, NOW - Duration::hours(73), Value::Null);
+        assert_eq!(pb.decide(&old, SubjectFacts::default(), NOW).decision, Decision::Allow);
+        let breach = signal(SignalType::CredentialBreach, NOW, Value::Null);
+        assert_eq!(pb.decide(&breach, SubjectFacts::default(), NOW).decision, Decision::StepUp);
+        let locked = SubjectFacts { locked: true };
+        assert_eq!(pb.decide(&old, locked, NOW).rule, "subject_already_locked");
     }
 
     #[test]
-    fn breach_steps_up() {
-        let now = datetime!(2026-11-30 12:00 UTC);
-        let out = built_in(&signal(SignalType::CredentialBreach, now), now);
-        assert_eq!(out.decision, Decision::StepUp);
+    fn attribute_conditions_match_as_documented() {
+        let pb = Playbook::parse(
+            r#"
+            [[rule]]
+            name = "swap_near_observation"
+            when = { type = ["sim_swap"], attribute_within_hours = { attribute = "swapped_at", hours = 24 } }
+            decision = "deny"
+            actions = ["lock_account"]
+
+            [[rule]]
+            name = "risky_carrier"
+            when = { attribute_in = { attribute = "to_carrier", values = ["burner"] } }
+            decision = "step_up"
+
+            [[rule]]
+            name = "severe"
+            when = { attribute_at_least = { attribute = "severity", value = 7 } }
+            decision = "deny"
+            "#,
+            Format::Toml,
+        )
+        .unwrap();
+        let facts = SubjectFacts::default();
+        let swap = signal(SignalType::SimSwap, NOW, serde_json::json!({"swapped_at": "2026-11-30T01:00:00Z"}));
+        assert_eq!(pb.decide(&swap, facts, NOW).rule, "swap_near_observation");
+        let stale = signal(SignalType::SimSwap, NOW, serde_json::json!({"swapped_at": "2026-11-01T01:00:00Z"}));
+        assert_eq!(pb.decide(&stale, facts, NOW).rule, "no_rule_matched");
+        let port = signal(SignalType::PortOut, NOW, serde_json::json!({"to_carrier": "burner"}));
+        assert_eq!(pb.decide(&port, facts, NOW).decision, Decision::StepUp);
+        let breach = signal(SignalType::CredentialBreach, NOW, serde_json::json!({"severity": 9}));
+        assert_eq!(pb.decide(&breach, facts, NOW).rule, "severe");
+        let mild = signal(SignalType::CredentialBreach, NOW, serde_json::json!({"severity": 2}));
+        assert_eq!(pb.decide(&mild, facts, NOW).decision, Decision::Allow);
+    }
+
+    #[test]
+    fn json_playbooks_parse_like_toml() {
+        let pb = Playbook::parse(
+            r#"{"rule":[{"name":"all","decision":"step_up","actions":["callback"]}]}"#,
+            Format::Json,
+        )
+        .unwrap();
+        assert_eq!(pb.rules[0].actions, vec![ActionKind::Callback]);
+    }
+
+    #[test]
+    fn invalid_playbooks_are_refused_with_an_error_naming_the_problem() {
+        let cases = [
+            ("[[rule]]\nname = \"a\"\ndecision = \"maybe\"\n", "maybe"),
+            ("[[rule]]\nname = \"a\"\ndecision = \"deny\"\nactions = [\"launch_missiles\"]\n", "launch_missiles"),
+            ("[[rule]]\nname = \"a\"\ndecision = \"deny\"\nwhen = { colour = \"red\" }\n", "colour"),
+            ("[[rule]]\nname = \"a\"\ndecision = \"deny\"\n[[rule]]\nname = \"a\"\ndecision = \"allow\"\n", "same name"),
+            ("[[rule]]\nname = \"a\"\ndecision = \"deny\"\nwhen = { observed_within_hours = -1 }\n", "observed_within_hours"),
+            ("", "at least one"),
+        ];
+        for (source, expected) in cases {
+            let err = Playbook::parse(source, Format::Toml).unwrap_err().to_string();
+            assert!(err.contains(expected), "{err:?} should mention {expected:?}");
+        }
+        let err = Playbook::parse("[[rule]]\nname = \"a\"\n\ndecision = \"maybe\"\n", Format::Toml)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("line 4"), "TOML errors name the line: {err}");
+    }
+
+    #[test]
+    fn no_matching_rule_allows_with_no_actions() {
+        let pb = Playbook::parse(
+            "[[rule]]\nname = \"only_breaches\"\nwhen = { type = [\"credential_breach\"] }\ndecision = \"deny\"\n",
+            Format::Toml,
+        )
+        .unwrap();
+        let v = pb.decide(&signal(SignalType::SimSwap, NOW, Value::Null), SubjectFacts::default(), NOW);
+        assert_eq!(v.decision, Decision::Allow);
+        assert!(v.actions.is_empty());
     }
 }

@@ -23,11 +23,13 @@
 //! assert_eq!(verifier.verify(&headers, body, 1_700_000_010), Ok(1_700_000_000));
 //! ```
 
+mod envelope;
 mod error;
 mod secret;
 mod signature;
 mod verify;
 
+pub use envelope::Envelope;
 pub use error::{Error, VerifyError};
 pub use secret::Secret;
 pub use signature::{signature_matches, signed_headers};

@@ -4,6 +4,9 @@
 //! `INSERT … ON CONFLICT DO NOTHING RETURNING`, a takeover one compare-and-set `UPDATE`.
 //! Times are unix milliseconds; identifiers only ever arrive here as keyed digests.
 
+// `sql` first: its `sql_store!` macro is used by the backends declared after it.
+#[macro_use]
+mod sql;
 mod postgres;
 mod sqlite;
 
@@ -11,6 +14,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use uuid::Uuid;
+
+use crate::actions::Applied;
 
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
@@ -186,6 +191,88 @@ pub struct Completion {
     pub response: StoredResponse,
 }
 
+/// Who an action is about and which event applies it.
+#[derive(Clone, Debug)]
+pub struct ActionTarget {
+    pub tenant_id: Uuid,
+    pub event_id: Uuid,
+    pub subject_hash: Vec<u8>,
+    /// Digest of (subject, type, observed_at): the same signal under any key or none.
+    pub signal_key: Vec<u8>,
+    pub signal_type: &'static str,
+    pub now: i64,
+}
+
+/// A callback to record in the outbox; the envelope is built once, here.
+#[derive(Clone, Debug)]
+pub struct NewDelivery {
+    pub id: Uuid,
+    pub webhook_id: String,
+    pub payload: Vec<u8>,
+}
+
+/// The recovery point: the decision record, stored with the callback's outbox row in one
+/// transaction.
+pub struct Dispatch<'a> {
+    pub target: &'a ActionTarget,
+    /// The held key, if the request has one.
+    pub key: Option<(&'a KeyRef, Uuid)>,
+    /// The callback to record, if the decision asks for one.
+    pub callback: Option<&'a NewDelivery>,
+    /// Builds the stored decision record once the callback's outcome is known.
+    pub record: &'a (dyn Fn(Option<Applied>) -> String + Send + Sync),
+}
+
+/// A playbook document as stored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredPlaybook {
+    pub version: i64,
+    pub format: String,
+    pub source: String,
+    pub created_at: i64,
+}
+
+/// An event as read back.
+#[derive(Clone, Debug)]
+pub struct EventRecord {
+    pub id: Uuid,
+    pub signal_type: String,
+    pub subject_hash: Vec<u8>,
+    pub observed_at: i64,
+    pub attributes: String,
+    pub metadata: String,
+    pub decision: String,
+    pub playbook_version: i64,
+    pub rule: String,
+    pub actions: String,
+    pub created_at: i64,
+}
+
+/// A callback delivery as read back.
+#[derive(Clone, Debug)]
+pub struct DeliveryRecord {
+    pub id: Uuid,
+    pub event_id: Uuid,
+    pub webhook_id: String,
+    pub status: String,
+    pub attempts: i64,
+    pub next_attempt_at: i64,
+    pub last_error: Option<String>,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+/// What currently stands against a subject.
+#[derive(Clone, Debug, Default)]
+pub struct SubjectState {
+    /// The event that locked the account, and when.
+    pub lock: Option<(Uuid, i64)>,
+    /// Open cases: id, opening time, attached events.
+    pub open_cases: Vec<(Uuid, i64, Vec<Uuid>)>,
+    /// The event that issued the standing deny, and when.
+    pub deny: Option<(Uuid, i64)>,
+}
+
 /// Everything verdict stores, whichever database holds it.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
@@ -221,19 +308,65 @@ pub trait Store: Send + Sync + 'static {
 
     /// Claims an idempotency key, or reports what holds it.
     async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome, StoreError>;
-    /// Records action results and moves the row to `dispatched`: the recovery point.
-    async fn dispatch(
-        &self,
-        key: &KeyRef,
-        lock_token: Uuid,
-        action_results: &str,
-    ) -> Result<(), StoreError>;
+    /// Records the callback (if any) in the outbox and, for a keyed request, stores the decision
+    /// record on the key and moves it to `dispatched`, in one transaction. Returns the
+    /// callback's outcome.
+    async fn dispatch(&self, dispatch: &Dispatch<'_>) -> Result<Option<Applied>, StoreError>;
     /// Persists the event and the response and completes the key, in one transaction.
     async fn complete(&self, completion: &Completion) -> Result<(), StoreError>;
     /// Releases our lock, leaving the row at its last recovery point.
     async fn release(&self, key: &KeyRef, lock_token: Uuid) -> Result<(), StoreError>;
     /// Deletes keys whose lifetime ended; returns how many.
     async fn prune_expired_keys(&self, now: i64) -> Result<u64, StoreError>;
+
+    /// The tenant's newest playbook, if it uploaded one.
+    async fn current_playbook(&self, tenant_id: Uuid)
+    -> Result<Option<StoredPlaybook>, StoreError>;
+    /// Stores a validated playbook as the next version; returns that version.
+    async fn put_playbook(
+        &self,
+        tenant_id: Uuid,
+        format: &str,
+        source: &str,
+        now: i64,
+    ) -> Result<i64, StoreError>;
+
+    /// Whether the subject's account is locked.
+    async fn subject_locked(&self, tenant_id: Uuid, subject_hash: &[u8])
+    -> Result<bool, StoreError>;
+    /// Locks the subject's account unless it is locked.
+    async fn lock_account(&self, target: &ActionTarget) -> Result<Applied, StoreError>;
+    /// Opens a case for the subject, or attaches the event to its open case.
+    async fn open_case(&self, target: &ActionTarget) -> Result<Applied, StoreError>;
+    /// Records a customer alert unless one went out for this subject and type within `window_ms`.
+    async fn alert_customer(
+        &self,
+        target: &ActionTarget,
+        window_ms: i64,
+    ) -> Result<Applied, StoreError>;
+    /// Adds a step-up ledger entry unless this event or this signal already has one.
+    async fn charge_step_up(&self, target: &ActionTarget) -> Result<Applied, StoreError>;
+    /// Issues a deny for the subject unless one stands.
+    async fn deny_subject(&self, target: &ActionTarget) -> Result<Applied, StoreError>;
+
+    /// The tenant's events, newest first, older than `before` when given.
+    async fn events(
+        &self,
+        tenant_id: Uuid,
+        before: Option<Uuid>,
+        limit: i64,
+    ) -> Result<Vec<EventRecord>, StoreError>;
+    /// One of the tenant's events.
+    async fn event(&self, tenant_id: Uuid, id: Uuid) -> Result<Option<EventRecord>, StoreError>;
+    /// The deliveries of one of the tenant's events.
+    async fn deliveries_for_event(
+        &self,
+        tenant_id: Uuid,
+        event_id: Uuid,
+    ) -> Result<Vec<DeliveryRecord>, StoreError>;
+    /// Locks, open cases and the standing deny of a subject.
+    async fn subject(&self, tenant_id: Uuid, subject_hash: &[u8])
+    -> Result<SubjectState, StoreError>;
 }
 
 /// Opens the backend a URL names and runs its migrations.
@@ -260,19 +393,19 @@ pub fn sqlite_path(url: &str) -> Option<std::path::PathBuf> {
 
 /// An existing key row, as a claim that lost the insert reads it.
 #[derive(Clone, Debug)]
-struct ExistingKey {
-    fingerprint: Vec<u8>,
-    state: String,
-    event_id: Uuid,
-    locked_until: i64,
-    action_results: Option<String>,
-    response_status: Option<i32>,
-    response_body: Option<Vec<u8>>,
-    expires_at: i64,
+pub(crate) struct ExistingKey {
+    pub(crate) fingerprint: Vec<u8>,
+    pub(crate) state: String,
+    pub(crate) event_id: Uuid,
+    pub(crate) locked_until: i64,
+    pub(crate) action_results: Option<String>,
+    pub(crate) response_status: Option<i32>,
+    pub(crate) response_body: Option<Vec<u8>>,
+    pub(crate) expires_at: i64,
 }
 
 /// What to do about a row a claim found; shared by both backends so they judge alike.
-enum Judgement {
+pub(crate) enum Judgement {
     /// The row outlived its key lifetime: delete it and insert afresh.
     Expired,
     /// The answer is known without another statement.
@@ -281,7 +414,7 @@ enum Judgement {
     TakeOver(RecoveryPoint),
 }
 
-fn judge(row: ExistingKey, claim: &Claim) -> Judgement {
+pub(crate) fn judge(row: ExistingKey, claim: &Claim) -> Judgement {
     if row.expires_at <= claim.now {
         return Judgement::Expired;
     }
@@ -304,4 +437,4 @@ fn judge(row: ExistingKey, claim: &Claim) -> Judgement {
 }
 
 /// How many times a claim retries after finding an expired row deleted under it.
-const CLAIM_ATTEMPTS: usize = 3;
+pub(crate) const CLAIM_ATTEMPTS: usize = 3;

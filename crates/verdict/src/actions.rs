@@ -1,0 +1,90 @@
+//! The side effects a decision can ask for. Each is idempotent on its own, so a client that
+//! sends no key, or sends the same signal under several keys, still causes each effect once.
+
+use serde::{Deserialize, Serialize};
+
+/// A side effect a rule asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ActionKind {
+    /// Lock the subject's account; a held lock is a no-op.
+    LockAccount,
+    /// Open a fraud case, or attach the event to the subject's open case.
+    OpenCase,
+    /// Alert the customer, once per subject and signal type within the alert window.
+    AlertCustomer,
+    /// Record a billable step-up verification, at most once per signal.
+    ChargeStepUp,
+    /// Issue a deny for the subject, once while a deny stands.
+    Deny,
+    /// Send the signed callback webhook (recorded in the outbox, delivered by the worker).
+    Callback,
+}
+
+impl ActionKind {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::LockAccount => "lock_account",
+            Self::OpenCase => "open_case",
+            Self::AlertCustomer => "alert_customer",
+            Self::ChargeStepUp => "charge_step_up",
+            Self::Deny => "deny",
+            Self::Callback => "callback",
+        }
+    }
+}
+
+/// How an action ended: `done`, `already_done`, or `failed: why`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Done,
+    AlreadyDone,
+    Failed(String),
+}
+
+impl Serialize for Outcome {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Self::Done => s.serialize_str("done"),
+            Self::AlreadyDone => s.serialize_str("already_done"),
+            Self::Failed(why) => s.serialize_str(&format!("failed: {why}")),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Outcome {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        Ok(match text.as_str() {
+            "done" => Self::Done,
+            "already_done" => Self::AlreadyDone,
+            other => Self::Failed(other.strip_prefix("failed: ").unwrap_or(other).to_owned()),
+        })
+    }
+}
+
+/// One action and how it ended, as recorded with the decision and returned to the client.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActionResult {
+    pub action: ActionKind,
+    pub outcome: Outcome,
+}
+
+/// Whether a store statement applied an action or found it already applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Applied {
+    /// This event applied it (now, or in an earlier attempt of the same event).
+    Done,
+    /// Another event applied it first.
+    AlreadyDone,
+}
+
+impl From<Applied> for Outcome {
+    fn from(a: Applied) -> Self {
+        match a {
+            Applied::Done => Outcome::Done,
+            Applied::AlreadyDone => Outcome::AlreadyDone,
+        }
+    }
+}

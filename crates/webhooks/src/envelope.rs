@@ -1,0 +1,38 @@
+//! The callback envelope verdict sends: built once per delivery and repeated unchanged on every
+//! retry, so its bytes' meaning and its dedup tuple are stable.
+
+use serde::{Deserialize, Serialize};
+
+/// One decision, as delivered to a tenant's callback URL.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Envelope {
+    /// The event the decision belongs to.
+    pub event_id: String,
+    /// The tenant's id.
+    pub tenant: String,
+    /// `decision.<signal type>`, e.g. `decision.sim_swap`.
+    pub event_type: String,
+    /// The tenant-scoped keyed digest of the subject (hex); never the raw identifier.
+    pub subject_hash: String,
+    /// RFC 3339 time the envelope was built, fixed across retries.
+    pub timestamp: String,
+    /// `allow`, `step_up` or `deny`.
+    pub decision: String,
+    /// Each action and its outcome.
+    pub actions: serde_json::Value,
+    /// The signal's metadata, untouched.
+    pub metadata: serde_json::Value,
+}
+
+impl Envelope {
+    /// The tuple that identifies a delivery when `webhook-id` is not at hand: stable across
+    /// retries, distinct between deliveries.
+    pub fn dedup_tuple(&self) -> (&str, &str, &str, &str) {
+        (
+            &self.tenant,
+            &self.event_type,
+            &self.subject_hash,
+            &self.timestamp,
+        )
+    }
+}
