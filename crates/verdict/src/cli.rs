@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use uuid::Uuid;
 
 use crate::config::{Config, DatabaseArgs, ServeArgs, ServeConfig};
+use crate::playbook::{self, Format};
 use crate::store::{self, SecretPurpose};
 use crate::tenant::{self, TenantSpec};
 
@@ -30,6 +31,28 @@ pub enum Command {
     /// Manage tenants.
     #[command(subcommand)]
     Tenant(TenantCommand),
+    /// Read or replace a tenant's playbook.
+    #[command(subcommand)]
+    Playbook(PlaybookCommand),
+}
+
+/// `verdict playbook …`.
+#[derive(Debug, Subcommand)]
+pub enum PlaybookCommand {
+    /// Validate FILE (TOML, or JSON by `.json` extension) and make it the tenant's playbook.
+    Set {
+        /// The tenant's id.
+        #[arg(long)]
+        tenant: Uuid,
+        /// The playbook document; `-` reads standard input.
+        file: std::path::PathBuf,
+    },
+    /// Print the tenant's playbook in force and its version.
+    Show {
+        /// The tenant's id.
+        #[arg(long)]
+        tenant: Uuid,
+    },
 }
 
 /// `verdict tenant …`.
@@ -101,7 +124,38 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Tenant(cmd) => run_tenant(&config, cmd).await,
+        Command::Playbook(cmd) => run_playbook(&config, cmd).await,
     }
+}
+
+async fn run_playbook(config: &Config, cmd: PlaybookCommand) -> anyhow::Result<()> {
+    let store = store::connect(&config.database_url)
+        .await
+        .context("connecting to the database")?;
+    match cmd {
+        PlaybookCommand::Set { tenant, file } => {
+            store.tenant(tenant).await?.context("no such tenant")?;
+            let source = if file.as_os_str() == "-" {
+                std::io::read_to_string(std::io::stdin())?
+            } else {
+                std::fs::read_to_string(&file)
+                    .with_context(|| format!("reading {}", file.display()))?
+            };
+            let format = match file.extension().and_then(|e| e.to_str()) {
+                Some("json") => Format::Json,
+                Some("toml") => Format::Toml,
+                _ => Format::sniff(&source),
+            };
+            let version = playbook::upload(&*store, tenant, &source, format).await?;
+            println!("playbook version {version} is now in force");
+        }
+        PlaybookCommand::Show { tenant } => {
+            let stored = playbook::current_source(&*store, tenant).await?;
+            println!("# version {} ({})", stored.version, stored.format);
+            print!("{}", stored.source);
+        }
+    }
+    Ok(())
 }
 
 async fn run_tenant(config: &Config, cmd: TenantCommand) -> anyhow::Result<()> {

@@ -251,7 +251,12 @@ impl Ingest {
             _ if !wants_callback => Ok(None),
             (None, _) => Err("no callback URL is configured"),
             (Some(_), true) => Err("the callback endpoint is disabled"),
-            (Some(_), false) => Ok(Some(self.envelope(inbound, &target, verdict.decision, &done))),
+            (Some(_), false) => Ok(Some(self.envelope(
+                inbound,
+                &target,
+                verdict.decision,
+                &done,
+            ))),
         };
         let record_for = |callback_outcome: Option<Applied>| {
             let actions = verdict

@@ -165,7 +165,9 @@ impl Playbook {
     pub fn parse(source: &str, format: Format) -> Result<Self, PlaybookError> {
         let playbook: Playbook = match format {
             Format::Toml => toml::from_str(source).map_err(|e| PlaybookError(e.to_string()))?,
-            Format::Json => serde_json::from_str(source).map_err(|e| PlaybookError(e.to_string()))?,
+            Format::Json => {
+                serde_json::from_str(source).map_err(|e| PlaybookError(e.to_string()))?
+            }
         };
         playbook.validate()?;
         Ok(playbook)
@@ -182,13 +184,19 @@ impl Playbook {
 
     fn validate(&self) -> Result<(), PlaybookError> {
         if self.rules.is_empty() {
-            return Err(PlaybookError("a playbook needs at least one [[rule]]".into()));
+            return Err(PlaybookError(
+                "a playbook needs at least one [[rule]]".into(),
+            ));
         }
         let mut names = std::collections::HashSet::new();
         for (i, rule) in self.rules.iter().enumerate() {
-            let at = |msg: String| PlaybookError(format!("rule {} (`{}`): {msg}", i + 1, rule.name));
+            let at =
+                |msg: String| PlaybookError(format!("rule {} (`{}`): {msg}", i + 1, rule.name));
             if rule.name.trim().is_empty() {
-                return Err(PlaybookError(format!("rule {}: `name` must not be empty", i + 1)));
+                return Err(PlaybookError(format!(
+                    "rule {}: `name` must not be empty",
+                    i + 1
+                )));
             }
             if !names.insert(rule.name.as_str()) {
                 return Err(at("another rule has the same name".into()));
@@ -333,13 +341,16 @@ impl Library {
         tenant_id: uuid::Uuid,
     ) -> Result<(Arc<Playbook>, i64), StoreError> {
         let Some(stored) = store.current_playbook(tenant_id).await? else {
-            return Ok((Arc::new(Playbook::default_playbook().clone()), DEFAULT_VERSION));
+            return Ok((
+                Arc::new(Playbook::default_playbook().clone()),
+                DEFAULT_VERSION,
+            ));
         };
-        let cached = self
-            .parsed
-            .lock()
-            .ok()
-            .and_then(|m| m.get(&tenant_id).filter(|(v, _)| *v == stored.version).cloned());
+        let cached = self.parsed.lock().ok().and_then(|m| {
+            m.get(&tenant_id)
+                .filter(|(v, _)| *v == stored.version)
+                .cloned()
+        });
         if let Some((version, playbook)) = cached {
             return Ok((playbook, version));
         }
@@ -380,11 +391,20 @@ mod tests {
         let pb = Playbook::default_playbook();
         let recent = signal(SignalType::SimSwap, NOW - Duration::hours(1), Value::Null);
         let v = pb.decide(&recent, SubjectFacts::default(), NOW);
-        assert_eq!((v.decision, v.rule.as_str()), (Decision::Deny, "recent_sim_swap"));
+        assert_eq!(
+            (v.decision, v.rule.as_str()),
+            (Decision::Deny, "recent_sim_swap")
+        );
         let old = signal(SignalType::PortOut, NOW - Duration::hours(73), Value::Null);
-        assert_eq!(pb.decide(&old, SubjectFacts::default(), NOW).decision, Decision::Allow);
+        assert_eq!(
+            pb.decide(&old, SubjectFacts::default(), NOW).decision,
+            Decision::Allow
+        );
         let breach = signal(SignalType::CredentialBreach, NOW, Value::Null);
-        assert_eq!(pb.decide(&breach, SubjectFacts::default(), NOW).decision, Decision::StepUp);
+        assert_eq!(
+            pb.decide(&breach, SubjectFacts::default(), NOW).decision,
+            Decision::StepUp
+        );
         let locked = SubjectFacts { locked: true };
         assert_eq!(pb.decide(&old, locked, NOW).rule, "subject_already_locked");
     }
@@ -413,15 +433,35 @@ mod tests {
         )
         .unwrap();
         let facts = SubjectFacts::default();
-        let swap = signal(SignalType::SimSwap, NOW, serde_json::json!({"swapped_at": "2026-11-30T01:00:00Z"}));
+        let swap = signal(
+            SignalType::SimSwap,
+            NOW,
+            serde_json::json!({"swapped_at": "2026-11-30T01:00:00Z"}),
+        );
         assert_eq!(pb.decide(&swap, facts, NOW).rule, "swap_near_observation");
-        let stale = signal(SignalType::SimSwap, NOW, serde_json::json!({"swapped_at": "2026-11-01T01:00:00Z"}));
+        let stale = signal(
+            SignalType::SimSwap,
+            NOW,
+            serde_json::json!({"swapped_at": "2026-11-01T01:00:00Z"}),
+        );
         assert_eq!(pb.decide(&stale, facts, NOW).rule, "no_rule_matched");
-        let port = signal(SignalType::PortOut, NOW, serde_json::json!({"to_carrier": "burner"}));
+        let port = signal(
+            SignalType::PortOut,
+            NOW,
+            serde_json::json!({"to_carrier": "burner"}),
+        );
         assert_eq!(pb.decide(&port, facts, NOW).decision, Decision::StepUp);
-        let breach = signal(SignalType::CredentialBreach, NOW, serde_json::json!({"severity": 9}));
+        let breach = signal(
+            SignalType::CredentialBreach,
+            NOW,
+            serde_json::json!({"severity": 9}),
+        );
         assert_eq!(pb.decide(&breach, facts, NOW).rule, "severe");
-        let mild = signal(SignalType::CredentialBreach, NOW, serde_json::json!({"severity": 2}));
+        let mild = signal(
+            SignalType::CredentialBreach,
+            NOW,
+            serde_json::json!({"severity": 2}),
+        );
         assert_eq!(pb.decide(&mild, facts, NOW).decision, Decision::Allow);
     }
 
@@ -439,19 +479,39 @@ mod tests {
     fn invalid_playbooks_are_refused_with_an_error_naming_the_problem() {
         let cases = [
             ("[[rule]]\nname = \"a\"\ndecision = \"maybe\"\n", "maybe"),
-            ("[[rule]]\nname = \"a\"\ndecision = \"deny\"\nactions = [\"launch_missiles\"]\n", "launch_missiles"),
-            ("[[rule]]\nname = \"a\"\ndecision = \"deny\"\nwhen = { colour = \"red\" }\n", "colour"),
-            ("[[rule]]\nname = \"a\"\ndecision = \"deny\"\n[[rule]]\nname = \"a\"\ndecision = \"allow\"\n", "same name"),
-            ("[[rule]]\nname = \"a\"\ndecision = \"deny\"\nwhen = { observed_within_hours = -1 }\n", "observed_within_hours"),
+            (
+                "[[rule]]\nname = \"a\"\ndecision = \"deny\"\nactions = [\"launch_missiles\"]\n",
+                "launch_missiles",
+            ),
+            (
+                "[[rule]]\nname = \"a\"\ndecision = \"deny\"\nwhen = { colour = \"red\" }\n",
+                "colour",
+            ),
+            (
+                "[[rule]]\nname = \"a\"\ndecision = \"deny\"\n[[rule]]\nname = \"a\"\ndecision = \"allow\"\n",
+                "same name",
+            ),
+            (
+                "[[rule]]\nname = \"a\"\ndecision = \"deny\"\nwhen = { observed_within_hours = -1 }\n",
+                "observed_within_hours",
+            ),
             ("", "at least one"),
         ];
         for (source, expected) in cases {
-            let err = Playbook::parse(source, Format::Toml).unwrap_err().to_string();
-            assert!(err.contains(expected), "{err:?} should mention {expected:?}");
+            let err = Playbook::parse(source, Format::Toml)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(expected),
+                "{err:?} should mention {expected:?}"
+            );
         }
-        let err = Playbook::parse("[[rule]]\nname = \"a\"\n\ndecision = \"maybe\"\n", Format::Toml)
-            .unwrap_err()
-            .to_string();
+        let err = Playbook::parse(
+            "[[rule]]\nname = \"a\"\n\ndecision = \"maybe\"\n",
+            Format::Toml,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("line 4"), "TOML errors name the line: {err}");
     }
 
@@ -462,7 +522,11 @@ mod tests {
             Format::Toml,
         )
         .unwrap();
-        let v = pb.decide(&signal(SignalType::SimSwap, NOW, Value::Null), SubjectFacts::default(), NOW);
+        let v = pb.decide(
+            &signal(SignalType::SimSwap, NOW, Value::Null),
+            SubjectFacts::default(),
+            NOW,
+        );
         assert_eq!(v.decision, Decision::Allow);
         assert!(v.actions.is_empty());
     }

@@ -6,6 +6,7 @@ use axum::response::{IntoResponse, Response};
 use super::problem::Problem;
 use crate::idempotency::KeyError;
 use crate::ingest::IngestError;
+use crate::playbook::PlaybookStoreError;
 use crate::signal::SignalError;
 use crate::store::StoreError;
 use crate::tenant::TenantError;
@@ -48,6 +49,8 @@ pub enum ApiError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Tenant(#[from] TenantError),
+    #[error(transparent)]
+    Playbook(#[from] PlaybookStoreError),
     #[error("not found")]
     NotFound,
 }
@@ -92,13 +95,23 @@ impl ApiError {
                 StatusCode::UNPROCESSABLE_ENTITY,
             )
             .detail("Each distinct signal needs its own key; a retry must send the same payload."),
+            Self::Playbook(PlaybookStoreError::Invalid(e)) => Problem::new(
+                "invalid-playbook",
+                "The playbook is invalid",
+                StatusCode::BAD_REQUEST,
+            )
+            .detail(e.to_string()),
+            Self::Playbook(PlaybookStoreError::Store(e)) if e.is_transient() => {
+                Problem::unavailable()
+            }
             Self::Ingest(IngestError::Unavailable(_)) => Problem::unavailable(),
             Self::Store(e) if e.is_transient() => Problem::unavailable(),
             Self::Tenant(TenantError::Store(e)) if e.is_transient() => Problem::unavailable(),
             Self::NotFound | Self::Tenant(TenantError::NotFound(_)) => Problem::not_found(),
-            Self::Ingest(IngestError::Store(_)) | Self::Store(_) | Self::Tenant(_) => {
-                Problem::internal()
-            }
+            Self::Ingest(IngestError::Store(_))
+            | Self::Store(_)
+            | Self::Tenant(_)
+            | Self::Playbook(PlaybookStoreError::Store(_)) => Problem::internal(),
         }
     }
 }

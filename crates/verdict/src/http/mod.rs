@@ -1,6 +1,9 @@
 //! The HTTP API: routes, shared state, and the layers every request passes through.
 
+mod auth;
 pub mod error;
+mod events;
+mod playbook;
 pub mod problem;
 mod signals;
 
@@ -36,6 +39,10 @@ const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/signals", post(signals::post_signal))
+        .route("/v1/events", get(events::list))
+        .route("/v1/events/{id}", get(events::show))
+        .route("/v1/subjects/{subject_hash}", get(events::subject))
+        .route("/v1/playbook", get(playbook::show).put(playbook::replace))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))

@@ -119,13 +119,7 @@ async fn authenticate(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Result<TenantRecord, ApiError> {
-    let api_key = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim)
-        .filter(|k| !k.is_empty())
-        .ok_or(AuthError::MissingApiKey)?;
+    let api_key = super::auth::bearer(headers).ok_or(AuthError::MissingApiKey)?;
     let tenant = tenant::by_api_key(&app.store, api_key)
         .await?
         .ok_or(AuthError::InvalidApiKey)?;

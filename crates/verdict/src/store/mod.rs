@@ -332,8 +332,11 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<i64, StoreError>;
 
     /// Whether the subject's account is locked.
-    async fn subject_locked(&self, tenant_id: Uuid, subject_hash: &[u8])
-    -> Result<bool, StoreError>;
+    async fn subject_locked(
+        &self,
+        tenant_id: Uuid,
+        subject_hash: &[u8],
+    ) -> Result<bool, StoreError>;
     /// Locks the subject's account unless it is locked.
     async fn lock_account(&self, target: &ActionTarget) -> Result<Applied, StoreError>;
     /// Opens a case for the subject, or attaches the event to its open case.
@@ -365,8 +368,11 @@ pub trait Store: Send + Sync + 'static {
         event_id: Uuid,
     ) -> Result<Vec<DeliveryRecord>, StoreError>;
     /// Locks, open cases and the standing deny of a subject.
-    async fn subject(&self, tenant_id: Uuid, subject_hash: &[u8])
-    -> Result<SubjectState, StoreError>;
+    async fn subject(
+        &self,
+        tenant_id: Uuid,
+        subject_hash: &[u8],
+    ) -> Result<SubjectState, StoreError>;
 }
 
 /// Opens the backend a URL names and runs its migrations.

@@ -148,6 +148,13 @@ impl TestDb {
             "events" => "SELECT COUNT(*) FROM events",
             "idempotency_keys" => "SELECT COUNT(*) FROM idempotency_keys",
             "tenants" => "SELECT COUNT(*) FROM tenants",
+            "account_locks" => "SELECT COUNT(*) FROM account_locks",
+            "cases" => "SELECT COUNT(*) FROM cases",
+            "case_events" => "SELECT COUNT(*) FROM case_events",
+            "alerts" => "SELECT COUNT(*) FROM alerts",
+            "ledger_entries" => "SELECT COUNT(*) FROM ledger_entries",
+            "denies" => "SELECT COUNT(*) FROM denies",
+            "deliveries" => "SELECT COUNT(*) FROM deliveries",
             other => panic!("no count query for {other}"),
         };
         self.scalar(sql).await
@@ -200,6 +207,19 @@ impl TestDb {
             String::from_utf8_lossy(&out.stderr)
         );
         String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// Makes `source` (TOML) the tenant's playbook with the real CLI.
+    pub fn set_playbook(&self, tenant: &Tenant, source: &str) -> String {
+        let path = self.dir.join(format!("playbook-{}.toml", Uuid::new_v4()));
+        std::fs::write(&path, source).unwrap();
+        self.cli(&[
+            "playbook",
+            "set",
+            "--tenant",
+            &tenant.id,
+            path.to_str().unwrap(),
+        ])
     }
 
     /// Creates a tenant with the real CLI.
@@ -361,6 +381,19 @@ impl Server {
         );
     }
 
+    /// A GET with the tenant's API key.
+    pub async fn get(&self, tenant: &Tenant, path: &str) -> Reply {
+        Reply::from(
+            self.client
+                .get(format!("{}{path}", self.base))
+                .bearer_auth(&tenant.api_key)
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await
+    }
+
     /// Sends a signal body with the given key, signed for `tenant` at the current time.
     pub async fn send(&self, tenant: &Tenant, key: Option<&str>, body: &str) -> Reply {
         let req = signed(
@@ -457,6 +490,18 @@ pub fn sim_swap(phone: &str) -> String {
         r#"{{"type":"sim_swap","subject":{{"phone":"{phone}"}},"observed_at":"{observed}","attributes":{{"carrier":"example-mobile"}},"metadata":{{"case_ref":"abc-1"}}}}"#
     )
 }
+
+/// A playbook whose SIM-swap rule runs every action.
+pub const ALL_ACTIONS_PLAYBOOK: &str = r#"
+[[rule]]
+name = "sim_swap_everything"
+when = { type = ["sim_swap"] }
+decision = "deny"
+actions = ["lock_account", "open_case", "alert_customer", "charge_step_up", "deny", "callback"]
+"#;
+
+/// Where test tenants' callbacks point when a test does not receive them: a closed port.
+pub const UNUSED_CALLBACK: &str = "http://127.0.0.1:9/hook";
 
 /// A fresh random UUIDv4 idempotency key.
 pub fn new_key() -> String {

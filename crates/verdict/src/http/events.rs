@@ -1,0 +1,217 @@
+//! `GET /v1/events`, `GET /v1/events/{id}` and `GET /v1/subjects/{subject_hash}`: what was
+//! decided, read back without raw identifiers. Another tenant's ids are 404.
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::AppState;
+use super::auth::Authenticated;
+use super::error::ApiError;
+use crate::secrets::hex;
+use crate::store::{DeliveryRecord, EventRecord};
+
+/// Largest page of events.
+const MAX_PAGE: i64 = 100;
+
+/// Query of `GET /v1/events`.
+#[derive(Debug, Deserialize)]
+pub struct ListQuery {
+    /// Page size, 1 to 100 (default 20).
+    limit: Option<i64>,
+    /// The `next_cursor` of the previous page.
+    before: Option<Uuid>,
+}
+
+/// An event as the API shows it.
+#[derive(Debug, Serialize)]
+pub struct EventView {
+    id: Uuid,
+    #[serde(rename = "type")]
+    signal_type: String,
+    subject_hash: String,
+    observed_at: String,
+    attributes: Value,
+    metadata: Value,
+    decision: String,
+    playbook_version: i64,
+    rule: String,
+    actions: Value,
+    created_at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    deliveries: Option<Vec<DeliveryView>>,
+}
+
+/// A delivery as the API shows it.
+#[derive(Debug, Serialize)]
+pub struct DeliveryView {
+    pub id: Uuid,
+    pub event_id: Uuid,
+    pub webhook_id: String,
+    pub status: String,
+    pub attempts: i64,
+    pub next_attempt_at: Option<String>,
+    pub last_error: Option<String>,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+/// Unix milliseconds as RFC 3339.
+pub fn rfc3339(ms: i64) -> String {
+    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_default()
+}
+
+fn parse_json(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or(Value::Null)
+}
+
+impl From<EventRecord> for EventView {
+    fn from(e: EventRecord) -> Self {
+        Self {
+            id: e.id,
+            signal_type: e.signal_type,
+            subject_hash: hex(&e.subject_hash),
+            observed_at: rfc3339(e.observed_at),
+            attributes: parse_json(&e.attributes),
+            metadata: parse_json(&e.metadata),
+            decision: e.decision,
+            playbook_version: e.playbook_version,
+            rule: e.rule,
+            actions: parse_json(&e.actions),
+            created_at: rfc3339(e.created_at),
+            deliveries: None,
+        }
+    }
+}
+
+impl From<DeliveryRecord> for DeliveryView {
+    fn from(d: DeliveryRecord) -> Self {
+        Self {
+            id: d.id,
+            event_id: d.event_id,
+            webhook_id: d.webhook_id,
+            next_attempt_at: (d.status == "pending" || d.status == "failed")
+                .then(|| rfc3339(d.next_attempt_at)),
+            status: d.status,
+            attempts: d.attempts,
+            last_error: d.last_error,
+            created_at: rfc3339(d.created_at),
+            updated_at: rfc3339(d.updated_at),
+        }
+    }
+}
+
+/// A page of events, newest first.
+#[derive(Debug, Serialize)]
+pub struct EventPage {
+    data: Vec<EventView>,
+    /// Pass as `before` to get the next page; absent on the last page.
+    next_cursor: Option<Uuid>,
+}
+
+/// `GET /v1/events`.
+pub async fn list(
+    State(app): State<AppState>,
+    Authenticated(tenant): Authenticated,
+    Query(q): Query<ListQuery>,
+) -> Result<Json<EventPage>, ApiError> {
+    let limit = q.limit.unwrap_or(20).clamp(1, MAX_PAGE);
+    let events = app.store.events(tenant.id, q.before, limit).await?;
+    let next_cursor = (events.len() as i64 == limit)
+        .then(|| events.last().map(|e| e.id))
+        .flatten();
+    Ok(Json(EventPage {
+        data: events.into_iter().map(EventView::from).collect(),
+        next_cursor,
+    }))
+}
+
+/// `GET /v1/events/{id}`, with the event's deliveries.
+pub async fn show(
+    State(app): State<AppState>,
+    Authenticated(tenant): Authenticated,
+    Path(id): Path<String>,
+) -> Result<Json<EventView>, ApiError> {
+    let id = Uuid::parse_str(&id).map_err(|_| ApiError::NotFound)?;
+    let event = app
+        .store
+        .event(tenant.id, id)
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    let deliveries = app.store.deliveries_for_event(tenant.id, id).await?;
+    let mut view = EventView::from(event);
+    view.deliveries = Some(deliveries.into_iter().map(DeliveryView::from).collect());
+    Ok(Json(view))
+}
+
+/// What stands against a subject.
+#[derive(Debug, Serialize)]
+pub struct SubjectView {
+    subject_hash: String,
+    lock: Option<Standing>,
+    deny: Option<Standing>,
+    open_cases: Vec<CaseView>,
+}
+
+/// A lock or deny: the event that caused it and when.
+#[derive(Debug, Serialize)]
+pub struct Standing {
+    event_id: Uuid,
+    since: String,
+}
+
+/// An open case and the events attached to it.
+#[derive(Debug, Serialize)]
+pub struct CaseView {
+    id: Uuid,
+    opened_at: String,
+    events: Vec<Uuid>,
+}
+
+/// `GET /v1/subjects/{subject_hash}`.
+pub async fn subject(
+    State(app): State<AppState>,
+    Authenticated(tenant): Authenticated,
+    Path(subject_hash): Path<String>,
+) -> Result<Json<SubjectView>, ApiError> {
+    let digest = decode_hex(&subject_hash).ok_or(ApiError::NotFound)?;
+    let state = app.store.subject(tenant.id, &digest).await?;
+    let standing = |s: Option<(Uuid, i64)>| {
+        s.map(|(event_id, at)| Standing {
+            event_id,
+            since: rfc3339(at),
+        })
+    };
+    Ok(Json(SubjectView {
+        subject_hash,
+        lock: standing(state.lock),
+        deny: standing(state.deny),
+        open_cases: state
+            .open_cases
+            .into_iter()
+            .map(|(id, opened_at, events)| CaseView {
+                id,
+                opened_at: rfc3339(opened_at),
+                events,
+            })
+            .collect(),
+    }))
+}
+
+fn decode_hex(text: &str) -> Option<Vec<u8>> {
+    if text.len() != 64 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).ok())
+        .collect()
+}

@@ -1,0 +1,64 @@
+//! `GET /v1/playbook` and `PUT /v1/playbook`: a tenant reads and replaces its playbook.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use serde::Serialize;
+
+use super::AppState;
+use super::auth::Authenticated;
+use super::error::ApiError;
+use super::events::rfc3339;
+use crate::playbook::{self, Format};
+
+/// A playbook version as the API shows it.
+#[derive(Debug, Serialize)]
+pub struct PlaybookView {
+    version: i64,
+    format: String,
+    source: String,
+    created_at: Option<String>,
+}
+
+/// `GET /v1/playbook`: the version in force (version 0 is the built-in default).
+pub async fn show(
+    State(app): State<AppState>,
+    Authenticated(tenant): Authenticated,
+) -> Result<Json<PlaybookView>, ApiError> {
+    let stored = playbook::current_source(&*app.store, tenant.id).await?;
+    Ok(Json(PlaybookView {
+        version: stored.version,
+        format: stored.format,
+        source: stored.source,
+        created_at: (stored.created_at > 0).then(|| rfc3339(stored.created_at)),
+    }))
+}
+
+/// The version a successful upload created.
+#[derive(Debug, Serialize)]
+pub struct Uploaded {
+    version: i64,
+}
+
+/// `PUT /v1/playbook`: a TOML (`application/toml`) or JSON (`application/json`) document.
+pub async fn replace(
+    State(app): State<AppState>,
+    Authenticated(tenant): Authenticated,
+    headers: HeaderMap,
+    body: String,
+) -> Result<(StatusCode, Json<Uploaded>), ApiError> {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let format = if content_type.starts_with("application/json") {
+        Format::Json
+    } else if content_type.starts_with("application/toml") || content_type.starts_with("text/") {
+        Format::Toml
+    } else {
+        Format::sniff(&body)
+    };
+    let version = playbook::upload(&*app.store, tenant.id, &body, format).await?;
+    tracing::info!(tenant_id = %tenant.id, version, "playbook replaced");
+    Ok((StatusCode::CREATED, Json(Uploaded { version })))
+}
