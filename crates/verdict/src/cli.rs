@@ -6,7 +6,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use uuid::Uuid;
 
-use crate::config::{Config, DatabaseArgs, ServeArgs, ServeConfig};
+use crate::config::{Config, DatabaseArgs, DeliveryArgs, ServeArgs, ServeConfig};
 use crate::playbook::{self, Format};
 use crate::store::{self, SecretPurpose};
 use crate::tenant::{self, TenantSpec};
@@ -34,6 +34,46 @@ pub enum Command {
     /// Read or replace a tenant's playbook.
     #[command(subcommand)]
     Playbook(PlaybookCommand),
+    /// Run the delivery worker (retries of callbacks).
+    Worker {
+        #[command(flatten)]
+        delivery: DeliveryArgs,
+        /// Run one round (every delivery due now, once) and exit.
+        #[arg(long)]
+        once: bool,
+    },
+    /// Inspect and redeliver callbacks.
+    #[command(subcommand)]
+    Deliveries(DeliveriesCommand),
+}
+
+/// `verdict deliveries …`.
+#[derive(Debug, Subcommand)]
+pub enum DeliveriesCommand {
+    /// List a tenant's deliveries, newest first, as JSON lines.
+    List {
+        #[arg(long)]
+        tenant: Uuid,
+        /// pending, succeeded, failed or dead.
+        #[arg(long)]
+        status: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+    },
+    /// Show one delivery and its attempts as JSON.
+    Show {
+        #[arg(long)]
+        tenant: Uuid,
+        id: Uuid,
+    },
+    /// Attempt a delivery again now, with the same webhook-id, and a fresh retry budget.
+    Redeliver {
+        #[arg(long)]
+        tenant: Uuid,
+        id: Uuid,
+        #[command(flatten)]
+        delivery: DeliveryArgs,
+    },
 }
 
 /// `verdict playbook …`.
@@ -72,6 +112,15 @@ pub enum TenantCommand {
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
+    },
+    /// Set the callback URL and re-enable the endpoint (after a 410 disabled it).
+    SetCallback {
+        /// The tenant's id.
+        #[arg(long)]
+        tenant: Uuid,
+        /// The new callback URL (omit to remove it).
+        #[arg(long)]
+        url: Option<String>,
     },
     /// Replace a signing secret; the old one stays valid for the grace period.
     RotateSecret {
@@ -125,7 +174,85 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Tenant(cmd) => run_tenant(&config, cmd).await,
         Command::Playbook(cmd) => run_playbook(&config, cmd).await,
+        Command::Worker { delivery, once } => {
+            crate::server::work(&config, delivery.resolve(&file), once).await
+        }
+        Command::Deliveries(cmd) => run_deliveries(&config, &file, cmd).await,
     }
+}
+
+async fn run_deliveries(
+    config: &Config,
+    file: &crate::config::FileConfig,
+    cmd: DeliveriesCommand,
+) -> anyhow::Result<()> {
+    let keys = Arc::new(config.master_key()?.keyring());
+    let store = store::connect(&config.database_url)
+        .await
+        .context("connecting to the database")?;
+    let show = |d: crate::store::DeliveryRecord| {
+        serde_json::json!({
+            "id": d.id, "event_id": d.event_id, "webhook_id": d.webhook_id,
+            "status": d.status, "attempts": d.attempts, "last_error": d.last_error,
+        })
+    };
+    match cmd {
+        DeliveriesCommand::List {
+            tenant,
+            status,
+            limit,
+        } => {
+            for d in store
+                .deliveries(tenant, status.as_deref(), None, limit.clamp(1, 10_000))
+                .await?
+            {
+                println!("{}", show(d));
+            }
+        }
+        DeliveriesCommand::Show { tenant, id } => {
+            let d = store
+                .delivery(tenant, id)
+                .await?
+                .context("no such delivery")?;
+            let attempts: Vec<_> = store
+                .delivery_attempts(id)
+                .await?
+                .into_iter()
+                .map(|a| {
+                    serde_json::json!({
+                        "trigger": a.trigger, "status_code": a.status_code,
+                        "latency_ms": a.latency_ms, "error": a.error,
+                    })
+                })
+                .collect();
+            let mut out = show(d);
+            out["attempts"] = attempts.into();
+            println!("{out}");
+        }
+        DeliveriesCommand::Redeliver {
+            tenant,
+            id,
+            delivery,
+        } => {
+            let deliverer =
+                crate::delivery::Deliverer::new(store.clone(), keys, delivery.resolve(file));
+            match deliverer.redeliver(tenant, id).await? {
+                Some(verdict) => {
+                    let d = store
+                        .delivery(tenant, id)
+                        .await?
+                        .context("no such delivery")?;
+                    println!("{}", show(d));
+                    tracing::info!(?verdict, "redelivered");
+                }
+                None => anyhow::bail!(
+                    "delivery {id} was not redelivered: it does not exist, an attempt is in \
+                     progress, or the endpoint is disabled"
+                ),
+            }
+        }
+    }
+    Ok(())
 }
 
 async fn run_playbook(config: &Config, cmd: PlaybookCommand) -> anyhow::Result<()> {
@@ -189,6 +316,12 @@ async fn run_tenant(config: &Config, cmd: TenantCommand) -> anyhow::Result<()> {
                 println!("webhook_secret  {}", created.webhook_secret);
                 println!("(secrets are shown once; store them now)");
             }
+        }
+        TenantCommand::SetCallback { tenant, url } => {
+            if !store.set_callback(tenant, url.as_deref()).await? {
+                anyhow::bail!("no tenant with id {tenant}");
+            }
+            println!("callback endpoint set and enabled");
         }
         TenantCommand::RotateSecret {
             tenant,

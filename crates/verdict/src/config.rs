@@ -3,9 +3,11 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::delivery::DeliverySettings;
 use crate::ingest::IngestSettings;
 use crate::secrets::{MasterKey, SecretsError};
 use crate::store;
@@ -20,6 +22,10 @@ pub const DEFAULT_KEY_TTL_SECS: u64 = 24 * 60 * 60;
 pub const DEFAULT_LOCK_TIMEOUT_SECS: u64 = 60;
 /// At most one customer alert per subject and signal type within this window by default.
 pub const DEFAULT_ALERT_WINDOW_SECS: u64 = 24 * 60 * 60;
+/// Time between worker delivery attempts by default (5 minutes).
+pub const DEFAULT_RETRY_INTERVAL_SECS: u64 = 300;
+/// The inline delivery attempt's deadline by default.
+pub const DEFAULT_INLINE_DEADLINE_MS: u64 = 5000;
 /// How often expired keys are pruned by default.
 pub const DEFAULT_PRUNE_INTERVAL_SECS: u64 = 60;
 
@@ -55,6 +61,9 @@ pub struct FileConfig {
     pub lock_timeout_secs: Option<u64>,
     pub prune_interval_secs: Option<u64>,
     pub alert_window_secs: Option<u64>,
+    pub retry_interval_secs: Option<u64>,
+    pub inline_deadline_ms: Option<u64>,
+    pub allow_private_destinations: Option<bool>,
     pub master_key_file: Option<PathBuf>,
 }
 
@@ -86,9 +95,52 @@ pub struct DatabaseArgs {
     pub config: Option<PathBuf>,
 }
 
+/// Settings of callback delivery, shared by `serve` and `worker`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DeliveryArgs {
+    /// Seconds between worker attempts of a failing delivery.
+    #[arg(long, env = "VERDICT_RETRY_INTERVAL_SECS")]
+    pub retry_interval_secs: Option<u64>,
+    /// Deadline of each delivery attempt, in milliseconds.
+    #[arg(long, env = "VERDICT_INLINE_DEADLINE_MS")]
+    pub inline_deadline_ms: Option<u64>,
+    /// Allow callbacks to loopback, private and link-local addresses (tests, private networks).
+    #[arg(long, env = "VERDICT_ALLOW_PRIVATE_DESTINATIONS", value_parser = clap::builder::BoolishValueParser::new())]
+    pub allow_private_destinations: Option<bool>,
+}
+
+impl DeliveryArgs {
+    /// Flags and environment first, then the file, then defaults.
+    pub fn resolve(&self, file: &FileConfig) -> DeliverySettings {
+        DeliverySettings {
+            deadline: Duration::from_millis(
+                self.inline_deadline_ms
+                    .or(file.inline_deadline_ms)
+                    .unwrap_or(DEFAULT_INLINE_DEADLINE_MS)
+                    .max(1),
+            ),
+            retry_interval: Duration::from_secs(
+                self.retry_interval_secs
+                    .or(file.retry_interval_secs)
+                    .unwrap_or(DEFAULT_RETRY_INTERVAL_SECS)
+                    .max(1),
+            ),
+            allow_private: self
+                .allow_private_destinations
+                .or(file.allow_private_destinations)
+                .unwrap_or(false),
+        }
+    }
+}
+
 /// Settings of `verdict serve`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServeArgs {
+    /// Do not run the delivery worker inside this process (run `verdict worker` instead).
+    #[arg(long, env = "VERDICT_NO_WORKER", value_parser = clap::builder::BoolishValueParser::new(), default_value_t = false)]
+    pub no_worker: bool,
+    #[command(flatten)]
+    pub delivery: DeliveryArgs,
     /// Address to listen on.
     #[arg(long, env = "VERDICT_LISTEN")]
     pub listen: Option<String>,
@@ -157,6 +209,8 @@ pub fn master_key_beside(db: &Path) -> PathBuf {
 pub struct ServeConfig {
     pub listen: SocketAddr,
     pub ingest: IngestSettings,
+    pub delivery: DeliverySettings,
+    pub run_worker: bool,
     pub prune_interval_secs: u64,
 }
 
@@ -173,6 +227,8 @@ impl ServeConfig {
         let ms = |s: u64| i64::try_from(s.saturating_mul(1000)).unwrap_or(i64::MAX);
         Ok(Self {
             listen: listen.parse().map_err(|_| ConfigError::Listen(listen))?,
+            delivery: args.delivery.resolve(file),
+            run_worker: !args.no_worker,
             ingest: IngestSettings {
                 key_ttl_ms: ms(secs(
                     args.key_ttl_secs,

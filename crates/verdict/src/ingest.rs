@@ -9,14 +9,16 @@ use uuid::Uuid;
 
 use crate::actions::{ActionKind, ActionResult, Applied, Outcome};
 use crate::clock::{now_ms, to_ms};
+use crate::delivery::Deliverer;
+use crate::delivery::schedule::{self, Trigger};
 use crate::failpoint::failpoint;
 use crate::idempotency::{Fingerprint, IdempotencyKey, SIGNALS_ENDPOINT};
 use crate::playbook::{Decision, Library, SubjectFacts};
 use crate::secrets::{Keyring, hex};
 use crate::signal::Signal;
 use crate::store::{
-    ActionTarget, Claim, ClaimOutcome, Completion, Dispatch, KeyRef, NewDelivery, NewEvent,
-    RecoveryPoint, Store, StoreError, StoredResponse, TenantRecord,
+    ActionTarget, Claim, ClaimOutcome, Completion, Dispatch, DueDelivery, KeyRef, NewDelivery,
+    NewEvent, RecoveryPoint, Store, StoreError, StoredResponse, TenantRecord,
 };
 
 /// Lifetimes that shape the key contract and the actions.
@@ -84,6 +86,7 @@ pub struct Ingest {
     keys: Arc<Keyring>,
     settings: IngestSettings,
     playbooks: Library,
+    deliverer: Arc<Deliverer>,
 }
 
 /// A held claim: the row's key and our lock on it.
@@ -94,12 +97,18 @@ struct Held {
 
 impl Ingest {
     /// Builds the pipeline.
-    pub fn new(store: Arc<dyn Store>, keys: Arc<Keyring>, settings: IngestSettings) -> Self {
+    pub fn new(
+        store: Arc<dyn Store>,
+        keys: Arc<Keyring>,
+        settings: IngestSettings,
+        deliverer: Arc<Deliverer>,
+    ) -> Self {
         Self {
             store,
             keys,
             settings,
             playbooks: Library::default(),
+            deliverer,
         }
     }
 
@@ -282,17 +291,50 @@ impl Ingest {
             }
         };
         let to_store = |outcome: Option<Applied>| json(&record_for(outcome));
+        let delivery = callback.as_ref().ok().and_then(Option::as_ref);
         let callback_outcome = self
             .store
             .dispatch(&Dispatch {
                 target: &target,
                 key: held.map(|h| (&h.key, h.lock_token)),
-                callback: callback.as_ref().ok().and_then(Option::as_ref),
+                callback: delivery,
                 record: &to_store,
             })
             .await?;
         failpoint!("ingest::after_dispatch");
+        // Only the event that recorded the delivery makes the inline attempt; a duplicate's
+        // callback is the earlier event's.
+        if let (Some(delivery), Some(Applied::Done)) = (delivery, callback_outcome) {
+            self.attempt_inline(DueDelivery {
+                id: delivery.id,
+                tenant_id: tenant.id,
+                webhook_id: delivery.webhook_id.clone(),
+                payload: delivery.payload.clone(),
+                retries_left: schedule::MAX_RETRIES,
+                callback_url: tenant.callback_url.clone(),
+            })
+            .await;
+        }
         Ok(record_for(callback_outcome))
+    }
+
+    /// The callback's inline attempt. It waits at most the deadline: an attempt still running
+    /// then finishes (and records itself) in the background while the response goes out.
+    async fn attempt_inline(&self, due: DueDelivery) {
+        let deliverer = self.deliverer.clone();
+        let deadline = deliverer.settings().deadline;
+        let attempt = tokio::spawn(async move { deliverer.attempt(&due, Trigger::Inline).await });
+        match tokio::time::timeout(deadline, attempt).await {
+            Ok(Ok(Ok(_))) => {}
+            Ok(Ok(Err(err))) => {
+                // The delivery stays leased, then due: the worker retries it.
+                tracing::warn!(error = %err, "could not record the inline delivery attempt");
+            }
+            Ok(Err(err)) => tracing::error!(error = %err, "the inline delivery attempt panicked"),
+            Err(_) => tracing::info!(
+                "inline delivery attempt passed its deadline; continuing in the background"
+            ),
+        }
     }
 
     /// The callback envelope, built once: its timestamp is fixed here and repeated on every
@@ -320,6 +362,7 @@ impl Ingest {
             id: Uuid::now_v7(),
             webhook_id: format!("msg_{}", target.event_id.simple()),
             payload: json(&envelope).into_bytes(),
+            leased_until: target.now.saturating_add(crate::delivery::lease_ms()),
         }
     }
 

@@ -5,9 +5,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::clock::now_ms;
 use crate::config::{Config, ServeConfig};
+use crate::delivery::{Deliverer, DeliverySettings, worker};
 use crate::http::{AppState, router};
 use crate::ingest::Ingest;
 use crate::store::{self, Store};
@@ -21,18 +23,34 @@ pub async fn serve(config: &Config, serve: ServeConfig) -> anyhow::Result<()> {
     let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
         .ok();
+    let deliverer = Arc::new(Deliverer::new(store.clone(), keys.clone(), serve.delivery));
     let state = AppState {
-        ingest: Arc::new(Ingest::new(store.clone(), keys.clone(), serve.ingest)),
+        ingest: Arc::new(Ingest::new(
+            store.clone(),
+            keys.clone(),
+            serve.ingest,
+            deliverer.clone(),
+        )),
+        deliverer: deliverer.clone(),
         store: store.clone(),
         keys,
         metrics,
     };
     let shutdown = CancellationToken::new();
-    let pruner = tokio::spawn(prune_keys(
+    let background = TaskTracker::new();
+    background.spawn(prune_keys(
         store,
         Duration::from_secs(serve.prune_interval_secs),
         shutdown.clone(),
     ));
+    if serve.run_worker {
+        background.spawn(worker::run(
+            deliverer,
+            serve.delivery.retry_interval,
+            shutdown.clone(),
+        ));
+    }
+    background.close();
 
     let listener = tokio::net::TcpListener::bind(serve.listen)
         .await
@@ -47,8 +65,42 @@ pub async fn serve(config: &Config, serve: ServeConfig) -> anyhow::Result<()> {
         })
         .await?;
     shutdown.cancel();
-    let _ = pruner.await;
+    background.wait().await;
     tracing::info!("stopped");
+    Ok(())
+}
+
+/// `verdict worker`: the delivery worker on its own, every `interval`, or one round.
+pub async fn work(config: &Config, delivery: DeliverySettings, once: bool) -> anyhow::Result<()> {
+    let keys = Arc::new(config.master_key()?.keyring());
+    let store = store::connect(&config.database_url)
+        .await
+        .context("connecting to the database")?;
+    let deliverer = Arc::new(Deliverer::new(store, keys, delivery));
+    let stop = CancellationToken::new();
+    if once {
+        let round = worker::round(&deliverer, &stop).await?;
+        tracing::info!(
+            attempted = round.attempted,
+            delivered = round.delivered,
+            "delivery round done"
+        );
+        println!(
+            "{}",
+            serde_json::json!({"attempted": round.attempted, "delivered": round.delivered})
+        );
+        return Ok(());
+    }
+    let signal_stop = stop.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        signal_stop.cancel();
+    });
+    tracing::info!(
+        interval_secs = delivery.retry_interval.as_secs(),
+        "delivery worker started"
+    );
+    worker::run(deliverer, delivery.retry_interval, stop).await;
     Ok(())
 }
 

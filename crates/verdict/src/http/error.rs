@@ -53,6 +53,10 @@ pub enum ApiError {
     Playbook(#[from] PlaybookStoreError),
     #[error("not found")]
     NotFound,
+    #[error("{0}")]
+    Invalid(String),
+    #[error("conflict")]
+    Conflict(Problem),
 }
 
 impl ApiError {
@@ -108,6 +112,8 @@ impl ApiError {
             Self::Store(e) if e.is_transient() => Problem::unavailable(),
             Self::Tenant(TenantError::Store(e)) if e.is_transient() => Problem::unavailable(),
             Self::NotFound | Self::Tenant(TenantError::NotFound(_)) => Problem::not_found(),
+            Self::Invalid(detail) => Problem::invalid_request(detail.clone()),
+            Self::Conflict(problem) => problem.clone(),
             Self::Ingest(IngestError::Store(_))
             | Self::Store(_)
             | Self::Tenant(_)

@@ -69,7 +69,8 @@ pub fn rfc3339(ms: i64) -> String {
         .unwrap_or_default()
 }
 
-fn parse_json(text: &str) -> Value {
+/// A stored JSON column as a value (stored JSON is always ours and valid).
+pub fn parse_json(text: &str) -> Value {
     serde_json::from_str(text).unwrap_or(Value::Null)
 }
 

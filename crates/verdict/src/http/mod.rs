@@ -1,6 +1,7 @@
 //! The HTTP API: routes, shared state, and the layers every request passes through.
 
 mod auth;
+mod deliveries;
 pub mod error;
 mod events;
 mod playbook;
@@ -18,6 +19,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 
+use crate::delivery::Deliverer;
 use crate::ingest::Ingest;
 use crate::secrets::Keyring;
 use crate::store::Store;
@@ -30,6 +32,7 @@ pub struct AppState {
     pub store: Arc<dyn Store>,
     pub keys: Arc<Keyring>,
     pub ingest: Arc<Ingest>,
+    pub deliverer: Arc<Deliverer>,
     pub metrics: Option<PrometheusHandle>,
 }
 
@@ -42,6 +45,9 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/events", get(events::list))
         .route("/v1/events/{id}", get(events::show))
         .route("/v1/subjects/{subject_hash}", get(events::subject))
+        .route("/v1/deliveries", get(deliveries::list))
+        .route("/v1/deliveries/{id}", get(deliveries::show))
+        .route("/v1/deliveries/{id}/redeliver", post(deliveries::redeliver))
         .route("/v1/playbook", get(playbook::show).put(playbook::replace))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))

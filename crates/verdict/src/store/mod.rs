@@ -209,6 +209,45 @@ pub struct NewDelivery {
     pub id: Uuid,
     pub webhook_id: String,
     pub payload: Vec<u8>,
+    /// Reserved for the inline attempt until then; if the process dies, the worker takes it.
+    pub leased_until: i64,
+}
+
+/// A delivery leased for an attempt, with where it goes.
+#[derive(Clone, Debug)]
+pub struct DueDelivery {
+    pub id: Uuid,
+    pub tenant_id: Uuid,
+    pub webhook_id: String,
+    pub payload: Vec<u8>,
+    pub retries_left: i64,
+    pub callback_url: Option<String>,
+}
+
+/// One attempt and the delivery's state after it, recorded together.
+#[derive(Clone, Debug)]
+pub struct AttemptRecord {
+    pub id: Uuid,
+    pub delivery_id: Uuid,
+    pub tenant_id: Uuid,
+    pub attempted_at: i64,
+    pub trigger: &'static str,
+    pub status_code: Option<i32>,
+    pub latency_ms: i64,
+    pub error: Option<String>,
+    pub response_excerpt: Option<Vec<u8>>,
+    pub next: crate::delivery::schedule::Next,
+}
+
+/// An attempt as read back.
+#[derive(Clone, Debug)]
+pub struct AttemptRow {
+    pub attempted_at: i64,
+    pub trigger: String,
+    pub status_code: Option<i32>,
+    pub latency_ms: i64,
+    pub error: Option<String>,
+    pub response_excerpt: Option<Vec<u8>>,
 }
 
 /// The recovery point: the decision record, stored with the callback's outbox row in one
@@ -373,6 +412,48 @@ pub trait Store: Send + Sync + 'static {
         tenant_id: Uuid,
         subject_hash: &[u8],
     ) -> Result<SubjectState, StoreError>;
+
+    /// Leases up to `limit` deliveries due at `now` until `lease_until`; no two callers get the
+    /// same delivery.
+    async fn lease_due(
+        &self,
+        now: i64,
+        lease_until: i64,
+        limit: i64,
+    ) -> Result<Vec<DueDelivery>, StoreError>;
+    /// Records an attempt and moves the delivery to its next state, in one transaction (and
+    /// disables the tenant's endpoint after a 410).
+    async fn record_attempt(&self, attempt: &AttemptRecord) -> Result<(), StoreError>;
+    /// Gives one of the tenant's deliveries a fresh retry budget and leases it, unless it is
+    /// leased now or the endpoint is disabled.
+    async fn lease_for_redelivery(
+        &self,
+        tenant_id: Uuid,
+        id: Uuid,
+        now: i64,
+        lease_until: i64,
+        retries: i64,
+    ) -> Result<Option<DueDelivery>, StoreError>;
+    /// The tenant's deliveries, newest first, optionally of one status.
+    async fn deliveries(
+        &self,
+        tenant_id: Uuid,
+        status: Option<&str>,
+        before: Option<Uuid>,
+        limit: i64,
+    ) -> Result<Vec<DeliveryRecord>, StoreError>;
+    /// One of the tenant's deliveries.
+    async fn delivery(
+        &self,
+        tenant_id: Uuid,
+        id: Uuid,
+    ) -> Result<Option<DeliveryRecord>, StoreError>;
+    /// A delivery's attempts, oldest first.
+    async fn delivery_attempts(&self, delivery_id: Uuid) -> Result<Vec<AttemptRow>, StoreError>;
+    /// Sets the tenant's callback URL and re-enables its endpoint; false if no such tenant.
+    async fn set_callback(&self, tenant_id: Uuid, url: Option<&str>) -> Result<bool, StoreError>;
+    /// Deliveries waiting for an attempt.
+    async fn queue_depth(&self, now: i64) -> Result<i64, StoreError>;
 }
 
 /// Opens the backend a URL names and runs its migrations.

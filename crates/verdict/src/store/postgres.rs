@@ -44,4 +44,14 @@ impl PostgresStore {
     }
 }
 
-sql_store!(PostgresStore, sqlx::PgConnection);
+/// Leases due deliveries; `SKIP LOCKED` lets several workers share the queue without waiting on
+/// or double-leasing each other's rows.
+const LEASE_DUE: &str = "UPDATE deliveries SET leased_until = $2 WHERE id IN ( \
+     SELECT d.id FROM deliveries d JOIN tenants t ON t.id = d.tenant_id \
+     WHERE d.status = 'pending' AND d.next_attempt_at <= $1 AND d.leased_until <= $1 \
+     AND d.retries_left > 0 AND NOT t.callback_disabled \
+     ORDER BY d.next_attempt_at LIMIT $3 FOR UPDATE OF d SKIP LOCKED) \
+     RETURNING id, tenant_id, webhook_id, payload, retries_left, \
+     (SELECT callback_url FROM tenants WHERE tenants.id = deliveries.tenant_id) AS callback_url";
+
+sql_store!(PostgresStore, sqlx::PgConnection, LEASE_DUE);

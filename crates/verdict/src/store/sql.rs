@@ -7,9 +7,10 @@
 //! (a write transaction). Only connection set-up and what truly differs live in the backend
 //! files.
 
-/// Implements `Store` for `$store`, whose connection type is `$conn`, with the shared SQL.
+/// Implements `Store` for `$store`, whose connection type is `$conn`, with the shared SQL and
+/// the backend's own `$lease_due` statement.
 macro_rules! sql_store {
-    ($store:ty, $conn:ty) => {
+    ($store:ty, $conn:ty, $lease_due:expr) => {
         async fn insert_secret(
             conn: &mut $conn,
             tenant_id: uuid::Uuid,
@@ -75,6 +76,46 @@ macro_rules! sql_store {
                 rule: row.try_get("rule")?,
                 actions: row.try_get("actions")?,
                 created_at: row.try_get("created_at")?,
+            })
+        }
+
+        fn delivery_from_row<R: sqlx::Row>(row: &R) -> Result<$crate::store::DeliveryRecord, sqlx::Error>
+        where
+            for<'r> uuid::Uuid: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+            for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+            for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+            for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+            for<'a> &'a str: sqlx::ColumnIndex<R>,
+        {
+            Ok($crate::store::DeliveryRecord {
+                id: row.try_get("id")?,
+                event_id: row.try_get("event_id")?,
+                webhook_id: row.try_get("webhook_id")?,
+                status: row.try_get("status")?,
+                attempts: row.try_get("attempts")?,
+                next_attempt_at: row.try_get("next_attempt_at")?,
+                last_error: row.try_get("last_error")?,
+                created_at: row.try_get("created_at")?,
+                updated_at: row.try_get("updated_at")?,
+            })
+        }
+
+        fn due_from_row<R: sqlx::Row>(row: &R) -> Result<$crate::store::DueDelivery, sqlx::Error>
+        where
+            for<'r> uuid::Uuid: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+            for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+            for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+            for<'r> Vec<u8>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+            for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+            for<'a> &'a str: sqlx::ColumnIndex<R>,
+        {
+            Ok($crate::store::DueDelivery {
+                id: row.try_get("id")?,
+                tenant_id: row.try_get("tenant_id")?,
+                webhook_id: row.try_get("webhook_id")?,
+                payload: row.try_get("payload")?,
+                retries_left: row.try_get("retries_left")?,
+                callback_url: row.try_get("callback_url")?,
             })
         }
 
@@ -297,8 +338,9 @@ macro_rules! sql_store {
                     Some(delivery) => {
                         let inserted = sqlx::query(
                             "INSERT INTO deliveries (id, tenant_id, event_id, signal_key, \
-                             webhook_id, payload, status, attempts, next_attempt_at, created_at, \
-                             updated_at) VALUES ($1, $2, $3, $4, $5, $6, 'pending', 0, $7, $7, $7) \
+                             webhook_id, payload, status, attempts, next_attempt_at, leased_until, \
+                             created_at, updated_at) \
+                             VALUES ($1, $2, $3, $4, $5, $6, 'pending', 0, $7, $8, $7, $7) \
                              ON CONFLICT DO NOTHING RETURNING id",
                         )
                         .bind(delivery.id)
@@ -308,6 +350,7 @@ macro_rules! sql_store {
                         .bind(&delivery.webhook_id)
                         .bind(&delivery.payload)
                         .bind(target.now)
+                        .bind(delivery.leased_until)
                         .fetch_optional(&mut *tx)
                         .await?
                         .is_some();
@@ -733,19 +776,7 @@ macro_rules! sql_store {
                 .fetch_all(self.read())
                 .await?;
                 rows.iter()
-                    .map(|row| {
-                        Ok($crate::store::DeliveryRecord {
-                            id: row.try_get("id")?,
-                            event_id: row.try_get("event_id")?,
-                            webhook_id: row.try_get("webhook_id")?,
-                            status: row.try_get("status")?,
-                            attempts: row.try_get("attempts")?,
-                            next_attempt_at: row.try_get("next_attempt_at")?,
-                            last_error: row.try_get("last_error")?,
-                            created_at: row.try_get("created_at")?,
-                            updated_at: row.try_get("updated_at")?,
-                        })
-                    })
+                    .map(delivery_from_row)
                     .collect::<Result<_, sqlx::Error>>()
                     .map_err(Into::into)
             }
@@ -794,6 +825,186 @@ macro_rules! sql_store {
                     }
                 }
                 Ok($crate::store::SubjectState { lock, open_cases, deny })
+            }
+
+            async fn lease_due(
+                &self,
+                now: i64,
+                lease_until: i64,
+                limit: i64,
+            ) -> Result<Vec<$crate::store::DueDelivery>, $crate::store::StoreError> {
+                let rows = sqlx::query($lease_due)
+                    .bind(now)
+                    .bind(lease_until)
+                    .bind(limit)
+                    .fetch_all(self.write())
+                    .await?;
+                rows.iter()
+                    .map(due_from_row)
+                    .collect::<Result<_, sqlx::Error>>()
+                    .map_err(Into::into)
+            }
+
+            async fn record_attempt(
+                &self,
+                a: &$crate::store::AttemptRecord,
+            ) -> Result<(), $crate::store::StoreError> {
+                let mut tx = self.begin().await?;
+                sqlx::query(
+                    "INSERT INTO delivery_attempts (id, delivery_id, attempted_at, trigger_kind, \
+                     status_code, latency_ms, error, response_excerpt) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                )
+                .bind(a.id)
+                .bind(a.delivery_id)
+                .bind(a.attempted_at)
+                .bind(a.trigger)
+                .bind(a.status_code)
+                .bind(a.latency_ms)
+                .bind(&a.error)
+                .bind(&a.response_excerpt)
+                .execute(&mut *tx)
+                .await?;
+                sqlx::query(
+                    "UPDATE deliveries SET status = $2, attempts = attempts + 1, \
+                     retries_left = $3, next_attempt_at = $4, leased_until = 0, last_error = $5, \
+                     updated_at = $6 WHERE id = $1",
+                )
+                .bind(a.delivery_id)
+                .bind(a.next.status)
+                .bind(a.next.retries_left)
+                .bind(a.next.next_attempt_at)
+                .bind(&a.error)
+                .bind(a.attempted_at)
+                .execute(&mut *tx)
+                .await?;
+                if a.next.disable_endpoint {
+                    sqlx::query("UPDATE tenants SET callback_disabled = TRUE WHERE id = $1")
+                        .bind(a.tenant_id)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                tx.commit().await?;
+                Ok(())
+            }
+
+            async fn lease_for_redelivery(
+                &self,
+                tenant_id: uuid::Uuid,
+                id: uuid::Uuid,
+                now: i64,
+                lease_until: i64,
+                retries: i64,
+            ) -> Result<Option<$crate::store::DueDelivery>, $crate::store::StoreError> {
+                let row = sqlx::query(
+                    "UPDATE deliveries SET status = 'pending', retries_left = $5, \
+                     next_attempt_at = $3, leased_until = $4, updated_at = $3 \
+                     WHERE tenant_id = $1 AND id = $2 AND leased_until <= $3 \
+                     AND NOT (SELECT callback_disabled FROM tenants WHERE tenants.id = deliveries.tenant_id) \
+                     RETURNING id, tenant_id, webhook_id, payload, retries_left, \
+                     (SELECT callback_url FROM tenants WHERE tenants.id = deliveries.tenant_id) AS callback_url",
+                )
+                .bind(tenant_id)
+                .bind(id)
+                .bind(now)
+                .bind(lease_until)
+                .bind(retries)
+                .fetch_optional(self.write())
+                .await?;
+                Ok(row.as_ref().map(due_from_row).transpose()?)
+            }
+
+            async fn deliveries(
+                &self,
+                tenant_id: uuid::Uuid,
+                status: Option<&str>,
+                before: Option<uuid::Uuid>,
+                limit: i64,
+            ) -> Result<Vec<$crate::store::DeliveryRecord>, $crate::store::StoreError> {
+                // A nil UUID cursor sorts before every v7 id, so "no cursor" is the max UUID.
+                let cursor = before.unwrap_or(uuid::Uuid::max());
+                let rows = sqlx::query(
+                    "SELECT id, event_id, webhook_id, status, attempts, next_attempt_at, \
+                     last_error, created_at, updated_at FROM deliveries \
+                     WHERE tenant_id = $1 AND ($2 = '' OR status = $2) AND id < $3 \
+                     ORDER BY id DESC LIMIT $4",
+                )
+                .bind(tenant_id)
+                .bind(status.unwrap_or(""))
+                .bind(cursor)
+                .bind(limit)
+                .fetch_all(self.read())
+                .await?;
+                rows.iter()
+                    .map(delivery_from_row)
+                    .collect::<Result<_, sqlx::Error>>()
+                    .map_err(Into::into)
+            }
+
+            async fn delivery(
+                &self,
+                tenant_id: uuid::Uuid,
+                id: uuid::Uuid,
+            ) -> Result<Option<$crate::store::DeliveryRecord>, $crate::store::StoreError> {
+                let row = sqlx::query(
+                    "SELECT id, event_id, webhook_id, status, attempts, next_attempt_at, \
+                     last_error, created_at, updated_at FROM deliveries \
+                     WHERE tenant_id = $1 AND id = $2",
+                )
+                .bind(tenant_id)
+                .bind(id)
+                .fetch_optional(self.read())
+                .await?;
+                Ok(row.as_ref().map(delivery_from_row).transpose()?)
+            }
+
+            async fn delivery_attempts(
+                &self,
+                delivery_id: uuid::Uuid,
+            ) -> Result<Vec<$crate::store::AttemptRow>, $crate::store::StoreError> {
+                let rows = sqlx::query(
+                    "SELECT attempted_at, trigger_kind, status_code, latency_ms, error, \
+                     response_excerpt FROM delivery_attempts WHERE delivery_id = $1 \
+                     ORDER BY attempted_at, id",
+                )
+                .bind(delivery_id)
+                .fetch_all(self.read())
+                .await?;
+                rows.iter()
+                    .map(|row| {
+                        Ok($crate::store::AttemptRow {
+                            attempted_at: row.try_get("attempted_at")?,
+                            trigger: row.try_get("trigger_kind")?,
+                            status_code: row.try_get("status_code")?,
+                            latency_ms: row.try_get("latency_ms")?,
+                            error: row.try_get("error")?,
+                            response_excerpt: row.try_get("response_excerpt")?,
+                        })
+                    })
+                    .collect::<Result<_, sqlx::Error>>()
+                    .map_err(Into::into)
+            }
+
+            async fn set_callback(
+                &self,
+                tenant_id: uuid::Uuid,
+                url: Option<&str>,
+            ) -> Result<bool, $crate::store::StoreError> {
+                let done = sqlx::query(
+                    "UPDATE tenants SET callback_url = $2, callback_disabled = FALSE WHERE id = $1",
+                )
+                .bind(tenant_id)
+                .bind(url)
+                .execute(self.write())
+                .await?;
+                Ok(done.rows_affected() == 1)
+            }
+
+            async fn queue_depth(&self, now: i64) -> Result<i64, $crate::store::StoreError> {
+                let _ = now;
+                Ok(sqlx::query_scalar("SELECT COUNT(*) FROM deliveries WHERE status = 'pending'")
+                    .fetch_one(self.read())
+                    .await?)
             }
         }
     };

@@ -2,6 +2,8 @@
 //! on a real socket, tenants made with the real CLI, and signed requests.
 #![allow(dead_code)]
 
+pub mod receiver;
+
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -220,6 +222,31 @@ impl TestDb {
             &tenant.id,
             path.to_str().unwrap(),
         ])
+    }
+
+    /// Runs one delivery-worker round with the real binary; returns its JSON report.
+    pub fn worker_once(&self, env: &[(&str, &str)]) -> Value {
+        let out = self.worker_once_command(env).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    /// The `verdict worker --once` command, to spawn several at once.
+    pub fn worker_once_command(&self, env: &[(&str, &str)]) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_verdict"));
+        cmd.args(["worker", "--once"])
+            .env("VERDICT_DATABASE_URL", &self.url)
+            .env("VERDICT_MASTER_KEY", &self.master_key)
+            .env("VERDICT_ALLOW_PRIVATE_DESTINATIONS", "1")
+            .stderr(Stdio::null());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd
     }
 
     /// Creates a tenant with the real CLI.

@@ -1,0 +1,147 @@
+//! `GET /v1/deliveries`, `GET /v1/deliveries/{id}` and `POST /v1/deliveries/{id}/redeliver`.
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::AppState;
+use super::auth::Authenticated;
+use super::error::ApiError;
+use super::events::{DeliveryView, rfc3339};
+use super::problem::Problem;
+use crate::store::AttemptRow;
+
+/// The statuses a delivery can be in.
+const STATUSES: [&str; 4] = ["pending", "succeeded", "failed", "dead"];
+
+/// Query of `GET /v1/deliveries`.
+#[derive(Debug, Deserialize)]
+pub struct ListQuery {
+    status: Option<String>,
+    limit: Option<i64>,
+    before: Option<Uuid>,
+}
+
+/// A page of deliveries, newest first.
+#[derive(Debug, Serialize)]
+pub struct DeliveryPage {
+    data: Vec<DeliveryView>,
+    next_cursor: Option<Uuid>,
+}
+
+/// `GET /v1/deliveries?status=pending|succeeded|failed|dead`.
+pub async fn list(
+    State(app): State<AppState>,
+    Authenticated(tenant): Authenticated,
+    Query(q): Query<ListQuery>,
+) -> Result<Json<DeliveryPage>, ApiError> {
+    if let Some(status) = q.status.as_deref().filter(|s| !STATUSES.contains(s)) {
+        return Err(ApiError::Invalid(format!(
+            "status must be one of pending, succeeded, failed, dead (got `{status}`)"
+        )));
+    }
+    let limit = q.limit.unwrap_or(50).clamp(1, 500);
+    let rows = app
+        .store
+        .deliveries(tenant.id, q.status.as_deref(), q.before, limit)
+        .await?;
+    let next_cursor = (rows.len() as i64 == limit)
+        .then(|| rows.last().map(|d| d.id))
+        .flatten();
+    Ok(Json(DeliveryPage {
+        data: rows.into_iter().map(DeliveryView::from).collect(),
+        next_cursor,
+    }))
+}
+
+/// An attempt as the API shows it.
+#[derive(Debug, Serialize)]
+pub struct AttemptView {
+    attempted_at: String,
+    trigger: String,
+    status_code: Option<i32>,
+    latency_ms: i64,
+    error: Option<String>,
+    /// The first 1 KiB of the response, as text where it is UTF-8.
+    response: Option<String>,
+}
+
+impl From<AttemptRow> for AttemptView {
+    fn from(a: AttemptRow) -> Self {
+        Self {
+            attempted_at: rfc3339(a.attempted_at),
+            trigger: a.trigger,
+            status_code: a.status_code,
+            latency_ms: a.latency_ms,
+            error: a.error,
+            response: a
+                .response_excerpt
+                .map(|b| String::from_utf8_lossy(&b).into_owned()),
+        }
+    }
+}
+
+/// A delivery with its attempts.
+#[derive(Debug, Serialize)]
+pub struct DeliveryDetail {
+    #[serde(flatten)]
+    delivery: DeliveryView,
+    attempts: Vec<AttemptView>,
+}
+
+/// `GET /v1/deliveries/{id}`.
+pub async fn show(
+    State(app): State<AppState>,
+    Authenticated(tenant): Authenticated,
+    Path(id): Path<String>,
+) -> Result<Json<DeliveryDetail>, ApiError> {
+    let id = Uuid::parse_str(&id).map_err(|_| ApiError::NotFound)?;
+    detail(&app, tenant.id, id).await.map(Json)
+}
+
+async fn detail(app: &AppState, tenant_id: Uuid, id: Uuid) -> Result<DeliveryDetail, ApiError> {
+    let delivery = app
+        .store
+        .delivery(tenant_id, id)
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    let attempts = app.store.delivery_attempts(id).await?;
+    Ok(DeliveryDetail {
+        delivery: delivery.into(),
+        attempts: attempts.into_iter().map(AttemptView::from).collect(),
+    })
+}
+
+/// `POST /v1/deliveries/{id}/redeliver`: another round of attempts, starting now, with the same
+/// `webhook-id`.
+pub async fn redeliver(
+    State(app): State<AppState>,
+    Authenticated(tenant): Authenticated,
+    Path(id): Path<String>,
+) -> Result<(StatusCode, Json<DeliveryDetail>), ApiError> {
+    let id = Uuid::parse_str(&id).map_err(|_| ApiError::NotFound)?;
+    // Distinguish "no such delivery" from "busy or endpoint disabled".
+    app.store
+        .delivery(tenant.id, id)
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    match app.deliverer.redeliver(tenant.id, id).await? {
+        Some(_) => Ok((
+            StatusCode::ACCEPTED,
+            Json(detail(&app, tenant.id, id).await?),
+        )),
+        None => Err(ApiError::Conflict(
+            Problem::new(
+                "delivery-unavailable",
+                "The delivery cannot be redelivered now",
+                StatusCode::CONFLICT,
+            )
+            .detail(
+                "An attempt is in progress, or the tenant's endpoint is disabled \
+                 (re-enable it with `verdict tenant set-callback`).",
+            ),
+        )),
+    }
+}
