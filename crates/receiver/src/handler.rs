@@ -43,9 +43,9 @@ impl fmt::Debug for Event {
 
 /// Processes each new event; an `async` closure `|event: Event| async move { … }` is one.
 ///
-/// It runs once per event. The exception is a crash (or an error returned) after the event was
-/// acknowledged and before the handler's `Ok` was recorded: recovery then runs it again, so a
-/// handler must tolerate a second run of the same event for that window only.
+/// It runs once per event, with one exception: if the process dies (or the store fails) after
+/// the handler's work but before its `Ok` is recorded, recovery runs it again. A handler must
+/// therefore be idempotent for that crash window only; duplicates never reach it.
 #[async_trait]
 pub trait Handler: Send + Sync + 'static {
     /// Processes one event; `Err` leaves it pending for the next recovery pass.

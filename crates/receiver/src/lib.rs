@@ -11,11 +11,12 @@
 //!    discard it. SQLite and PostgreSQL stores outlive restarts; the memory store does not.
 //! 3. [`handler`]: after the 2xx, [`Receiver::process`] runs the integrator's [`Handler`] and
 //!    marks the record processed when it returns `Ok`. [`Receiver::recover`] hands events that a
-//!    crash left unprocessed to the handler again, so each runs once, give or take that window.
+//!    crash left unprocessed to the handler again, so each event is handled once; a handler need
+//!    only be idempotent for the window between its work and the record of its `Ok`.
 //! 4. [`axum`](mod@crate::axum): all of the above as one endpoint, answering 204, 401, 400 or 503.
 //!
-//! Records are kept for the [horizon](DEFAULT_HORIZON) (72 h), longer than verdict's retry
-//! schedule and the window in which an operator redelivers by hand.
+//! Processed records are kept for the [horizon](DEFAULT_HORIZON) (72 h), longer than verdict's
+//! retry schedule and the window in which an operator redelivers by hand, then pruned.
 
 pub mod axum;
 mod error;

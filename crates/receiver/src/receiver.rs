@@ -20,6 +20,9 @@ use crate::{Event, Handler, ReceiveError};
 /// inline attempt, then by default 3 worker attempts 5 minutes apart: about 20 minutes, longer
 /// when a `Retry-After` asks for it), but an operator can redeliver a dead delivery by hand, with
 /// the same `webhook-id`, hours or a weekend later. 72 hours covers both with margin.
+///
+/// Only processed records expire; an event whose handler has not yet succeeded is kept (and
+/// still deduplicates) until it has, since dropping it would lose the event.
 pub const DEFAULT_HORIZON: Duration = Duration::from_secs(72 * 3600);
 
 /// How long a handler holds an event before recovery may hand it to another: 5 minutes.
@@ -36,6 +39,10 @@ const RECOVERY_BATCH: u32 = 16;
 
 /// What [`Receiver::receive`] made of a delivery; both answers are 2xx.
 #[derive(Debug)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "returned once per delivery and destructured at once; a box would only add an allocation"
+)]
 pub enum Received {
     /// First delivery: recorded; answer 2xx, then process it (see [`Receiver::process`]).
     New(Event),
@@ -241,10 +248,7 @@ impl Receiver {
         handler: &H,
     ) -> Result<(), ReceiveError> {
         let record_id = event.record_id;
-        handler
-            .handle(event)
-            .await
-            .map_err(ReceiveError::Handler)?;
+        handler.handle(event).await.map_err(ReceiveError::Handler)?;
         self.inner
             .store
             .mark_processed(record_id, unix_now_ms())
@@ -322,9 +326,7 @@ impl Receiver {
         now_unix_secs: i64,
     ) -> Result<Option<String>, ReceiveError> {
         // An empty header is what a sender with signing off puts there: no signature either.
-        let unsigned = headers
-            .get(HEADER_SIGNATURE)
-            .is_none_or(|v| v.is_empty());
+        let unsigned = headers.get(HEADER_SIGNATURE).is_none_or(|v| v.is_empty());
         if self.inner.allow_unsigned && unsigned {
             let id = headers
                 .get(HEADER_ID)

@@ -121,6 +121,35 @@ pub trait DedupStore: Send + Sync + 'static {
     async fn prune(&self, horizon_start_ms: i64) -> Result<u64, ReceiveError>;
 }
 
+// A shared store (one pool for several receivers, or a trait object) is a store too.
+#[async_trait]
+impl<S: DedupStore + ?Sized> DedupStore for std::sync::Arc<S> {
+    async fn record(
+        &self,
+        record: &Record,
+        horizon_start_ms: i64,
+    ) -> Result<RecordOutcome, ReceiveError> {
+        (**self).record(record, horizon_start_ms).await
+    }
+
+    async fn mark_processed(&self, id: Uuid, now_ms: i64) -> Result<(), ReceiveError> {
+        (**self).mark_processed(id, now_ms).await
+    }
+
+    async fn lease_pending(
+        &self,
+        now_ms: i64,
+        lease_until_ms: i64,
+        limit: u32,
+    ) -> Result<Vec<Record>, ReceiveError> {
+        (**self).lease_pending(now_ms, lease_until_ms, limit).await
+    }
+
+    async fn prune(&self, horizon_start_ms: i64) -> Result<u64, ReceiveError> {
+        (**self).prune(horizon_start_ms).await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
