@@ -45,6 +45,33 @@ pub enum Command {
     /// Inspect and redeliver callbacks.
     #[command(subcommand)]
     Deliveries(DeliveriesCommand),
+    /// Send one signal (JSON from FILE or stdin) and print the decision.
+    Send {
+        /// The signal; `-` reads standard input.
+        #[arg(default_value = "-")]
+        file: std::path::PathBuf,
+        /// The verdict API's base URL.
+        #[arg(long, env = "VERDICT_URL", default_value = "http://127.0.0.1:8080")]
+        url: String,
+        /// The tenant's API key.
+        #[arg(long, env = "VERDICT_API_KEY", hide_env_values = true)]
+        api_key: String,
+        /// The tenant's inbound signing secret (omit if the tenant accepts unsigned signals).
+        #[arg(long, env = "VERDICT_SIGNING_SECRET", hide_env_values = true)]
+        signing_secret: Option<String>,
+    },
+    /// Receive callbacks: print each verified, deduplicated one once, as a JSON line.
+    Listen {
+        /// The tenant's webhook secret (`whsec_…`).
+        #[arg(long, env = "VERDICT_WEBHOOK_SECRET", hide_env_values = true)]
+        secret: String,
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:9000")]
+        listen: std::net::SocketAddr,
+        /// Dedup store that survives restarts: `sqlite://PATH` or `postgres://…` (default: memory).
+        #[arg(long)]
+        db: Option<String>,
+    },
 }
 
 /// `verdict deliveries …`.
@@ -110,8 +137,11 @@ pub enum TenantCommand {
         #[arg(long)]
         callback_url: Option<String>,
         /// Print one JSON object.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "env")]
         json: bool,
+        /// Print `export VERDICT_…=…` lines for a shell to `eval`.
+        #[arg(long)]
+        env: bool,
     },
     /// Set the callback URL and re-enable the endpoint (after a 410 disabled it).
     SetCallback {
@@ -178,6 +208,15 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             crate::server::work(&config, delivery.resolve(&file), once).await
         }
         Command::Deliveries(cmd) => run_deliveries(&config, &file, cmd).await,
+        Command::Send {
+            file,
+            url,
+            api_key,
+            signing_secret,
+        } => crate::send::run(&file, &url, &api_key, signing_secret.as_deref()).await,
+        Command::Listen { secret, listen, db } => {
+            crate::listen::run(&secret, listen, db.as_deref()).await
+        }
     }
 }
 
@@ -296,6 +335,7 @@ async fn run_tenant(config: &Config, cmd: TenantCommand) -> anyhow::Result<()> {
             no_inbound_signature,
             callback_url,
             json,
+            env,
         } => {
             let created = tenant::create(
                 &*store,
@@ -309,6 +349,11 @@ async fn run_tenant(config: &Config, cmd: TenantCommand) -> anyhow::Result<()> {
             .await?;
             if json {
                 println!("{}", serde_json::to_string(&created)?);
+            } else if env {
+                println!("export VERDICT_TENANT_ID='{}'", created.tenant_id);
+                println!("export VERDICT_API_KEY='{}'", created.api_key);
+                println!("export VERDICT_SIGNING_SECRET='{}'", created.signing_secret);
+                println!("export VERDICT_WEBHOOK_SECRET='{}'", created.webhook_secret);
             } else {
                 println!("tenant_id       {}", created.tenant_id);
                 println!("api_key         {}", created.api_key);
