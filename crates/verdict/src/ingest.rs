@@ -12,7 +12,9 @@ use crate::clock::{now_ms, to_ms};
 use crate::delivery::Deliverer;
 use crate::delivery::schedule::{self, Trigger};
 use crate::failpoint::failpoint;
-use crate::idempotency::{Fingerprint, IdempotencyKey, SIGNALS_ENDPOINT};
+use crate::idempotency::{
+    Cached, CompletedCache, DEFAULT_CAPACITY, Fingerprint, IdempotencyKey, SIGNALS_ENDPOINT,
+};
 use crate::playbook::{Decision, Library, SubjectFacts};
 use crate::secrets::{Keyring, hex};
 use crate::signal::Signal;
@@ -87,6 +89,7 @@ pub struct Ingest {
     settings: IngestSettings,
     playbooks: Library,
     deliverer: Arc<Deliverer>,
+    completed: CompletedCache,
 }
 
 /// A held claim: the row's key and our lock on it.
@@ -109,6 +112,7 @@ impl Ingest {
             settings,
             playbooks: Library::default(),
             deliverer,
+            completed: CompletedCache::new(DEFAULT_CAPACITY),
         }
     }
 
@@ -153,6 +157,18 @@ impl Ingest {
             locked_until: now.saturating_add(self.settings.lock_timeout_ms),
             expires_at: now.saturating_add(self.settings.key_ttl_ms),
         };
+        let tenant_id = inbound.tenant.id;
+        match self
+            .completed
+            .get(tenant_id, &claim.key.digest, &claim.fingerprint, now)
+        {
+            Cached::Replay(response) => {
+                metrics::counter!("verdict_replays_from_cache_total").increment(1);
+                return Ok(Reply::Replayed(response));
+            }
+            Cached::Mismatch => return Err(IngestError::KeyReused),
+            Cached::Miss => {}
+        }
         let (event_id, from) = match self.store.claim(&claim).await.map_err(classify)? {
             ClaimOutcome::Started => (claim.event_id, RecoveryPoint::InFlight),
             ClaimOutcome::TakenOver { event_id, from } => {
@@ -161,15 +177,30 @@ impl Ingest {
             }
             ClaimOutcome::InProgress => return Err(IngestError::InProgress),
             ClaimOutcome::Mismatch => return Err(IngestError::KeyReused),
-            ClaimOutcome::Completed(response) => return Ok(Reply::Replayed(response)),
+            ClaimOutcome::Completed {
+                response,
+                expires_at,
+            } => {
+                let (digest, fingerprint) = (claim.key.digest, claim.fingerprint);
+                self.completed
+                    .insert(tenant_id, digest, fingerprint, response.clone(), expires_at);
+                return Ok(Reply::Replayed(response));
+            }
         };
         let held = Held {
             key: claim.key,
             lock_token: claim.lock_token,
         };
         let result = self.resume(&inbound, event_id, from, &held).await;
-        if let Err(err) = &result {
-            self.settle_failure(err, &held).await;
+        match &result {
+            Ok(response) => self.completed.insert(
+                tenant_id,
+                held.key.digest.clone(),
+                claim.fingerprint,
+                response.clone(),
+                claim.expires_at,
+            ),
+            Err(err) => self.settle_failure(err, &held).await,
         }
         result.map(Reply::Fresh)
     }

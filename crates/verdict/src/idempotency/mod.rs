@@ -1,9 +1,11 @@
 //! The `Idempotency-Key` contract: the key itself, the payload fingerprint, and what a claim on
 //! a key can find.
 
+mod completed_cache;
 mod fingerprint;
 mod key;
 
+pub use completed_cache::{Cached, CompletedCache, DEFAULT_CAPACITY};
 pub use fingerprint::{Fingerprint, FingerprintError};
 pub use key::{IdempotencyKey, KeyError};
 

@@ -161,8 +161,11 @@ pub enum ClaimOutcome {
     InProgress,
     /// The key was used with another payload: 422.
     Mismatch,
-    /// Completed earlier: replay.
-    Completed(StoredResponse),
+    /// Completed earlier: replay; the row stays as it is until `expires_at`.
+    Completed {
+        response: StoredResponse,
+        expires_at: i64,
+    },
 }
 
 /// An event (the signal without raw identifiers, and its decision) to persist.
@@ -509,12 +512,13 @@ pub(crate) fn judge(row: ExistingKey, claim: &Claim) -> Judgement {
         return Judgement::Final(ClaimOutcome::Mismatch);
     }
     match (row.state.as_str(), row.response_status, row.response_body) {
-        ("completed", Some(status), Some(body)) => {
-            Judgement::Final(ClaimOutcome::Completed(StoredResponse {
+        ("completed", Some(status), Some(body)) => Judgement::Final(ClaimOutcome::Completed {
+            response: StoredResponse {
                 status: u16::try_from(status).unwrap_or(500),
                 body,
-            }))
-        }
+            },
+            expires_at: row.expires_at,
+        }),
         _ if row.locked_until > claim.now => Judgement::Final(ClaimOutcome::InProgress),
         ("dispatched", _, _) => Judgement::TakeOver(RecoveryPoint::Dispatched {
             action_results: row.action_results.unwrap_or_else(|| "[]".into()),
