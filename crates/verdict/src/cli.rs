@@ -363,9 +363,7 @@ async fn run_tenant(config: &Config, cmd: TenantCommand) -> anyhow::Result<()> {
             }
         }
         TenantCommand::SetCallback { tenant, url } => {
-            if !store.set_callback(tenant, url.as_deref()).await? {
-                anyhow::bail!("no tenant with id {tenant}");
-            }
+            tenant::set_callback(&*store, tenant, url.as_deref()).await?;
             println!("callback endpoint set and enabled");
         }
         TenantCommand::RotateSecret {

@@ -77,10 +77,7 @@ pub async fn create(
     spec: TenantSpec,
 ) -> Result<CreatedTenant, TenantError> {
     if let Some(url) = &spec.callback_url {
-        let parsed = reqwest::Url::parse(url).map_err(|_| TenantError::InvalidCallbackUrl)?;
-        if !matches!(parsed.scheme(), "http" | "https") {
-            return Err(TenantError::InvalidCallbackUrl);
-        }
+        validate_callback_url(url)?;
     }
     let id = Uuid::now_v7();
     let api_key = generate_api_key();
@@ -108,6 +105,30 @@ pub async fn create(
         inbound_signature_required: spec.inbound_signature_required,
         callback_url: spec.callback_url,
     })
+}
+
+/// A callback URL must be an absolute http(s) URL.
+pub fn validate_callback_url(url: &str) -> Result<(), TenantError> {
+    match reqwest::Url::parse(url) {
+        Ok(parsed) if matches!(parsed.scheme(), "http" | "https") && parsed.has_host() => Ok(()),
+        _ => Err(TenantError::InvalidCallbackUrl),
+    }
+}
+
+/// Sets a tenant's callback URL (or removes it) and re-enables its endpoint.
+pub async fn set_callback(
+    store: &dyn Store,
+    tenant_id: Uuid,
+    url: Option<&str>,
+) -> Result<(), TenantError> {
+    if let Some(url) = url {
+        validate_callback_url(url)?;
+    }
+    if store.set_callback(tenant_id, url).await? {
+        Ok(())
+    } else {
+        Err(TenantError::NotFound(tenant_id))
+    }
 }
 
 /// Replaces a tenant's secret of `purpose`; the old ones stay valid for `grace_ms`.

@@ -7,14 +7,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::receiver::{Receiver, Step};
-use common::{Backend, Reply, Server, Tenant, TestDb, new_key, sim_swap};
+use common::{Backend, MANUAL_WORKER, Reply, Server, Tenant, TestDb, new_key, sim_swap};
 
-/// Environment for a server whose worker the test drives by hand with `worker --once`.
-const MANUAL_WORKER: [(&str, &str); 3] = [
-    ("VERDICT_ALLOW_PRIVATE_DESTINATIONS", "1"),
-    ("VERDICT_RETRY_INTERVAL_SECS", "1"),
-    ("VERDICT_NO_WORKER", "1"),
-];
 const RETRY_INTERVAL: [(&str, &str); 1] = [("VERDICT_RETRY_INTERVAL_SECS", "1")];
 
 async fn delivery_of(server: &Server, tenant: &Tenant, reply: &Reply) -> serde_json::Value {

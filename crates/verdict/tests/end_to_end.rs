@@ -8,16 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::proxy::{Fault, Proxy};
-use common::{Backend, Server, TestDb, sim_swap};
+use common::{Backend, MANUAL_WORKER, Server, TestDb, sim_swap};
 use verdict_client::Client;
 use verdict_receiver::{Event, MemoryDedupStore, Receiver};
 use verdict_webhooks::Secret;
-
-const MANUAL_WORKER: [(&str, &str); 3] = [
-    ("VERDICT_ALLOW_PRIVATE_DESTINATIONS", "1"),
-    ("VERDICT_RETRY_INTERVAL_SECS", "1"),
-    ("VERDICT_NO_WORKER", "1"),
-];
 
 /// The integrator's side: a receiver whose handler records each event it is handed.
 struct Integrator {

@@ -119,6 +119,34 @@ macro_rules! sql_store {
             })
         }
 
+        /// An effect held once per subject (a lock, a deny): `insert` takes (tenant, subject,
+        /// event, now) and returns the row if it won; `holder` finds the event that holds it.
+        async fn once_per_subject(
+            pool: &sqlx::Pool<<$conn as sqlx::Connection>::Database>,
+            t: &$crate::store::ActionTarget,
+            insert: &'static str,
+            holder: &'static str,
+        ) -> Result<$crate::actions::Applied, $crate::store::StoreError> {
+            let inserted = sqlx::query(insert)
+                .bind(t.tenant_id)
+                .bind(&t.subject_hash)
+                .bind(t.event_id)
+                .bind(t.now)
+                .fetch_optional(pool)
+                .await?
+                .is_some();
+            let holder = if inserted {
+                None
+            } else {
+                sqlx::query_scalar(holder)
+                    .bind(t.tenant_id)
+                    .bind(&t.subject_hash)
+                    .fetch_optional(pool)
+                    .await?
+            };
+            Ok(applied(inserted, holder, t.event_id))
+        }
+
         #[async_trait::async_trait]
         impl $crate::store::Store for $store {
             async fn migrate(&self) -> Result<(), $crate::store::StoreError> {
@@ -533,29 +561,14 @@ macro_rules! sql_store {
                 &self,
                 t: &$crate::store::ActionTarget,
             ) -> Result<$crate::actions::Applied, $crate::store::StoreError> {
-                let inserted = sqlx::query(
+                once_per_subject(
+                    self.write(),
+                    t,
                     "INSERT INTO account_locks (tenant_id, subject_hash, event_id, locked_at) \
                      VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING RETURNING event_id",
+                    "SELECT event_id FROM account_locks WHERE tenant_id = $1 AND subject_hash = $2",
                 )
-                .bind(t.tenant_id)
-                .bind(&t.subject_hash)
-                .bind(t.event_id)
-                .bind(t.now)
-                .fetch_optional(self.write())
-                .await?
-                .is_some();
-                let holder = if inserted {
-                    None
-                } else {
-                    sqlx::query_scalar(
-                        "SELECT event_id FROM account_locks WHERE tenant_id = $1 AND subject_hash = $2",
-                    )
-                    .bind(t.tenant_id)
-                    .bind(&t.subject_hash)
-                    .fetch_optional(self.write())
-                    .await?
-                };
-                Ok(applied(inserted, holder, t.event_id))
+                .await
             }
 
             async fn open_case(
@@ -685,29 +698,14 @@ macro_rules! sql_store {
                 &self,
                 t: &$crate::store::ActionTarget,
             ) -> Result<$crate::actions::Applied, $crate::store::StoreError> {
-                let inserted = sqlx::query(
+                once_per_subject(
+                    self.write(),
+                    t,
                     "INSERT INTO denies (tenant_id, subject_hash, event_id, issued_at) \
                      VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING RETURNING event_id",
+                    "SELECT event_id FROM denies WHERE tenant_id = $1 AND subject_hash = $2",
                 )
-                .bind(t.tenant_id)
-                .bind(&t.subject_hash)
-                .bind(t.event_id)
-                .bind(t.now)
-                .fetch_optional(self.write())
-                .await?
-                .is_some();
-                let holder = if inserted {
-                    None
-                } else {
-                    sqlx::query_scalar(
-                        "SELECT event_id FROM denies WHERE tenant_id = $1 AND subject_hash = $2",
-                    )
-                    .bind(t.tenant_id)
-                    .bind(&t.subject_hash)
-                    .fetch_optional(self.write())
-                    .await?
-                };
-                Ok(applied(inserted, holder, t.event_id))
+                .await
             }
 
             async fn events(

@@ -528,6 +528,14 @@ decision = "deny"
 actions = ["lock_account", "open_case", "alert_customer", "charge_step_up", "deny", "callback"]
 "#;
 
+/// Environment for a server whose delivery worker a test drives by hand with `worker --once`,
+/// with callbacks to this machine allowed.
+pub const MANUAL_WORKER: [(&str, &str); 3] = [
+    ("VERDICT_ALLOW_PRIVATE_DESTINATIONS", "1"),
+    ("VERDICT_RETRY_INTERVAL_SECS", "1"),
+    ("VERDICT_NO_WORKER", "1"),
+];
+
 /// Where test tenants' callbacks point when a test does not receive them: a closed port.
 pub const UNUSED_CALLBACK: &str = "http://127.0.0.1:9/hook";
 
