@@ -255,3 +255,64 @@ impl ServeConfig {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn serve_args() -> ServeArgs {
+        ServeArgs {
+            no_worker: false,
+            delivery: DeliveryArgs {
+                retry_interval_secs: None,
+                inline_deadline_ms: None,
+                allow_private_destinations: None,
+            },
+            listen: None,
+            key_ttl_secs: None,
+            lock_timeout_secs: None,
+            prune_interval_secs: None,
+            alert_window_secs: None,
+        }
+    }
+
+    #[test]
+    fn defaults_apply_when_nothing_is_configured() {
+        let c = ServeConfig::resolve(&serve_args(), &FileConfig::default()).unwrap();
+        assert_eq!(c.listen.to_string(), DEFAULT_LISTEN);
+        assert_eq!(c.ingest.key_ttl_ms, 86_400_000);
+        assert_eq!(c.ingest.lock_timeout_ms, 60_000);
+        assert_eq!(c.delivery.deadline, Duration::from_millis(5000));
+        assert_eq!(c.delivery.retry_interval, Duration::from_secs(300));
+        assert!(!c.delivery.allow_private && c.run_worker);
+    }
+
+    #[test]
+    fn the_file_beats_defaults_and_flags_or_environment_beat_the_file() {
+        let file: FileConfig = toml::from_str(
+            "listen = \"127.0.0.1:9999\"\nkey_ttl_secs = 10\nretry_interval_secs = 7\n\
+             allow_private_destinations = true\n",
+        )
+        .unwrap();
+        let mut args = serve_args();
+        args.key_ttl_secs = Some(20);
+        let c = ServeConfig::resolve(&args, &file).unwrap();
+        assert_eq!(c.listen.to_string(), "127.0.0.1:9999");
+        assert_eq!(c.ingest.key_ttl_ms, 20_000, "the flag wins over the file");
+        assert_eq!(c.delivery.retry_interval, Duration::from_secs(7));
+        assert!(c.delivery.allow_private);
+    }
+
+    #[test]
+    fn unknown_keys_in_the_file_are_refused() {
+        assert!(toml::from_str::<FileConfig>("lisen = \"x\"").is_err());
+    }
+
+    #[test]
+    fn the_master_key_file_sits_beside_the_sqlite_database() {
+        assert_eq!(
+            master_key_beside(Path::new("/data/verdict.db")),
+            Path::new("/data/verdict.db.master-key")
+        );
+    }
+}

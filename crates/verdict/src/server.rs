@@ -14,6 +14,11 @@ use crate::http::{AppState, router};
 use crate::ingest::Ingest;
 use crate::store::{self, Store};
 
+/// Histogram buckets (seconds) for request and delivery latencies.
+const LATENCY_BUCKETS: [f64; 12] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+];
+
 /// Runs the API until SIGINT or SIGTERM.
 pub async fn serve(config: &Config, serve: ServeConfig) -> anyhow::Result<()> {
     let keys = Arc::new(config.master_key()?.keyring());
@@ -21,7 +26,8 @@ pub async fn serve(config: &Config, serve: ServeConfig) -> anyhow::Result<()> {
         .await
         .context("connecting to the database")?;
     let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
-        .install_recorder()
+        .set_buckets(&LATENCY_BUCKETS)
+        .and_then(|b| b.install_recorder())
         .ok();
     let deliverer = Arc::new(Deliverer::new(store.clone(), keys.clone(), serve.delivery));
     let state = AppState {

@@ -222,7 +222,44 @@ async fn events_are_listed_newest_first_in_pages_and_scoped_to_the_tenant(backen
     assert_eq!(anonymous.status, 401);
 }
 
+async fn metrics_count_signals_conflicts_decisions_and_latency(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = db.tenant(&[]);
+    let server = Server::start(&db, &[]);
+    let key = new_key();
+    let body = sim_swap("+447700900310");
+    assert_eq!(server.send(&tenant, Some(&key), &body).await.status, 200);
+    assert!(server.send(&tenant, Some(&key), &body).await.replayed());
+    assert_eq!(
+        server
+            .send(&tenant, Some(&key), &sim_swap("+447700900311"))
+            .await
+            .status,
+        422
+    );
+    let text = Reply::from(
+        server
+            .client
+            .get(format!("{}/metrics", server.base))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    let text = String::from_utf8(text.body).unwrap();
+    for expected in [
+        "verdict_signals_total 3",
+        "verdict_replays_total 1",
+        "verdict_key_mismatches_total 1",
+        "verdict_decisions_total{decision=\"deny\"} 1",
+        "verdict_http_request_duration_seconds_bucket{route=\"/v1/signals\",status=\"2xx\"",
+    ] {
+        assert!(text.contains(expected), "missing {expected}:\n{text}");
+    }
+}
+
 on_both_backends!(
+    metrics_count_signals_conflicts_decisions_and_latency,
     each_decision_names_the_playbook_version_that_made_it,
     invalid_playbook_is_refused_naming_the_problem_and_the_old_one_stays,
     events_are_listed_newest_first_in_pages_and_scoped_to_the_tenant,

@@ -184,7 +184,11 @@ pub async fn subject(
     Path(subject_hash): Path<String>,
 ) -> Result<Json<SubjectView>, ApiError> {
     let digest = decode_hex(&subject_hash).ok_or(ApiError::NotFound)?;
-    let state = app.store.subject(tenant.id, &digest).await?;
+    let state = app
+        .store
+        .subject(tenant.id, &digest)
+        .await?
+        .ok_or(ApiError::NotFound)?;
     let standing = |s: Option<(Uuid, i64)>| {
         s.map(|(event_id, at)| Standing {
             event_id,

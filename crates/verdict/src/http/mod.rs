@@ -17,7 +17,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
-use tower_http::trace::TraceLayer;
+use tower_http::trace::{DefaultOnResponse, TraceLayer};
+use tracing::Level;
 
 use crate::delivery::Deliverer;
 use crate::ingest::Ingest;
@@ -53,6 +54,7 @@ pub fn router(state: AppState) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .fallback(|| async { problem::Problem::not_found() })
+        .route_layer(axum::middleware::from_fn(record_latency))
         .with_state(state)
         .layer(
             tower::ServiceBuilder::new()
@@ -60,22 +62,44 @@ pub fn router(state: AppState) -> Router {
                 .layer(
                     // The span carries the request id; it deliberately records no headers or
                     // query, which could hold keys or identifiers.
-                    TraceLayer::new_for_http().make_span_with(|req: &Request<_>| {
-                        let id = req
-                            .headers()
-                            .get(REQUEST_ID)
-                            .and_then(|v| v.to_str().ok())
-                            .unwrap_or("-");
-                        tracing::info_span!(
-                            "request",
-                            request_id = %id,
-                            method = %req.method(),
-                            path = %req.uri().path(),
-                        )
-                    }),
+                    TraceLayer::new_for_http()
+                        .make_span_with(|req: &Request<_>| {
+                            let id = req
+                                .headers()
+                                .get(REQUEST_ID)
+                                .and_then(|v| v.to_str().ok())
+                                .unwrap_or("-");
+                            tracing::info_span!(
+                                "request",
+                                request_id = %id,
+                                method = %req.method(),
+                                path = %req.uri().path(),
+                            )
+                        })
+                        .on_response(DefaultOnResponse::new().level(Level::INFO)),
                 )
                 .layer(PropagateRequestIdLayer::new(REQUEST_ID)),
         )
+}
+
+/// Records each request's latency by route and status class.
+async fn record_latency(
+    route: Option<axum::extract::MatchedPath>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let started = std::time::Instant::now();
+    let response = next.run(req).await;
+    let route = route.map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+    let status = match response.status().as_u16() {
+        200..=299 => "2xx",
+        400..=499 => "4xx",
+        500..=599 => "5xx",
+        _ => "other",
+    };
+    metrics::histogram!("verdict_http_request_duration_seconds", "route" => route, "status" => status)
+        .record(started.elapsed().as_secs_f64());
+    response
 }
 
 async fn healthz() -> &'static str {

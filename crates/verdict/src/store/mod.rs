@@ -409,12 +409,13 @@ pub trait Store: Send + Sync + 'static {
         tenant_id: Uuid,
         event_id: Uuid,
     ) -> Result<Vec<DeliveryRecord>, StoreError>;
-    /// Locks, open cases and the standing deny of a subject.
+    /// Locks, open cases and the standing deny of a subject; `None` if the tenant has no event
+    /// about it.
     async fn subject(
         &self,
         tenant_id: Uuid,
         subject_hash: &[u8],
-    ) -> Result<SubjectState, StoreError>;
+    ) -> Result<Option<SubjectState>, StoreError>;
 
     /// Leases up to `limit` deliveries due at `now` until `lease_until`; no two callers get the
     /// same delivery.

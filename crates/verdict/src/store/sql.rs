@@ -783,7 +783,17 @@ macro_rules! sql_store {
                 &self,
                 tenant_id: uuid::Uuid,
                 subject_hash: &[u8],
-            ) -> Result<$crate::store::SubjectState, $crate::store::StoreError> {
+            ) -> Result<Option<$crate::store::SubjectState>, $crate::store::StoreError> {
+                let known: Option<uuid::Uuid> = sqlx::query_scalar(
+                    "SELECT id FROM events WHERE tenant_id = $1 AND subject_hash = $2 LIMIT 1",
+                )
+                .bind(tenant_id)
+                .bind(subject_hash)
+                .fetch_optional(self.read())
+                .await?;
+                if known.is_none() {
+                    return Ok(None);
+                }
                 let lock = sqlx::query(
                     "SELECT event_id, locked_at FROM account_locks \
                      WHERE tenant_id = $1 AND subject_hash = $2",
@@ -822,7 +832,7 @@ macro_rules! sql_store {
                         _ => open_cases.push((id, row.try_get("opened_at")?, vec![event])),
                     }
                 }
-                Ok($crate::store::SubjectState { lock, open_cases, deny })
+                Ok(Some($crate::store::SubjectState { lock, open_cases, deny }))
             }
 
             async fn lease_due(
