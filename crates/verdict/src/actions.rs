@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 /// A side effect a rule asks for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ActionKind {
     /// Lock the subject's account; a held lock is a no-op.
@@ -65,9 +65,11 @@ impl<'de> Deserialize<'de> for Outcome {
 }
 
 /// One action and how it ended, as recorded with the decision and returned to the client.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ActionResult {
     pub action: ActionKind,
+    /// `done`, `already_done`, or `failed: why`.
+    #[schema(value_type = String)]
     pub outcome: Outcome,
 }
 

@@ -35,7 +35,7 @@ pub struct IngestSettings {
 }
 
 /// The decision and action outcomes: what the recovery point stores and the response reports.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct DecisionRecord {
     pub decision: Decision,
     pub playbook_version: i64,
@@ -44,7 +44,7 @@ pub struct DecisionRecord {
 }
 
 /// The success body of `POST /v1/signals`.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct SignalResponse {
     pub event_id: Uuid,
     pub subject_hash: String,

@@ -18,7 +18,7 @@ use crate::signal::{Signal, SignalType};
 use crate::store::{Store, StoreError, StoredPlaybook};
 
 /// What verdict decides about a signal.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Decision {
     Allow,

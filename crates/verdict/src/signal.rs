@@ -5,7 +5,7 @@ use serde_json::{Map, Value};
 use time::OffsetDateTime;
 
 /// The kinds of identity-risk signal verdict understands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum SignalType {
     SimSwap,
@@ -73,23 +73,33 @@ pub enum SignalError {
     Schema(String),
 }
 
-#[derive(Deserialize)]
+/// The body of `POST /v1/signals`.
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct WireSignal {
+#[schema(as = SignalRequest)]
+pub(crate) struct WireSignal {
     #[serde(rename = "type")]
     signal_type: SignalType,
     subject: WireSubject,
+    /// When the signal was observed (RFC 3339).
     #[serde(with = "time::serde::rfc3339")]
+    #[schema(value_type = String, format = DateTime)]
     observed_at: OffsetDateTime,
+    /// Facts rules can match on, e.g. `swapped_at`, `to_carrier`, `severity`.
     #[serde(default)]
+    #[schema(value_type = Object)]
     attributes: Map<String, Value>,
+    /// Echoed untouched into the callback.
     #[serde(default)]
+    #[schema(value_type = Object)]
     metadata: Map<String, Value>,
 }
 
-#[derive(Deserialize)]
+/// Exactly one of `phone` (E.164) or `account`.
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct WireSubject {
+#[schema(as = Subject)]
+pub(crate) struct WireSubject {
     phone: Option<String>,
     account: Option<String>,
 }

@@ -255,7 +255,7 @@ async fn rotated_secret_keeps_the_old_one_valid_for_the_grace_period(backend: Ba
     assert_eq!(server.send(&rotated, None, &setup_body()).await.status, 200);
 }
 
-async fn health_and_readiness_answer(backend: Backend) {
+async fn health_readiness_and_a_valid_openapi_document_answer(backend: Backend) {
     let db = TestDb::new(backend).await;
     let server = Server::start(&db, &[]);
     for path in ["/healthz", "/readyz"] {
@@ -268,6 +268,40 @@ async fn health_and_readiness_answer(backend: Backend) {
         assert_eq!(r.status(), 200, "{path}");
         assert!(r.headers().contains_key("x-request-id"));
     }
+    let document = Reply::from(
+        server
+            .client
+            .get(format!("{}/openapi.json", server.base))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(document.status, 200);
+    assert!(document.json()["paths"]["/v1/signals"]["post"].is_object());
+    let mut check = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import json, sys\nfrom openapi_spec_validator import validate\nvalidate(json.load(sys.stdin))",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 is needed for the OpenAPI check");
+    use std::io::Write;
+    check
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(&document.body)
+        .unwrap();
+    let out = check.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "/openapi.json is not valid OpenAPI (run `pip install openapi-spec-validator` if missing): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
     let missing = Reply::from(
         server
             .client
@@ -291,5 +325,5 @@ on_both_backends!(
     missing_or_wrong_credentials_get_401,
     tenant_without_inbound_signature_is_accepted_unsigned,
     rotated_secret_keeps_the_old_one_valid_for_the_grace_period,
-    health_and_readiness_answer,
+    health_readiness_and_a_valid_openapi_document_answer,
 );

@@ -17,21 +17,25 @@ use crate::store::AttemptRow;
 const STATUSES: [&str; 4] = ["pending", "succeeded", "failed", "dead"];
 
 /// Query of `GET /v1/deliveries`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
+    /// pending, succeeded, failed or dead.
     status: Option<String>,
     limit: Option<i64>,
     before: Option<Uuid>,
 }
 
 /// A page of deliveries, newest first.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct DeliveryPage {
     data: Vec<DeliveryView>,
     next_cursor: Option<Uuid>,
 }
 
 /// `GET /v1/deliveries?status=pending|succeeded|failed|dead`.
+#[utoipa::path(get, path = "/v1/deliveries", operation_id = "list_deliveries", tag = "deliveries", params(ListQuery),
+    responses((status = 200, body = DeliveryPage, description = "OK"), (status = 400, body = Problem, description = "Invalid request")))]
 pub async fn list(
     State(app): State<AppState>,
     Authenticated(tenant): Authenticated,
@@ -57,7 +61,7 @@ pub async fn list(
 }
 
 /// An attempt as the API shows it.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct AttemptView {
     attempted_at: String,
     trigger: String,
@@ -84,7 +88,7 @@ impl From<AttemptRow> for AttemptView {
 }
 
 /// A delivery with its attempts.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct DeliveryDetail {
     #[serde(flatten)]
     delivery: DeliveryView,
@@ -92,6 +96,9 @@ pub struct DeliveryDetail {
 }
 
 /// `GET /v1/deliveries/{id}`.
+#[utoipa::path(get, path = "/v1/deliveries/{id}", operation_id = "get_delivery", tag = "deliveries",
+    params(("id" = Uuid, Path, description = "The delivery id")),
+    responses((status = 200, body = DeliveryDetail, description = "OK"), (status = 404, body = Problem, description = "Not found")))]
 pub async fn show(
     State(app): State<AppState>,
     Authenticated(tenant): Authenticated,
@@ -116,6 +123,10 @@ async fn detail(app: &AppState, tenant_id: Uuid, id: Uuid) -> Result<DeliveryDet
 
 /// `POST /v1/deliveries/{id}/redeliver`: another round of attempts, starting now, with the same
 /// `webhook-id`.
+#[utoipa::path(post, path = "/v1/deliveries/{id}/redeliver", operation_id = "redeliver_delivery", tag = "deliveries",
+    params(("id" = Uuid, Path, description = "The delivery id")),
+    responses((status = 202, body = DeliveryDetail, description = "Accepted: attempted now"), (status = 404, body = Problem, description = "Not found"),
+        (status = 409, body = Problem, description = "An attempt is in progress or the endpoint is disabled")))]
 pub async fn redeliver(
     State(app): State<AppState>,
     Authenticated(tenant): Authenticated,

@@ -10,6 +10,7 @@ use uuid::Uuid;
 use super::AppState;
 use super::auth::Authenticated;
 use super::error::ApiError;
+use super::problem::Problem;
 use crate::secrets::hex;
 use crate::store::{DeliveryRecord, EventRecord};
 
@@ -17,7 +18,8 @@ use crate::store::{DeliveryRecord, EventRecord};
 const MAX_PAGE: i64 = 100;
 
 /// Query of `GET /v1/events`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
     /// Page size, 1 to 100 (default 20).
     limit: Option<i64>,
@@ -26,18 +28,21 @@ pub struct ListQuery {
 }
 
 /// An event as the API shows it.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct EventView {
     id: Uuid,
     #[serde(rename = "type")]
     signal_type: String,
     subject_hash: String,
     observed_at: String,
+    #[schema(value_type = Object)]
     attributes: Value,
+    #[schema(value_type = Object)]
     metadata: Value,
     decision: String,
     playbook_version: i64,
     rule: String,
+    #[schema(value_type = Vec<crate::actions::ActionResult>)]
     actions: Value,
     created_at: String,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -45,7 +50,7 @@ pub struct EventView {
 }
 
 /// A delivery as the API shows it.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct DeliveryView {
     pub id: Uuid,
     pub event_id: Uuid,
@@ -111,7 +116,7 @@ impl From<DeliveryRecord> for DeliveryView {
 }
 
 /// A page of events, newest first.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct EventPage {
     data: Vec<EventView>,
     /// Pass as `before` to get the next page; absent on the last page.
@@ -119,6 +124,8 @@ pub struct EventPage {
 }
 
 /// `GET /v1/events`.
+#[utoipa::path(get, path = "/v1/events", operation_id = "list_events", tag = "events", params(ListQuery),
+    responses((status = 200, body = EventPage, description = "OK"), (status = 401, body = Problem, description = "Not authenticated")))]
 pub async fn list(
     State(app): State<AppState>,
     Authenticated(tenant): Authenticated,
@@ -136,6 +143,9 @@ pub async fn list(
 }
 
 /// `GET /v1/events/{id}`, with the event's deliveries.
+#[utoipa::path(get, path = "/v1/events/{id}", operation_id = "get_event", tag = "events",
+    params(("id" = Uuid, Path, description = "The event id")),
+    responses((status = 200, body = EventView, description = "OK"), (status = 404, body = Problem, description = "Not found")))]
 pub async fn show(
     State(app): State<AppState>,
     Authenticated(tenant): Authenticated,
@@ -154,7 +164,7 @@ pub async fn show(
 }
 
 /// What stands against a subject.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct SubjectView {
     subject_hash: String,
     lock: Option<Standing>,
@@ -163,14 +173,14 @@ pub struct SubjectView {
 }
 
 /// A lock or deny: the event that caused it and when.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Standing {
     event_id: Uuid,
     since: String,
 }
 
 /// An open case and the events attached to it.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct CaseView {
     id: Uuid,
     opened_at: String,
@@ -178,6 +188,9 @@ pub struct CaseView {
 }
 
 /// `GET /v1/subjects/{subject_hash}`.
+#[utoipa::path(get, path = "/v1/subjects/{subject_hash}", operation_id = "get_subject", tag = "events",
+    params(("subject_hash" = String, Path, description = "The subject's digest, as in responses")),
+    responses((status = 200, body = SubjectView, description = "OK"), (status = 404, body = Problem, description = "Not found")))]
 pub async fn subject(
     State(app): State<AppState>,
     Authenticated(tenant): Authenticated,

@@ -4,6 +4,7 @@ mod auth;
 mod deliveries;
 pub mod error;
 mod events;
+mod openapi;
 mod playbook;
 pub mod problem;
 mod signals;
@@ -53,6 +54,7 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi::document))
         .fallback(|| async { problem::Problem::not_found() })
         .route_layer(axum::middleware::from_fn(record_latency))
         .with_state(state)

@@ -9,10 +9,11 @@ use super::AppState;
 use super::auth::Authenticated;
 use super::error::ApiError;
 use super::events::rfc3339;
+use super::problem::Problem;
 use crate::playbook::{self, Format};
 
 /// A playbook version as the API shows it.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct PlaybookView {
     version: i64,
     format: String,
@@ -21,6 +22,8 @@ pub struct PlaybookView {
 }
 
 /// `GET /v1/playbook`: the version in force (version 0 is the built-in default).
+#[utoipa::path(get, path = "/v1/playbook", operation_id = "get_playbook", tag = "playbook",
+    responses((status = 200, body = PlaybookView, description = "OK"), (status = 401, body = Problem, description = "Not authenticated")))]
 pub async fn show(
     State(app): State<AppState>,
     Authenticated(tenant): Authenticated,
@@ -35,12 +38,15 @@ pub async fn show(
 }
 
 /// The version a successful upload created.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Uploaded {
     version: i64,
 }
 
 /// `PUT /v1/playbook`: a TOML (`application/toml`) or JSON (`application/json`) document.
+#[utoipa::path(put, path = "/v1/playbook", operation_id = "put_playbook", tag = "playbook",
+    request_body(content = String, content_type = "application/toml", description = "The playbook document"),
+    responses((status = 201, body = Uploaded, description = "Created"), (status = 400, body = Problem, description = "Invalid playbook; the one in force stays")))]
 pub async fn replace(
     State(app): State<AppState>,
     Authenticated(tenant): Authenticated,

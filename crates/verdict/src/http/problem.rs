@@ -8,7 +8,7 @@ use serde::Serialize;
 const TYPE_BASE: &str = "https://verdict.dev/problems/";
 
 /// A problem+json body with its status and any extra headers.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Problem {
     #[serde(rename = "type")]
     pub type_uri: String,
@@ -17,8 +17,10 @@ pub struct Problem {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
     #[serde(skip)]
+    #[schema(ignore)]
     retry_after: Option<u32>,
     #[serde(skip)]
+    #[schema(ignore)]
     www_authenticate: bool,
 }
 

@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::AppState;
 use super::error::{ApiError, AuthError};
-use super::problem::PROBLEM_JSON;
+use super::problem::{PROBLEM_JSON, Problem};
 use crate::idempotency::{Fingerprint, IdempotencyKey, KeyError};
 use crate::ingest::{Inbound, Reply};
 use crate::signal::{Signal, SignalError};
@@ -21,6 +21,20 @@ pub const MAX_BODY_BYTES: usize = 64 * 1024;
 const TIMESTAMP_TOLERANCE_SECS: i64 = 300;
 
 /// Accepts one signal.
+#[utoipa::path(post, path = "/v1/signals", operation_id = "post_signal", tag = "signals",
+    request_body(content = crate::signal::WireSignal, content_type = "application/json"),
+    params(
+        ("Idempotency-Key" = Option<String>, Header, description = "1 to 255 visible ASCII characters, bare or as a quoted Structured Field string"),
+        ("Verdict-Timestamp" = Option<i64>, Header, description = "Unix seconds, within 300 s of the server's clock"),
+        ("Verdict-Signature" = Option<String>, Header, description = "v1,<base64 HMAC-SHA256(secret, \"{timestamp}.{body}\")>, space-separated during rotation"),
+    ),
+    responses(
+        (status = 200, body = crate::ingest::SignalResponse, description = "The decision; with `Idempotent-Replayed: true` when replayed"),
+        (status = 400, body = Problem, description = "Invalid request"), (status = 401, body = Problem, description = "Not authenticated"), (status = 409, body = Problem, description = "In progress; retry after `Retry-After`"),
+        (status = 413, body = Problem, description = "Payload too large"), (status = 415, body = Problem, description = "Unsupported media type"),
+        (status = 422, body = Problem, description = "The key was used with another payload"),
+        (status = 503, body = Problem, description = "Transient; retry with the same key"),
+    ))]
 #[tracing::instrument(skip_all)]
 pub async fn post_signal(
     State(app): State<AppState>,
