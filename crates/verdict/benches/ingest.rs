@@ -24,7 +24,7 @@ use verdict::idempotency::SIGNALS_ENDPOINT;
 use verdict::ingest::{Ingest, IngestSettings};
 use verdict::secrets::{MasterKey, api_key_hash};
 use verdict::store::{
-    ActionTarget, Claim, Completion, Dispatch, KeyRef, NewEvent, SecretPurpose, Store,
+    ActionTarget, Claim, Completion, Dispatch, KeyRef, NewEvent, Recorded, SecretPurpose, Store,
     StoredResponse,
 };
 use verdict::tenant::{self, CreatedTenant, TenantSpec};
@@ -155,7 +155,10 @@ async fn floor_fresh(store: Arc<dyn Store>, tenant_id: Uuid, api_key: Arc<String
     store.open_case(&target).await.unwrap();
     store.alert_customer(&target, 86_400_000).await.unwrap();
     store.deny_subject(&target).await.unwrap();
-    let record = |_: Option<Applied>| String::from(r#"{"decision":"deny"}"#);
+    let record = |_: Option<Applied>| Recorded {
+        record: String::from(r#"{"decision":"deny"}"#),
+        event: None,
+    };
     store
         .dispatch(&Dispatch {
             target: &target,

@@ -20,7 +20,7 @@ use crate::secrets::{Keyring, hex};
 use crate::signal::Signal;
 use crate::store::{
     ActionTarget, Claim, ClaimOutcome, Completion, Dispatch, DueDelivery, KeyRef, NewDelivery,
-    NewEvent, RecoveryPoint, Store, StoreError, StoredResponse, TenantRecord,
+    NewEvent, Recorded, RecoveryPoint, Store, StoreError, StoredResponse, TenantRecord,
 };
 
 /// Lifetimes that shape the key contract and the actions.
@@ -132,13 +132,10 @@ impl Ingest {
     pub async fn run(&self, inbound: Inbound<'_>) -> Result<Reply, IngestError> {
         let Some(key) = &inbound.key else {
             // No key: at least once, and the idempotent actions absorb duplicates.
+            // The event is stored with the recovery point, so there is nothing to persist after.
             let event_id = Uuid::now_v7();
             let record = self.act(&inbound, event_id, None).await?;
-            return self
-                .persist(&inbound, event_id, record, None)
-                .await
-                .map(Reply::Fresh)
-                .map_err(classify);
+            return Ok(Reply::Fresh(self.decided(&inbound, event_id, record)));
         };
         let now = now_ms();
         let claim = Claim {
@@ -222,7 +219,7 @@ impl Ingest {
                     .map_err(|e| IngestError::Store(StoreError::Corrupt(e.to_string())))?
             }
         };
-        self.persist(inbound, event_id, record, Some(held))
+        self.persist(inbound, event_id, record, held)
             .await
             .map_err(classify)
     }
@@ -321,7 +318,15 @@ impl Ingest {
                 actions,
             }
         };
-        let to_store = |outcome: Option<Applied>| json(&record_for(outcome));
+        let to_store = |outcome: Option<Applied>| {
+            let record = record_for(outcome);
+            Recorded {
+                record: json(&record),
+                event: held
+                    .is_none()
+                    .then(|| self.new_event(inbound, event_id, &record)),
+            }
+        };
         let delivery = callback.as_ref().ok().and_then(Option::as_ref);
         let callback_outcome = self
             .store
@@ -397,22 +402,19 @@ impl Ingest {
         }
     }
 
-    /// Stores the event, decision and response, completing the key, in one transaction.
-    async fn persist(
+    /// The event row for a decision.
+    fn new_event(
         &self,
         inbound: &Inbound<'_>,
         event_id: Uuid,
-        record: DecisionRecord,
-        held: Option<&Held>,
-    ) -> Result<StoredResponse, StoreError> {
-        let tenant_id = inbound.tenant.id;
+        record: &DecisionRecord,
+    ) -> NewEvent {
         let signal = &inbound.signal;
-        let subject_hash = self.subject_hash(tenant_id, signal);
-        let event = NewEvent {
+        NewEvent {
             id: event_id,
-            tenant_id,
+            tenant_id: inbound.tenant.id,
             signal_type: signal.signal_type.as_str(),
-            subject_hash: subject_hash.to_vec(),
+            subject_hash: self.subject_hash(inbound.tenant.id, signal).to_vec(),
             observed_at: to_ms(signal.observed_at),
             attributes: json(&signal.attributes),
             metadata: json(&signal.metadata),
@@ -421,22 +423,57 @@ impl Ingest {
             rule: record.rule.clone(),
             actions: json(&record.actions),
             created_at: now_ms(),
-        };
+        }
+    }
+
+    /// The response to a decision that is stored; counts and logs it.
+    fn decided(
+        &self,
+        inbound: &Inbound<'_>,
+        event_id: Uuid,
+        record: DecisionRecord,
+    ) -> StoredResponse {
         let decision = record.decision;
+        let response = self.respond(inbound, event_id, record);
+        metrics::counter!("verdict_decisions_total", "decision" => decision.as_str()).increment(1);
+        tracing::info!(%event_id, decision = decision.as_str(), "signal decided");
+        response
+    }
+
+    /// The response body for a decision.
+    fn respond(
+        &self,
+        inbound: &Inbound<'_>,
+        event_id: Uuid,
+        record: DecisionRecord,
+    ) -> StoredResponse {
         let body = SignalResponse {
             event_id,
-            subject_hash: hex(&subject_hash),
+            subject_hash: hex(&self.subject_hash(inbound.tenant.id, &inbound.signal)),
             record,
         };
-        let response = StoredResponse {
+        StoredResponse {
             status: 200,
             body: json(&body).into_bytes(),
-        };
+        }
+    }
+
+    /// Stores the event and the response and completes the key, in one transaction.
+    async fn persist(
+        &self,
+        inbound: &Inbound<'_>,
+        event_id: Uuid,
+        record: DecisionRecord,
+        held: &Held,
+    ) -> Result<StoredResponse, StoreError> {
+        let event = self.new_event(inbound, event_id, &record);
+        let decision = record.decision;
+        let response = self.respond(inbound, event_id, record);
         failpoint!("ingest::before_persist");
         self.store
             .complete(&Completion {
                 event: Some(event),
-                key: held.map(|h| (h.key.clone(), h.lock_token)),
+                key: Some((held.key.clone(), held.lock_token)),
                 response: response.clone(),
             })
             .await?;

@@ -155,6 +155,55 @@ async fn same_signal_five_times_without_a_key_has_each_effect_once(backend: Back
     }
 }
 
+async fn a_crash_after_dispatch_without_a_key_leaves_no_callback_without_its_event(
+    backend: Backend,
+) {
+    let db = TestDb::new(backend).await;
+    let tenant = tenant_with_every_action(&db).await;
+    let body = sim_swap("+447700900205");
+    let doomed = Server::start(
+        &db,
+        &[("FAILPOINTS", "ingest::after_dispatch=return(abort)")],
+    );
+    let req = common::signed(
+        doomed.client.post(format!("{}/v1/signals", doomed.base)),
+        &tenant,
+        None,
+        &body,
+        common::now(),
+    );
+    assert!(
+        req.send().await.is_err(),
+        "the connection dies with the process"
+    );
+    assert!(doomed.wait_for_crash());
+    assert_eq!(db.count("deliveries").await, 1);
+    assert_eq!(
+        db.count("events").await,
+        1,
+        "without a key, the event is stored with the callback's outbox row"
+    );
+    assert_eq!(
+        db.scalar("SELECT COUNT(*) FROM deliveries d JOIN events e ON e.id = d.event_id")
+            .await,
+        1
+    );
+
+    // The client's retry is another event; every effect stays single.
+    let server = Server::start(&db, &[]);
+    assert_eq!(server.send(&tenant, None, &body).await.status, 200);
+    for table in [
+        "account_locks",
+        "cases",
+        "alerts",
+        "ledger_entries",
+        "denies",
+        "deliveries",
+    ] {
+        assert_eq!(db.count(table).await, 1, "{table}");
+    }
+}
+
 async fn concurrent_duplicates_without_a_key_still_have_each_effect_once(backend: Backend) {
     let db = TestDb::new(backend).await;
     let tenant = tenant_with_every_action(&db).await;
@@ -241,5 +290,6 @@ on_both_backends!(
     crash_inside_the_persist_transaction_is_exactly_once,
     same_signal_five_times_without_a_key_has_each_effect_once,
     concurrent_duplicates_without_a_key_still_have_each_effect_once,
+    a_crash_after_dispatch_without_a_key_leaves_no_callback_without_its_event,
     an_open_case_collects_later_events_for_the_subject,
 );

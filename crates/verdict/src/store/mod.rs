@@ -253,16 +253,25 @@ pub struct AttemptRow {
     pub response_excerpt: Option<Vec<u8>>,
 }
 
-/// The recovery point: the decision record, stored with the callback's outbox row in one
-/// transaction.
+/// What the recovery point stores once the callback's outcome is known.
+pub struct Recorded {
+    /// The decision record (JSON), stored on the key of a keyed request.
+    pub record: String,
+    /// The event itself, for a request without a key: with no key row to resume from, the event
+    /// is stored in this same transaction so no callback can outlive a missing event.
+    pub event: Option<NewEvent>,
+}
+
+/// The recovery point: the decision record (or, without a key, the event), stored with the
+/// callback's outbox row in one transaction.
 pub struct Dispatch<'a> {
     pub target: &'a ActionTarget,
     /// The held key, if the request has one.
     pub key: Option<(&'a KeyRef, Uuid)>,
     /// The callback to record, if the decision asks for one.
     pub callback: Option<&'a NewDelivery>,
-    /// Builds the stored decision record once the callback's outcome is known.
-    pub record: &'a (dyn Fn(Option<Applied>) -> String + Send + Sync),
+    /// Builds what is stored once the callback's outcome is known.
+    pub record: &'a (dyn Fn(Option<Applied>) -> Recorded + Send + Sync),
 }
 
 /// A playbook document as stored.
@@ -350,9 +359,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// Claims an idempotency key, or reports what holds it.
     async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome, StoreError>;
-    /// Records the callback (if any) in the outbox and, for a keyed request, stores the decision
-    /// record on the key and moves it to `dispatched`, in one transaction. Returns the
-    /// callback's outcome.
+    /// Records the callback (if any) in the outbox and, in the same transaction, stores the
+    /// decision record on the key (moving it to `dispatched`) or, without a key, the event.
+    /// Returns the callback's outcome.
     async fn dispatch(&self, dispatch: &Dispatch<'_>) -> Result<Option<Applied>, StoreError>;
     /// Persists the event and the response and completes the key, in one transaction.
     async fn complete(&self, completion: &Completion) -> Result<(), StoreError>;

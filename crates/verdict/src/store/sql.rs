@@ -11,6 +11,32 @@
 /// the backend's own `$lease_due` statement.
 macro_rules! sql_store {
     ($store:ty, $conn:ty, $lease_due:expr) => {
+        async fn insert_event(
+            conn: &mut $conn,
+            event: &$crate::store::NewEvent,
+        ) -> Result<(), sqlx::Error> {
+            sqlx::query(
+                "INSERT INTO events (id, tenant_id, signal_type, subject_hash, observed_at, \
+                 attributes, metadata, decision, playbook_version, rule, actions, created_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+            )
+            .bind(event.id)
+            .bind(event.tenant_id)
+            .bind(event.signal_type)
+            .bind(&event.subject_hash)
+            .bind(event.observed_at)
+            .bind(&event.attributes)
+            .bind(&event.metadata)
+            .bind(event.decision)
+            .bind(event.playbook_version)
+            .bind(&event.rule)
+            .bind(&event.actions)
+            .bind(event.created_at)
+            .execute(conn)
+            .await?;
+            Ok(())
+        }
+
         async fn insert_secret(
             conn: &mut $conn,
             tenant_id: uuid::Uuid,
@@ -397,6 +423,7 @@ macro_rules! sql_store {
                         Some(applied(inserted, holder, target.event_id))
                     }
                 };
+                let recorded = (dispatch.record)(callback);
                 if let Some((key, lock_token)) = dispatch.key {
                     let done = sqlx::query(
                         "UPDATE idempotency_keys SET state = 'dispatched', action_results = $5 \
@@ -407,12 +434,15 @@ macro_rules! sql_store {
                     .bind(key.endpoint)
                     .bind(&key.digest)
                     .bind(lock_token)
-                    .bind((dispatch.record)(callback))
+                    .bind(&recorded.record)
                     .execute(&mut *tx)
                     .await?;
                     if done.rows_affected() != 1 {
                         return Err($crate::store::StoreError::LockLost);
                     }
+                }
+                if let Some(event) = &recorded.event {
+                    insert_event(&mut tx, event).await?;
                 }
                 tx.commit().await?;
                 Ok(callback)
@@ -443,26 +473,7 @@ macro_rules! sql_store {
                     }
                 }
                 if let Some(event) = &completion.event {
-                    sqlx::query(
-                        "INSERT INTO events (id, tenant_id, signal_type, subject_hash, \
-                         observed_at, attributes, metadata, decision, playbook_version, rule, \
-                         actions, created_at) \
-                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
-                    )
-                    .bind(event.id)
-                    .bind(event.tenant_id)
-                    .bind(event.signal_type)
-                    .bind(&event.subject_hash)
-                    .bind(event.observed_at)
-                    .bind(&event.attributes)
-                    .bind(&event.metadata)
-                    .bind(event.decision)
-                    .bind(event.playbook_version)
-                    .bind(&event.rule)
-                    .bind(&event.actions)
-                    .bind(event.created_at)
-                    .execute(&mut *tx)
-                    .await?;
+                    insert_event(&mut tx, event).await?;
                 }
                 $crate::failpoint::failpoint!("persist::before_commit");
                 tx.commit().await?;
