@@ -11,6 +11,9 @@
 /// the backend's own `$lease_due` statement.
 macro_rules! sql_store {
     ($store:ty, $conn:ty, $lease_due:expr) => {
+        /// The backend's row type.
+        type Row = <<$conn as sqlx::Connection>::Database as sqlx::Database>::Row;
+
         async fn insert_event(
             conn: &mut $conn,
             event: &$crate::store::NewEvent,
@@ -56,14 +59,7 @@ macro_rules! sql_store {
             Ok(())
         }
 
-        fn tenant_from_row<R: sqlx::Row>(row: &R) -> Result<$crate::store::TenantRecord, sqlx::Error>
-        where
-            for<'r> uuid::Uuid: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-            for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-            for<'r> bool: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-            for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-            for<'a> &'a str: sqlx::ColumnIndex<R>,
-        {
+        fn tenant_from_row(row: &Row) -> Result<$crate::store::TenantRecord, sqlx::Error> {
             Ok($crate::store::TenantRecord {
                 id: row.try_get("id")?,
                 name: row.try_get("name")?,
@@ -82,14 +78,7 @@ macro_rules! sql_store {
             }
         }
 
-        fn event_from_row<R: sqlx::Row>(row: &R) -> Result<$crate::store::EventRecord, sqlx::Error>
-        where
-            for<'r> uuid::Uuid: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-            for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-            for<'r> Vec<u8>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-            for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-            for<'a> &'a str: sqlx::ColumnIndex<R>,
-        {
+        fn event_from_row(row: &Row) -> Result<$crate::store::EventRecord, sqlx::Error> {
             Ok($crate::store::EventRecord {
                 id: row.try_get("id")?,
                 signal_type: row.try_get("signal_type")?,
@@ -105,14 +94,7 @@ macro_rules! sql_store {
             })
         }
 
-        fn delivery_from_row<R: sqlx::Row>(row: &R) -> Result<$crate::store::DeliveryRecord, sqlx::Error>
-        where
-            for<'r> uuid::Uuid: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-            for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-            for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-            for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-            for<'a> &'a str: sqlx::ColumnIndex<R>,
-        {
+        fn delivery_from_row(row: &Row) -> Result<$crate::store::DeliveryRecord, sqlx::Error> {
             Ok($crate::store::DeliveryRecord {
                 id: row.try_get("id")?,
                 event_id: row.try_get("event_id")?,
@@ -126,15 +108,7 @@ macro_rules! sql_store {
             })
         }
 
-        fn due_from_row<R: sqlx::Row>(row: &R) -> Result<$crate::store::DueDelivery, sqlx::Error>
-        where
-            for<'r> uuid::Uuid: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-            for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-            for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-            for<'r> Vec<u8>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-            for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-            for<'a> &'a str: sqlx::ColumnIndex<R>,
-        {
+        fn due_from_row(row: &Row) -> Result<$crate::store::DueDelivery, sqlx::Error> {
             Ok($crate::store::DueDelivery {
                 id: row.try_get("id")?,
                 tenant_id: row.try_get("tenant_id")?,
