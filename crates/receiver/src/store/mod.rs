@@ -6,6 +6,9 @@
 //! database's own uniqueness check decides races between concurrent deliveries.
 
 mod memory;
+// `sql` first: its `sql_dedup_store!` macro is used by the backends declared after it.
+#[macro_use]
+mod sql;
 mod postgres;
 mod sqlite;
 

@@ -2,12 +2,9 @@
 
 use std::time::Duration;
 
-use async_trait::async_trait;
 use sqlx::Row as _;
 use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
-use uuid::Uuid;
 
-use super::{DedupStore, Record, RecordOutcome, TupleDigest};
 use crate::ReceiveError;
 
 /// Records in a PostgreSQL database, in the table [`TABLE`](super::TABLE).
@@ -65,117 +62,22 @@ impl PostgresDedupStore {
         Ok(PostgresDedupStore { pool })
     }
 
+    async fn begin(&self) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, sqlx::Error> {
+        self.pool.begin().await
+    }
+
     /// The underlying pool.
     pub fn pool(&self) -> &PgPool {
         &self.pool
     }
 }
 
-fn record_from_row(row: &PgRow) -> Result<Record, ReceiveError> {
-    let digest: Vec<u8> = row.try_get("tuple_digest")?;
-    let digest = <[u8; 32]>::try_from(digest.as_slice())
-        .map_err(|_| ReceiveError::store("stored tuple digest is not 32 bytes"))?;
-    Ok(Record {
-        id: row.try_get("id")?,
-        webhook_id: row.try_get("webhook_id")?,
-        tuple_digest: TupleDigest(digest),
-        body: row.try_get("body")?,
-        received_at_ms: row.try_get("received_at_ms")?,
-        lease_until_ms: row.try_get("lease_until_ms")?,
-    })
-}
+/// Leases unprocessed records; `SKIP LOCKED` gives instances recovering at once disjoint
+/// records.
+const LEASE_PENDING: &str = "UPDATE verdict_received_webhooks SET lease_until_ms = $1 \
+     WHERE id IN (SELECT id FROM verdict_received_webhooks \
+                  WHERE processed_at_ms IS NULL AND lease_until_ms <= $2 \
+                  ORDER BY received_at_ms LIMIT $3 FOR UPDATE SKIP LOCKED) \
+     RETURNING id, webhook_id, tuple_digest, body, received_at_ms, lease_until_ms";
 
-#[async_trait]
-impl DedupStore for PostgresDedupStore {
-    #[tracing::instrument(skip_all, fields(webhook_id = ?record.webhook_id))]
-    async fn record(
-        &self,
-        record: &Record,
-        horizon_start_ms: i64,
-    ) -> Result<RecordOutcome, ReceiveError> {
-        let mut tx = self.pool.begin().await?;
-        sqlx::query(
-            "DELETE FROM verdict_received_webhooks \
-             WHERE (webhook_id = $1 OR tuple_digest = $2) \
-             AND received_at_ms < $3 AND processed_at_ms IS NOT NULL",
-        )
-        .bind(&record.webhook_id)
-        .bind(&record.tuple_digest.0[..])
-        .bind(horizon_start_ms)
-        .execute(&mut *tx)
-        .await?;
-        // A concurrent delivery of the same event waits on our uncommitted row and then does
-        // nothing: the unique indexes decide the race, no read-then-write.
-        let inserted = sqlx::query(
-            "INSERT INTO verdict_received_webhooks \
-             (id, webhook_id, tuple_digest, body, received_at_ms, lease_until_ms) \
-             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING",
-        )
-        .bind(record.id)
-        .bind(&record.webhook_id)
-        .bind(&record.tuple_digest.0[..])
-        .bind(&record.body)
-        .bind(record.received_at_ms)
-        .bind(record.lease_until_ms)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        tx.commit().await?;
-        Ok(if inserted == 1 {
-            RecordOutcome::Recorded
-        } else {
-            RecordOutcome::Duplicate
-        })
-    }
-
-    async fn mark_processed(&self, id: Uuid, now_ms: i64) -> Result<(), ReceiveError> {
-        sqlx::query(
-            "UPDATE verdict_received_webhooks SET processed_at_ms = $2 \
-             WHERE id = $1 AND processed_at_ms IS NULL",
-        )
-        .bind(id)
-        .bind(now_ms)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
-    }
-
-    async fn lease_pending(
-        &self,
-        now_ms: i64,
-        lease_until_ms: i64,
-        limit: u32,
-    ) -> Result<Vec<Record>, ReceiveError> {
-        // SKIP LOCKED: two instances recovering at once take disjoint records.
-        let rows = sqlx::query(
-            "UPDATE verdict_received_webhooks SET lease_until_ms = $1 \
-             WHERE id IN (SELECT id FROM verdict_received_webhooks \
-                          WHERE processed_at_ms IS NULL AND lease_until_ms <= $2 \
-                          ORDER BY received_at_ms LIMIT $3 FOR UPDATE SKIP LOCKED) \
-             RETURNING id, webhook_id, tuple_digest, body, received_at_ms, lease_until_ms",
-        )
-        .bind(lease_until_ms)
-        .bind(now_ms)
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await?;
-        let mut records = rows
-            .iter()
-            .map(record_from_row)
-            .collect::<Result<Vec<_>, _>>()?;
-        records.sort_by_key(|r| r.received_at_ms);
-        Ok(records)
-    }
-
-    async fn prune(&self, horizon_start_ms: i64) -> Result<u64, ReceiveError> {
-        let deleted = sqlx::query(
-            "DELETE FROM verdict_received_webhooks \
-             WHERE received_at_ms < $1 AND processed_at_ms IS NOT NULL",
-        )
-        .bind(horizon_start_ms)
-        .execute(&self.pool)
-        .await?
-        .rows_affected();
-        Ok(deleted)
-    }
-}
+sql_dedup_store!(PostgresDedupStore, PgRow, LEASE_PENDING);
