@@ -415,7 +415,40 @@ async fn two_workers_share_500_due_deliveries_and_attempt_each_once(backend: Bac
     );
 }
 
+async fn during_a_webhook_secret_rotation_callbacks_carry_both_signatures(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let receiver = Receiver::start(vec![]).await;
+    let tenant = db.tenant(&["--callback-url", &receiver.url]);
+    let rotated = db.cli(&[
+        "tenant",
+        "rotate-secret",
+        "--tenant",
+        &tenant.id,
+        "--purpose",
+        "webhook",
+        "--json",
+    ]);
+    let new_secret = serde_json::from_str::<serde_json::Value>(&rotated).unwrap()["secret"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let server = Server::start(&db, &MANUAL_WORKER);
+    let reply = server
+        .send(&tenant, Some(&new_key()), &sim_swap("+447700900512"))
+        .await;
+    assert_eq!(
+        delivery_of(&server, &tenant, &reply).await["status"],
+        "succeeded"
+    );
+    let got = receiver.received();
+    assert_eq!(got[0].header("webhook-signature").split(' ').count(), 2);
+    // Receivers on either secret accept it, checked by the reference library.
+    receiver.verify_all_with_python(&tenant.webhook_secret);
+    receiver.verify_all_with_python(&new_secret);
+}
+
 on_both_backends!(
+    during_a_webhook_secret_rotation_callbacks_carry_both_signatures,
     a_receiver_answering_503_twice_then_200_gets_three_identical_deliveries,
     a_receiver_that_sleeps_10s_does_not_hold_the_response_past_the_deadline,
     a_400_is_terminal_after_one_attempt,

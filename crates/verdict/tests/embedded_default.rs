@@ -58,3 +58,34 @@ fn postgres_without_a_master_key_refuses_to_start() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("VERDICT_MASTER_KEY"));
 }
+
+#[test]
+fn migrate_creates_the_schema_and_is_idempotent() {
+    let dir = std::env::temp_dir().join(format!("verdict-migrate-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let url = format!("sqlite://{}", dir.join("m.db").display());
+    for _ in 0..2 {
+        let out = Command::new(env!("CARGO_BIN_EXE_verdict"))
+            .arg("migrate")
+            .env("VERDICT_DATABASE_URL", &url)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            "migrations applied"
+        );
+    }
+    let bytes = std::fs::read(dir.join("m.db")).unwrap();
+    for table in ["idempotency_keys", "events", "deliveries", "playbooks"] {
+        assert!(
+            bytes.windows(table.len()).any(|w| w == table.as_bytes()),
+            "{table}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
