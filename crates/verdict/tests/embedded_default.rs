@@ -59,8 +59,8 @@ fn postgres_without_a_master_key_refuses_to_start() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("VERDICT_MASTER_KEY"));
 }
 
-#[test]
-fn migrate_creates_the_schema_and_is_idempotent() {
+#[tokio::test]
+async fn migrate_creates_the_schema_and_is_idempotent() {
     let dir = std::env::temp_dir().join(format!("verdict-migrate-{}", uuid::Uuid::new_v4()));
     std::fs::create_dir_all(&dir).unwrap();
     let url = format!("sqlite://{}", dir.join("m.db").display());
@@ -80,11 +80,25 @@ fn migrate_creates_the_schema_and_is_idempotent() {
             "migrations applied"
         );
     }
-    let bytes = std::fs::read(dir.join("m.db")).unwrap();
-    for table in ["idempotency_keys", "events", "deliveries", "playbooks"] {
+    // Ask the database: the schema may still sit in the WAL file rather than the main file.
+    let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+    let tables: Vec<String> =
+        sqlx::query_scalar("SELECT name FROM sqlite_master WHERE type = 'table'")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    pool.close().await;
+    for table in [
+        "tenants",
+        "idempotency_keys",
+        "events",
+        "deliveries",
+        "delivery_attempts",
+        "playbooks",
+    ] {
         assert!(
-            bytes.windows(table.len()).any(|w| w == table.as_bytes()),
-            "{table}"
+            tables.iter().any(|t| t == table),
+            "{table} missing from {tables:?}"
         );
     }
     std::fs::remove_dir_all(&dir).unwrap();
