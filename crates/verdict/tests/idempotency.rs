@@ -364,7 +364,39 @@ async fn expired_keys_are_pruned_on_schedule(backend: Backend) {
     panic!("the expired key was not pruned");
 }
 
+async fn sigterm_finishes_the_request_in_flight_before_exiting(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = db.tenant(&[]);
+    let server = Server::start(
+        &db,
+        &[("FAILPOINTS", "ingest::after_claim=return(delay_ms=1500)")],
+    );
+    let req = common::signed(
+        server.client.post(format!("{}/v1/signals", server.base)),
+        &tenant,
+        Some(&new_key()),
+        &sim_swap("+447700900014"),
+        common::now(),
+    );
+    let in_flight = tokio::spawn(async move { req.send().await.map(|r| r.status().as_u16()) });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let stopped = tokio::task::spawn_blocking(move || server.terminate());
+    assert_eq!(
+        in_flight.await.unwrap().unwrap(),
+        200,
+        "the request in flight is finished"
+    );
+    assert!(stopped.await.unwrap(), "the server exits cleanly");
+    assert_eq!(db.count("events").await, 1);
+    assert_eq!(
+        db.scalar("SELECT COUNT(*) FROM idempotency_keys WHERE state = 'completed'")
+            .await,
+        1
+    );
+}
+
 on_both_backends!(
+    sigterm_finishes_the_request_in_flight_before_exiting,
     completed_key_replays_status_and_body_with_replayed_header,
     retry_with_other_body_gets_422,
     in_flight_key_gets_409_with_retry_after_then_the_result,

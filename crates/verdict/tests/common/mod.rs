@@ -376,6 +376,19 @@ impl Server {
         self.logs.lock().unwrap().join("\n")
     }
 
+    /// Sends SIGTERM and waits for the process to exit; returns whether it exited cleanly.
+    pub fn terminate(mut self) -> bool {
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        for _ in 0..200 {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.success();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("the server did not stop after SIGTERM");
+    }
+
     /// Kills the process, as a crash would.
     pub fn kill(mut self) {
         let _ = self.child.kill();
