@@ -22,6 +22,15 @@ pub enum ActionKind {
 }
 
 impl ActionKind {
+    /// The actions written to local tables, in the order a batch applies them.
+    pub const LOCAL: [ActionKind; 5] = [
+        Self::LockAccount,
+        Self::OpenCase,
+        Self::AlertCustomer,
+        Self::ChargeStepUp,
+        Self::Deny,
+    ];
+
     /// The wire name.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -49,6 +49,11 @@ pub enum ConfigError {
     MasterKeyRequired(&'static str),
     #[error(transparent)]
     Secrets(#[from] SecretsError),
+    #[error(
+        "the idempotency lock timeout must be at least 1 second (got {0} s): a shorter lock \
+         lets a second request take over a key its holder is still working on"
+    )]
+    LockTimeoutTooShort(u64),
 }
 
 /// The optional config file's contents; every field may be omitted.
@@ -225,6 +230,14 @@ impl ServeConfig {
         let secs =
             |flag: Option<u64>, file: Option<u64>, default: u64| flag.or(file).unwrap_or(default);
         let ms = |s: u64| i64::try_from(s.saturating_mul(1000)).unwrap_or(i64::MAX);
+        let lock_timeout_secs = secs(
+            args.lock_timeout_secs,
+            file.lock_timeout_secs,
+            DEFAULT_LOCK_TIMEOUT_SECS,
+        );
+        if lock_timeout_secs < 1 {
+            return Err(ConfigError::LockTimeoutTooShort(lock_timeout_secs));
+        }
         Ok(Self {
             listen: listen.parse().map_err(|_| ConfigError::Listen(listen))?,
             delivery: args.delivery.resolve(file),
@@ -235,11 +248,7 @@ impl ServeConfig {
                     file.key_ttl_secs,
                     DEFAULT_KEY_TTL_SECS,
                 )),
-                lock_timeout_ms: ms(secs(
-                    args.lock_timeout_secs,
-                    file.lock_timeout_secs,
-                    DEFAULT_LOCK_TIMEOUT_SECS,
-                )),
+                lock_timeout_ms: ms(lock_timeout_secs),
                 alert_window_ms: ms(secs(
                     args.alert_window_secs,
                     file.alert_window_secs,
@@ -301,6 +310,16 @@ mod tests {
         assert_eq!(c.ingest.key_ttl_ms, 20_000, "the flag wins over the file");
         assert_eq!(c.delivery.retry_interval, Duration::from_secs(7));
         assert!(c.delivery.allow_private);
+    }
+
+    #[test]
+    fn a_lock_timeout_below_one_second_is_refused() {
+        let mut args = serve_args();
+        args.lock_timeout_secs = Some(0);
+        assert!(matches!(
+            ServeConfig::resolve(&args, &FileConfig::default()),
+            Err(ConfigError::LockTimeoutTooShort(0))
+        ));
     }
 
     #[test]

@@ -5,8 +5,7 @@
 //! of conditions that must all hold, a `decision` and `actions`. The first matching rule decides;
 //! when none matches the decision is `allow` with no actions. See `playbooks/default.toml`.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -146,16 +145,16 @@ pub struct AttributeAtLeast {
 #[error("invalid playbook: {0}")]
 pub struct PlaybookError(pub String);
 
-/// What the playbook decided for one signal.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Verdict {
+/// What the playbook decided for one signal: the matching rule, its decision and actions.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ruling {
     pub decision: Decision,
     pub actions: Vec<ActionKind>,
     pub rule: String,
 }
 
 /// Facts about the subject that rules may ask for, looked up only when a rule needs them.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SubjectFacts {
     pub locked: bool,
 }
@@ -236,16 +235,16 @@ impl Playbook {
     }
 
     /// The first matching rule's decision and actions.
-    pub fn decide(&self, signal: &Signal, facts: SubjectFacts, now: OffsetDateTime) -> Verdict {
+    pub fn decide(&self, signal: &Signal, facts: SubjectFacts, now: OffsetDateTime) -> Ruling {
         self.rules
             .iter()
             .find(|rule| rule.when.hold(signal, facts, now))
-            .map(|rule| Verdict {
+            .map(|rule| Ruling {
                 decision: rule.decision,
                 actions: rule.actions.clone(),
                 rule: rule.name.clone(),
             })
-            .unwrap_or(Verdict {
+            .unwrap_or(Ruling {
                 decision: Decision::Allow,
                 actions: Vec::new(),
                 rule: "no_rule_matched".into(),
@@ -326,34 +325,38 @@ pub async fn current_source(
         }))
 }
 
-/// Parsed playbooks by tenant and version, so a decision costs one indexed read, not a parse.
-/// Versions are immutable, so entries never go stale; only the newest per tenant is kept.
-#[derive(Default)]
+/// Parsed playbooks by tenant and version, so a decision costs no parse. Versions are
+/// immutable, so entries never go stale; the cache is bounded by entries.
 pub struct Library {
-    parsed: Mutex<HashMap<uuid::Uuid, (i64, Arc<Playbook>)>>,
+    parsed: moka::sync::Cache<(uuid::Uuid, i64), Arc<Playbook>>,
+}
+
+impl Default for Library {
+    fn default() -> Self {
+        Self {
+            parsed: moka::sync::Cache::new(10_000),
+        }
+    }
 }
 
 impl Library {
-    /// The tenant's current playbook and its version.
-    pub async fn current(
+    /// The tenant's playbook of `version` (`None`: the built-in default) and its version.
+    pub async fn get(
         &self,
         store: &dyn Store,
         tenant_id: uuid::Uuid,
+        version: Option<i64>,
     ) -> Result<(Arc<Playbook>, i64), StoreError> {
-        let Some(stored) = store.current_playbook(tenant_id).await? else {
-            return Ok((
-                Arc::new(Playbook::default_playbook().clone()),
-                DEFAULT_VERSION,
-            ));
+        let Some(version) = version else {
+            return Ok((default_arc(), DEFAULT_VERSION));
         };
-        let cached = self.parsed.lock().ok().and_then(|m| {
-            m.get(&tenant_id)
-                .filter(|(v, _)| *v == stored.version)
-                .cloned()
-        });
-        if let Some((version, playbook)) = cached {
+        if let Some(playbook) = self.parsed.get(&(tenant_id, version)) {
             return Ok((playbook, version));
         }
+        let stored = store
+            .playbook_version(tenant_id, version)
+            .await?
+            .ok_or_else(|| StoreError::Corrupt(format!("playbook version {version} is gone")))?;
         let format = Format::from_name(&stored.format).unwrap_or(Format::Toml);
         // Uploads are validated, so a stored playbook that no longer parses means the row was
         // changed behind our back: a final error, not something a retry fixes.
@@ -361,11 +364,17 @@ impl Library {
             Playbook::parse(&stored.source, format)
                 .map_err(|e| StoreError::Corrupt(e.to_string()))?,
         );
-        if let Ok(mut m) = self.parsed.lock() {
-            m.insert(tenant_id, (stored.version, playbook.clone()));
-        }
-        Ok((playbook, stored.version))
+        self.parsed.insert((tenant_id, version), playbook.clone());
+        Ok((playbook, version))
     }
+}
+
+/// The built-in default, shared.
+fn default_arc() -> Arc<Playbook> {
+    static DEFAULT: OnceLock<Arc<Playbook>> = OnceLock::new();
+    DEFAULT
+        .get_or_init(|| Arc::new(Playbook::default_playbook().clone()))
+        .clone()
 }
 
 #[cfg(test)]

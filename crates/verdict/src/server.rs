@@ -13,6 +13,7 @@ use crate::delivery::{Deliverer, DeliverySettings, worker};
 use crate::http::{AppState, router};
 use crate::ingest::Ingest;
 use crate::store::{self, Store};
+use crate::tenant::Credentials;
 
 /// Histogram buckets (seconds) for request and delivery latencies.
 const LATENCY_BUCKETS: [f64; 12] = [
@@ -38,6 +39,7 @@ pub async fn serve(config: &Config, serve: ServeConfig) -> anyhow::Result<()> {
             deliverer.clone(),
         )),
         deliverer: deliverer.clone(),
+        credentials: Arc::new(Credentials::new(store.clone(), keys.clone())),
         store: store.clone(),
         keys,
         metrics,

@@ -2,6 +2,7 @@
 //! authenticate a signal.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -167,10 +168,63 @@ pub async fn live_secrets(
         .collect()
 }
 
-/// The tenant an API key belongs to, if any.
-pub async fn by_api_key(
-    store: &Arc<dyn Store>,
-    api_key: &str,
-) -> Result<Option<TenantRecord>, StoreError> {
-    store.tenant_by_api_key(&api_key_hash(api_key)).await
+/// How long a cached tenant or secret list may be used: a revoked key or a rotated secret
+/// stops working within this time on every instance.
+pub const CREDENTIALS_TTL: Duration = Duration::from_secs(5);
+
+/// Tenants by API key and their opened secrets, cached for at most [`CREDENTIALS_TTL`] so an
+/// authenticated request costs no database round trip.
+pub struct Credentials {
+    store: Arc<dyn Store>,
+    keys: Arc<Keyring>,
+    tenants: moka::future::Cache<[u8; 32], TenantRecord>,
+    secrets: moka::future::Cache<(Uuid, SecretPurpose), Arc<Vec<Secret>>>,
+}
+
+impl Credentials {
+    /// An empty cache in front of `store`.
+    pub fn new(store: Arc<dyn Store>, keys: Arc<Keyring>) -> Self {
+        Self {
+            store,
+            keys,
+            tenants: moka::future::Cache::builder()
+                .max_capacity(100_000)
+                .time_to_live(CREDENTIALS_TTL)
+                .build(),
+            secrets: moka::future::Cache::builder()
+                .max_capacity(100_000)
+                .time_to_live(CREDENTIALS_TTL)
+                .build(),
+        }
+    }
+
+    /// The tenant an API key belongs to, if any. Unknown keys are not cached: a guesser
+    /// must not be able to evict real tenants.
+    pub async fn tenant(&self, api_key: &str) -> Result<Option<TenantRecord>, StoreError> {
+        let hash = api_key_hash(api_key);
+        if let Some(tenant) = self.tenants.get(&hash).await {
+            return Ok(Some(tenant));
+        }
+        let found = self.store.tenant_by_api_key(&hash).await?;
+        if let Some(tenant) = &found {
+            self.tenants.insert(hash, tenant.clone()).await;
+        }
+        Ok(found)
+    }
+
+    /// The tenant's live secrets of `purpose`, opened, newest first.
+    pub async fn secrets(
+        &self,
+        tenant_id: Uuid,
+        purpose: SecretPurpose,
+    ) -> Result<Arc<Vec<Secret>>, TenantError> {
+        if let Some(secrets) = self.secrets.get(&(tenant_id, purpose)).await {
+            return Ok(secrets);
+        }
+        let secrets = Arc::new(live_secrets(&*self.store, &self.keys, tenant_id, purpose).await?);
+        self.secrets
+            .insert((tenant_id, purpose), secrets.clone())
+            .await;
+        Ok(secrets)
+    }
 }

@@ -106,11 +106,8 @@ async fn crash_after_deny_is_exactly_once(b: Backend) {
 async fn crash_after_dispatch_is_exactly_once(b: Backend) {
     crash_at(b, "ingest::after_dispatch").await
 }
-async fn crash_before_persist_is_exactly_once(b: Backend) {
-    crash_at(b, "ingest::before_persist").await
-}
-async fn crash_inside_the_persist_transaction_is_exactly_once(b: Backend) {
-    crash_at(b, "persist::before_commit").await
+async fn crash_inside_the_commit_is_exactly_once(b: Backend) {
+    crash_at(b, "act::before_commit").await
 }
 
 async fn same_signal_five_times_without_a_key_has_each_effect_once(backend: Backend) {
@@ -286,8 +283,7 @@ on_both_backends!(
     crash_after_charge_step_up_is_exactly_once,
     crash_after_deny_is_exactly_once,
     crash_after_dispatch_is_exactly_once,
-    crash_before_persist_is_exactly_once,
-    crash_inside_the_persist_transaction_is_exactly_once,
+    crash_inside_the_commit_is_exactly_once,
     same_signal_five_times_without_a_key_has_each_effect_once,
     concurrent_duplicates_without_a_key_still_have_each_effect_once,
     a_crash_after_dispatch_without_a_key_leaves_no_callback_without_its_event,

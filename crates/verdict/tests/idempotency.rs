@@ -154,51 +154,56 @@ async fn abandoned_in_flight_key_is_taken_over_after_the_lock_expires(backend: B
     assert_eq!(db.count("events").await, 1);
 }
 
-async fn dispatched_key_resumes_with_stored_results_without_acting_again(backend: Backend) {
+async fn crash_after_the_commit_replays_the_stored_response(backend: Backend) {
     let db = TestDb::new(backend).await;
     let tenant = db.tenant(&[]);
     let key = new_key();
     let body = sim_swap("+447700900007");
-    let lock = ("VERDICT_LOCK_TIMEOUT_SECS", "1");
 
+    // Effects, outbox row, event and response commit together; then the process dies before
+    // the inline attempt.
     let doomed = Server::start(
         &db,
-        &[lock, ("FAILPOINTS", "ingest::after_dispatch=return(abort)")],
+        &[("FAILPOINTS", "ingest::after_dispatch=return(abort)")],
     );
     doomed.send_raw_expecting_crash(&tenant, &key, &body).await;
     assert!(doomed.wait_for_crash());
     assert_eq!(
-        db.scalar("SELECT COUNT(*) FROM idempotency_keys WHERE state = 'dispatched'")
+        db.scalar("SELECT COUNT(*) FROM idempotency_keys WHERE state = 'completed'")
             .await,
         1
     );
-    assert_eq!(db.count("events").await, 0);
-
-    tokio::time::sleep(Duration::from_millis(1200)).await;
-    let server = Server::start(&db, &[lock]);
-    let resumed = server.send(&tenant, Some(&key), &body).await;
     assert_eq!(
-        resumed.status,
+        db.count("events").await,
+        1,
+        "the event is stored with its callback"
+    );
+    assert_eq!(db.count("deliveries").await, 1);
+    assert_eq!(db.count("delivery_attempts").await, 0);
+
+    let server = Server::start(&db, &[]);
+    let replay = server.send(&tenant, Some(&key), &body).await;
+    assert_eq!(
+        replay.status,
         200,
         "{}",
-        String::from_utf8_lossy(&resumed.body)
+        String::from_utf8_lossy(&replay.body)
     );
-    assert!(
-        server
-            .logs()
-            .contains("resuming from the dispatched recovery point")
+    assert!(replay.replayed(), "the stored response, not a second run");
+    assert_eq!(replay.json()["rule"], "recent_sim_swap");
+    let stored = db.text("SELECT actions FROM events").await;
+    assert_eq!(
+        replay.json()["actions"],
+        serde_json::from_str::<serde_json::Value>(&stored).unwrap()
     );
-    let stored: serde_json::Value =
-        serde_json::from_str(&db.text("SELECT action_results FROM idempotency_keys").await)
-            .unwrap();
-    assert_eq!(resumed.json()["actions"], stored["actions"]);
     assert_eq!(db.count("events").await, 1);
+    assert_eq!(db.count("account_locks").await, 1);
 }
 
 async fn transient_failure_releases_the_lock_and_the_retry_resumes(backend: Backend) {
     let db = TestDb::new(backend).await;
     let tenant = db.tenant(&[]);
-    let server = Server::start(&db, &[("FAILPOINTS", "ingest::before_persist=1*return")]);
+    let server = Server::start(&db, &[("FAILPOINTS", "act::before_commit=1*return")]);
     let key = new_key();
     let body = sim_swap("+447700900008");
 
@@ -206,16 +211,26 @@ async fn transient_failure_releases_the_lock_and_the_retry_resumes(backend: Back
     assert_eq!(failed.status, 503);
     assert_eq!(failed.header("retry-after"), Some("2"));
     assert_eq!(
-        db.scalar("SELECT COUNT(*) FROM idempotency_keys WHERE state = 'dispatched'")
-            .await,
+        db.scalar(
+            "SELECT COUNT(*) FROM idempotency_keys WHERE state = 'in_flight' \
+             AND locked_until = 0 AND ruling IS NOT NULL"
+        )
+        .await,
         1,
-        "the row stays at its recovery point"
+        "the row stays at its recovery point, its decision recorded, its lock released"
     );
+    assert_eq!(
+        db.count("account_locks").await,
+        0,
+        "no effect outlives the failed commit"
+    );
+    assert_eq!(db.count("events").await, 0);
 
     // No wait for the lock timeout: the lock was released.
     let retried = server.send(&tenant, Some(&key), &body).await;
     assert_eq!(retried.status, 200);
     assert!(!retried.replayed());
+    assert_eq!(retried.json()["rule"], "recent_sim_swap");
     assert_eq!(db.count("events").await, 1);
     let replay = server.send(&tenant, Some(&key), &body).await;
     assert!(replay.replayed(), "a 503 is never stored; the 200 is");
@@ -401,7 +416,7 @@ on_both_backends!(
     retry_with_other_body_gets_422,
     in_flight_key_gets_409_with_retry_after_then_the_result,
     abandoned_in_flight_key_is_taken_over_after_the_lock_expires,
-    dispatched_key_resumes_with_stored_results_without_acting_again,
+    crash_after_the_commit_replays_the_stored_response,
     transient_failure_releases_the_lock_and_the_retry_resumes,
     hundred_concurrent_requests_with_one_key_yield_one_event,
     reserialised_body_is_a_replay_not_a_422,

@@ -7,7 +7,6 @@ use axum::http::request::Parts;
 use super::AppState;
 use super::error::{ApiError, AuthError};
 use crate::store::TenantRecord;
-use crate::tenant;
 
 /// The authenticated tenant (`Authorization: Bearer <api key>`).
 pub struct Authenticated(pub TenantRecord);
@@ -17,7 +16,9 @@ impl FromRequestParts<AppState> for Authenticated {
 
     async fn from_request_parts(parts: &mut Parts, app: &AppState) -> Result<Self, ApiError> {
         let api_key = bearer(&parts.headers).ok_or(AuthError::MissingApiKey)?;
-        let tenant = tenant::by_api_key(&app.store, api_key)
+        let tenant = app
+            .credentials
+            .tenant(api_key)
             .await?
             .ok_or(AuthError::InvalidApiKey)?;
         Ok(Self(tenant))

@@ -25,6 +25,7 @@ use crate::delivery::Deliverer;
 use crate::ingest::Ingest;
 use crate::secrets::Keyring;
 use crate::store::Store;
+use crate::tenant::Credentials;
 
 pub use signals::MAX_BODY_BYTES;
 
@@ -35,6 +36,8 @@ pub struct AppState {
     pub keys: Arc<Keyring>,
     pub ingest: Arc<Ingest>,
     pub deliverer: Arc<Deliverer>,
+    /// Tenants by API key and their secrets, cached for at most 5 s.
+    pub credentials: Arc<Credentials>,
     pub metrics: Option<PrometheusHandle>,
 }
 

@@ -12,7 +12,6 @@ use crate::idempotency::{Fingerprint, IdempotencyKey, KeyError};
 use crate::ingest::{Inbound, Reply};
 use crate::signal::{Signal, SignalError};
 use crate::store::{SecretPurpose, StoredResponse, TenantRecord};
-use crate::tenant;
 
 /// Largest body accepted.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -134,7 +133,9 @@ async fn authenticate(
     body: &[u8],
 ) -> Result<TenantRecord, ApiError> {
     let api_key = super::auth::bearer(headers).ok_or(AuthError::MissingApiKey)?;
-    let tenant = tenant::by_api_key(&app.store, api_key)
+    let tenant = app
+        .credentials
+        .tenant(api_key)
         .await?
         .ok_or(AuthError::InvalidApiKey)?;
     if !tenant.inbound_signature_required {
@@ -155,8 +156,10 @@ async fn authenticate(
     if now.abs_diff(ts) > TIMESTAMP_TOLERANCE_SECS as u64 {
         return Err(AuthError::StaleTimestamp.into());
     }
-    let secrets =
-        tenant::live_secrets(&*app.store, &app.keys, tenant.id, SecretPurpose::Inbound).await?;
+    let secrets = app
+        .credentials
+        .secrets(tenant.id, SecretPurpose::Inbound)
+        .await?;
     let mut content = Vec::with_capacity(timestamp.len() + 1 + body.len());
     content.extend_from_slice(timestamp.trim().as_bytes());
     content.push(b'.');

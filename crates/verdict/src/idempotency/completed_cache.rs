@@ -1,22 +1,31 @@
 //! Completed keys, kept in process: a completed row never changes until it expires, so a replay
-//! (or a mismatch against it) can be answered with no database round trip. Rows in flight or
-//! dispatched are never cached: they change.
+//! (or a mismatch against it) can be answered with no database round trip. Rows in flight are
+//! never cached: they change.
+//!
+//! Bounded by bytes (a weigher over each entry's size), and each entry expires when its row
+//! does: the expiry comes from the stored row, never from the request that cached it.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use moka::Expiry;
 use uuid::Uuid;
 
+use crate::clock::now_ms;
 use crate::store::StoredResponse;
 
-/// Entries kept; about 10 000 × a few hundred bytes.
-pub const DEFAULT_CAPACITY: usize = 10_000;
+/// Bytes kept by default.
+pub const DEFAULT_CAPACITY_BYTES: u64 = 64 * 1024 * 1024;
+
+/// What an entry costs beyond its byte fields: the key, the `Arc`, the map's own bookkeeping.
+const ENTRY_OVERHEAD_BYTES: usize = 128;
 
 type Key = (Uuid, Vec<u8>);
 
 struct Entry {
     fingerprint: Vec<u8>,
     response: StoredResponse,
+    /// The row's own expiry (unix ms).
     expires_at: i64,
 }
 
@@ -31,31 +40,46 @@ pub enum Cached {
     Miss,
 }
 
-/// A bounded map of completed keys, oldest evicted first.
+/// Expires each entry at its row's `expires_at`.
+struct AtRowExpiry;
+
+impl Expiry<Key, Arc<Entry>> for AtRowExpiry {
+    fn expire_after_create(&self, _: &Key, entry: &Arc<Entry>, _: Instant) -> Option<Duration> {
+        let left = entry.expires_at.saturating_sub(now_ms()).max(0);
+        Some(Duration::from_millis(u64::try_from(left).unwrap_or(0)))
+    }
+}
+
+/// A concurrent cache of completed keys, bounded in bytes.
 pub struct CompletedCache {
-    capacity: usize,
-    inner: Mutex<(HashMap<Key, Entry>, VecDeque<Key>)>,
+    entries: moka::sync::Cache<Key, Arc<Entry>>,
 }
 
 impl CompletedCache {
-    /// A cache holding at most `capacity` keys.
-    pub fn new(capacity: usize) -> Self {
+    /// A cache holding at most about `capacity_bytes` of keys and responses.
+    pub fn new(capacity_bytes: u64) -> Self {
         Self {
-            capacity,
-            inner: Mutex::new((HashMap::new(), VecDeque::new())),
+            entries: moka::sync::Cache::builder()
+                .max_capacity(capacity_bytes)
+                .weigher(|key: &Key, entry: &Arc<Entry>| {
+                    let bytes = key.1.len()
+                        + entry.fingerprint.len()
+                        + entry.response.body.len()
+                        + ENTRY_OVERHEAD_BYTES;
+                    u32::try_from(bytes).unwrap_or(u32::MAX)
+                })
+                .expire_after(AtRowExpiry)
+                .build(),
         }
     }
 
-    /// Looks a key up at `now`, honouring its expiry.
+    /// Looks a key up at `now`, honouring the row's expiry to the millisecond.
     pub fn get(&self, tenant: Uuid, digest: &[u8], fingerprint: &[u8], now: i64) -> Cached {
-        let Ok(mut guard) = self.inner.lock() else {
-            return Cached::Miss;
-        };
         let key = (tenant, digest.to_vec());
-        match guard.0.get(&key) {
+        match self.entries.get(&key) {
             None => Cached::Miss,
             Some(e) if e.expires_at <= now => {
-                guard.0.remove(&key);
+                self.entries.invalidate(&key);
                 Cached::Miss
             }
             Some(e) if e.fingerprint == fingerprint => Cached::Replay(e.response.clone()),
@@ -63,7 +87,7 @@ impl CompletedCache {
         }
     }
 
-    /// Remembers a completed key until `expires_at`.
+    /// Remembers a completed key until the row's `expires_at`.
     pub fn insert(
         &self,
         tenant: Uuid,
@@ -72,34 +96,20 @@ impl CompletedCache {
         response: StoredResponse,
         expires_at: i64,
     ) {
-        if self.capacity == 0 {
-            return;
-        }
-        let Ok(mut guard) = self.inner.lock() else {
-            return;
-        };
-        let (map, order) = &mut *guard;
-        let key = (tenant, digest);
-        if map.contains_key(&key) {
-            return;
-        }
-        while map.len() >= self.capacity {
-            match order.pop_front() {
-                Some(oldest) => {
-                    map.remove(&oldest);
-                }
-                None => break,
-            }
-        }
-        order.push_back(key.clone());
-        map.insert(
-            key,
-            Entry {
+        self.entries.insert(
+            (tenant, digest),
+            Arc::new(Entry {
                 fingerprint,
                 response,
                 expires_at,
-            },
+            }),
         );
+    }
+
+    /// Bytes held now (after pending maintenance), for tests and metrics.
+    pub fn weighted_size(&self) -> u64 {
+        self.entries.run_pending_tasks();
+        self.entries.weighted_size()
     }
 }
 
@@ -107,21 +117,26 @@ impl CompletedCache {
 mod tests {
     use super::*;
 
-    fn response(n: u8) -> StoredResponse {
+    fn response(n: u8, len: usize) -> StoredResponse {
         StoredResponse {
             status: 200,
-            body: vec![n],
+            body: vec![n; len],
         }
     }
 
     #[test]
-    fn a_completed_key_replays_until_it_expires() {
-        let cache = CompletedCache::new(10);
+    fn a_completed_key_replays_until_its_row_expires() {
+        let cache = CompletedCache::new(1 << 20);
         let t = Uuid::nil();
-        cache.insert(t, vec![1], vec![9], response(1), 1000);
-        assert_eq!(cache.get(t, &[1], &[9], 999), Cached::Replay(response(1)));
-        assert_eq!(cache.get(t, &[1], &[8], 999), Cached::Mismatch);
-        assert_eq!(cache.get(t, &[1], &[9], 1000), Cached::Miss);
+        let expires_at = now_ms() + 60_000;
+        cache.insert(t, vec![1], vec![9], response(1, 1), expires_at);
+        let before = expires_at - 1;
+        assert_eq!(
+            cache.get(t, &[1], &[9], before),
+            Cached::Replay(response(1, 1))
+        );
+        assert_eq!(cache.get(t, &[1], &[8], before), Cached::Mismatch);
+        assert_eq!(cache.get(t, &[1], &[9], expires_at), Cached::Miss);
         assert_eq!(
             cache.get(Uuid::max(), &[1], &[9], 0),
             Cached::Miss,
@@ -130,13 +145,28 @@ mod tests {
     }
 
     #[test]
-    fn the_oldest_entry_is_evicted_at_capacity() {
-        let cache = CompletedCache::new(2);
+    fn an_entry_whose_row_already_expired_is_gone_at_once() {
+        let cache = CompletedCache::new(1 << 20);
+        cache.insert(Uuid::nil(), vec![1], vec![9], response(1, 1), now_ms() - 1);
+        assert!(!cache.entries.contains_key(&(Uuid::nil(), vec![1])));
+    }
+
+    #[test]
+    fn the_cache_stays_within_its_byte_bound_however_many_keys_are_reused() {
+        let capacity = 64 * 1024;
+        let cache = CompletedCache::new(capacity);
         let t = Uuid::nil();
-        for n in 0..3u8 {
-            cache.insert(t, vec![n], vec![0], response(n), i64::MAX);
+        // Reusing the same keys after "expiry" and many distinct keys: neither grows it.
+        for round in 0..20u8 {
+            for n in 0..200u16 {
+                let key = n.to_be_bytes().to_vec();
+                cache.insert(t, key, vec![round], response(1, 1024), now_ms() + 60_000);
+            }
         }
-        assert_eq!(cache.get(t, &[0], &[0], 0), Cached::Miss);
-        assert_eq!(cache.get(t, &[2], &[0], 0), Cached::Replay(response(2)));
+        assert!(
+            cache.weighted_size() <= capacity,
+            "{} bytes held, bound {capacity}",
+            cache.weighted_size()
+        );
     }
 }

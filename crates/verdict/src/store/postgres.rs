@@ -3,13 +3,16 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::Row as _;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Postgres, Transaction};
 
 use super::StoreError;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
+
+/// Group commits running at once: enough to overlap one batch's commit with the next batch's
+/// statements, few enough to leave the pool to reads.
+const COMMITTERS: usize = 4;
 
 /// PostgreSQL-backed storage.
 #[derive(Clone)]
@@ -54,4 +57,4 @@ const LEASE_DUE: &str = "UPDATE deliveries SET leased_until = $2 WHERE id IN ( \
      RETURNING id, tenant_id, webhook_id, payload, retries_left, \
      (SELECT callback_url FROM tenants WHERE tenants.id = deliveries.tenant_id) AS callback_url";
 
-sql_store!(PostgresStore, sqlx::PgConnection, LEASE_DUE);
+sql_store!(PostgresStore, sqlx::PgConnection, LEASE_DUE, COMMITTERS);

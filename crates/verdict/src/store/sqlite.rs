@@ -8,7 +8,6 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::Row as _;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
@@ -72,4 +71,4 @@ const LEASE_DUE: &str = "UPDATE deliveries SET leased_until = $2 WHERE id IN ( \
      RETURNING id, tenant_id, webhook_id, payload, retries_left, \
      (SELECT callback_url FROM tenants WHERE tenants.id = deliveries.tenant_id) AS callback_url";
 
-sql_store!(SqliteStore, sqlx::SqliteConnection, LEASE_DUE);
+sql_store!(SqliteStore, sqlx::SqliteConnection, LEASE_DUE, 1);

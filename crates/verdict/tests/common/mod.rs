@@ -158,6 +158,7 @@ impl TestDb {
             "ledger_entries" => "SELECT COUNT(*) FROM ledger_entries",
             "denies" => "SELECT COUNT(*) FROM denies",
             "deliveries" => "SELECT COUNT(*) FROM deliveries",
+            "delivery_attempts" => "SELECT COUNT(*) FROM delivery_attempts",
             other => panic!("no count query for {other}"),
         };
         self.scalar(sql).await

@@ -1,0 +1,57 @@
+//! The decision, made once per signal and frozen on its claim: which rule matched, what it
+//! decided and asked for, under which playbook version, at what time, with which facts.
+
+use serde::{Deserialize, Serialize};
+
+use crate::actions::{ActionKind, ActionResult};
+use crate::playbook::{Decision, SubjectFacts};
+
+/// A frozen decision: what every phase, retry and takeover of a signal uses.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Decided {
+    pub decision: Decision,
+    pub rule: String,
+    pub actions: Vec<ActionKind>,
+    pub playbook_version: i64,
+    /// When the playbook evaluated the signal (unix ms).
+    pub evaluated_at: i64,
+    /// The subject's facts as they were before this signal.
+    pub facts: SubjectFacts,
+}
+
+/// The decision and action outcomes: what the response reports and the event stores.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+pub struct DecisionRecord {
+    pub decision: Decision,
+    pub playbook_version: i64,
+    pub rule: String,
+    pub actions: Vec<ActionResult>,
+}
+
+impl Decided {
+    /// The local actions (the callback goes through the outbox).
+    pub fn effects(&self) -> Vec<ActionKind> {
+        self.actions
+            .iter()
+            .copied()
+            .filter(|&a| a != ActionKind::Callback)
+            .collect()
+    }
+
+    /// Whether the decision asks for a callback.
+    pub fn wants_callback(&self) -> bool {
+        self.actions.contains(&ActionKind::Callback)
+    }
+
+    /// The decision a v1 row recorded with its action results (it kept no facts or time).
+    pub fn from_v1_record(record: DecisionRecord) -> Self {
+        Self {
+            decision: record.decision,
+            rule: record.rule,
+            actions: record.actions.iter().map(|r| r.action).collect(),
+            playbook_version: record.playbook_version,
+            evaluated_at: 0,
+            facts: SubjectFacts::default(),
+        }
+    }
+}

@@ -1,0 +1,148 @@
+//! Group commit: the claims and effects of the signals in flight share one transaction and one
+//! commit, so throughput is not bounded by one commit per signal.
+//!
+//! Requests queue their work; a committer takes whatever is queued (up to [`MAX_BATCH`]) the
+//! moment it is free, with no timer: at low load a batch is one signal and waits for nothing.
+//! Each request still gets its own outcome. A batch that fails for a reason that is not
+//! transient is retried one signal at a time, so one bad signal never fails the others.
+
+use std::sync::Arc;
+
+use tokio::sync::{Mutex, mpsc, oneshot};
+
+use crate::store::{Act, Batch, BatchResult, Claim, Committed, Store, StoreError};
+
+/// Most signals' work in one commit.
+pub const MAX_BATCH: usize = 64;
+/// Work waiting for a committer before requests wait to queue.
+const QUEUE: usize = 4096;
+
+enum Job {
+    Claim(Box<Claim>, oneshot::Sender<Result<bool, StoreError>>),
+    Act(Box<Act>, oneshot::Sender<Result<Committed, StoreError>>),
+}
+
+/// The queue in front of the committers.
+pub struct GroupCommit {
+    jobs: mpsc::Sender<Job>,
+}
+
+impl GroupCommit {
+    /// Starts the store's number of committers.
+    pub fn start(store: Arc<dyn Store>, alert_window_ms: i64) -> Self {
+        let (jobs, queue) = mpsc::channel(QUEUE);
+        let queue = Arc::new(Mutex::new(queue));
+        for _ in 0..store.concurrent_commits().max(1) {
+            tokio::spawn(committer(store.clone(), queue.clone(), alert_window_ms));
+        }
+        Self { jobs }
+    }
+
+    /// Inserts a new key's row; `false` if a row was already there.
+    pub async fn claim(&self, claim: Claim) -> Result<bool, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        self.submit(Job::Claim(Box::new(claim), reply)).await?;
+        answer.await.map_err(|_| stopped())?
+    }
+
+    /// Applies a decided signal's effects and stores its event and response.
+    pub async fn act(&self, act: Act) -> Result<Committed, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        self.submit(Job::Act(Box::new(act), reply)).await?;
+        answer.await.map_err(|_| stopped())?
+    }
+
+    async fn submit(&self, job: Job) -> Result<(), StoreError> {
+        self.jobs.send(job).await.map_err(|_| stopped())
+    }
+}
+
+/// The committers are gone (shutting down): as transient as a lost connection.
+fn stopped() -> StoreError {
+    StoreError::Unavailable(sqlx::Error::PoolClosed)
+}
+
+async fn committer(store: Arc<dyn Store>, queue: Arc<Mutex<mpsc::Receiver<Job>>>, window: i64) {
+    loop {
+        let jobs = {
+            let mut queue = queue.lock().await;
+            let Some(first) = queue.recv().await else {
+                return;
+            };
+            let mut jobs = vec![first];
+            while jobs.len() < MAX_BATCH {
+                match queue.try_recv() {
+                    Ok(job) => jobs.push(job),
+                    Err(_) => break,
+                }
+            }
+            jobs
+        };
+        metrics::histogram!("verdict_group_commit_signals").record(jobs.len() as f64);
+        run(&*store, jobs, window).await;
+    }
+}
+
+/// Commits `jobs` together, or one by one after a batch failure that is not transient.
+async fn run(store: &dyn Store, jobs: Vec<Job>, window: i64) {
+    let batch = batch_of(&jobs, window);
+    match store.commit(&batch).await {
+        Ok(result) => answer(jobs, result),
+        Err(err) if jobs.len() > 1 && !err.is_transient() => {
+            tracing::warn!(error = ?err, signals = jobs.len(), "group commit failed; committing its signals one by one");
+            for job in jobs {
+                let batch = batch_of(std::slice::from_ref(&job), window);
+                match store.commit(&batch).await {
+                    Ok(result) => answer(vec![job], result),
+                    Err(err) => fail(vec![job], err),
+                }
+            }
+        }
+        Err(err) => fail(jobs, err),
+    }
+}
+
+fn batch_of(jobs: &[Job], alert_window_ms: i64) -> Batch {
+    let mut batch = Batch {
+        alert_window_ms,
+        ..Batch::default()
+    };
+    for job in jobs {
+        match job {
+            Job::Claim(claim, _) => batch.claims.push((**claim).clone()),
+            Job::Act(act, _) => batch.acts.push((**act).clone()),
+        }
+    }
+    batch
+}
+
+fn answer(jobs: Vec<Job>, result: BatchResult) {
+    let mut claims = result.claims.into_iter();
+    let mut acts = result.acts.into_iter();
+    for job in jobs {
+        // A request that went away no longer listens; its work is stored all the same.
+        match job {
+            Job::Claim(_, reply) => {
+                let _ = reply.send(claims.next().ok_or(StoreError::LockLost));
+            }
+            Job::Act(_, reply) => {
+                let _ = reply.send(acts.next().unwrap_or(Err(StoreError::LockLost)));
+            }
+        }
+    }
+}
+
+fn fail(jobs: Vec<Job>, err: StoreError) {
+    let err = Arc::new(err);
+    for job in jobs {
+        let shared = StoreError::Batch(err.clone());
+        match job {
+            Job::Claim(_, reply) => {
+                let _ = reply.send(Err(shared));
+            }
+            Job::Act(_, reply) => {
+                let _ = reply.send(Err(shared));
+            }
+        }
+    }
+}

@@ -1,0 +1,464 @@
+//! The exactly-once ingest pipeline (SPEC §3), around one rule: a signal is decided once, and
+//! that decision is what every retry, takeover and callback sees.
+//!
+//! Phases, after validation and authentication in the HTTP layer:
+//! 1. **decide**: one read (playbook version and the subject's facts before this signal), then
+//!    the playbook, in process;
+//! 2. **claim** (keyed signals): the key row is inserted with the decision frozen on it:
+//!    recovery point `in_flight`;
+//! 3. **act**: every effect, the callback's outbox row, the event and the response, in one
+//!    transaction that also completes the key if our lock still holds: recovery point
+//!    `completed`. Claims and acts of the signals in flight share commits ([`group_commit`]);
+//! 4. **send**: the inline callback attempt, from the outbox row just stored.
+
+mod decision;
+mod group_commit;
+mod record;
+
+use std::sync::Arc;
+
+use tracing::Instrument;
+use uuid::Uuid;
+
+use crate::clock::{now_ms, to_ms};
+use crate::delivery::Deliverer;
+use crate::delivery::schedule::{self, Trigger};
+use crate::failpoint::failpoint;
+use crate::idempotency::{
+    Cached, CompletedCache, DEFAULT_CAPACITY_BYTES, Fingerprint, IdempotencyKey, SIGNALS_ENDPOINT,
+};
+use crate::playbook::{Library, SubjectFacts};
+use crate::secrets::Keyring;
+use crate::signal::Signal;
+use crate::store::{
+    Act, ActionTarget, CallbackDraft, Claim, ClaimOutcome, DueDelivery, HeldKey, KeyRef,
+    RecoveryPoint, Store, StoreError, StoredResponse, TenantRecord,
+};
+
+pub use decision::{Decided, DecisionRecord};
+use group_commit::GroupCommit;
+pub use group_commit::MAX_BATCH;
+use record::Draft;
+pub use record::SignalResponse;
+
+/// Lifetimes that shape the key contract and the actions.
+#[derive(Clone, Copy, Debug)]
+pub struct IngestSettings {
+    /// How long a key is remembered.
+    pub key_ttl_ms: i64,
+    /// How long a holder's lock protects it before another request may take over.
+    pub lock_timeout_ms: i64,
+    /// At most one customer alert per subject and signal type within this window.
+    pub alert_window_ms: i64,
+}
+
+/// How the request ended, for the HTTP layer.
+#[derive(Debug)]
+pub enum Reply {
+    /// Processed by this request.
+    Fresh(StoredResponse),
+    /// A completed key's stored response.
+    Replayed(StoredResponse),
+}
+
+/// Why ingest did not produce a reply.
+#[derive(Debug, thiserror::Error)]
+pub enum IngestError {
+    #[error("a request with this idempotency key is being processed")]
+    InProgress,
+    #[error("this idempotency key was used with a different payload")]
+    KeyReused,
+    #[error("storage is unavailable; the request can be retried")]
+    Unavailable(#[source] StoreError),
+    #[error("storage failed")]
+    Store(#[source] StoreError),
+}
+
+impl From<StoreError> for IngestError {
+    fn from(err: StoreError) -> Self {
+        if err.is_transient() {
+            Self::Unavailable(err)
+        } else {
+            Self::Store(err)
+        }
+    }
+}
+
+/// A validated, authenticated signal ready for ingest.
+pub struct Inbound<'a> {
+    pub tenant: &'a TenantRecord,
+    pub key: Option<IdempotencyKey>,
+    pub signal: Signal,
+    pub fingerprint: Fingerprint,
+}
+
+/// What a request derives once from its signal: every digest the phases need.
+struct Prepared<'a> {
+    inbound: &'a Inbound<'a>,
+    /// The subject's keyed digest, scoped to the tenant.
+    subject_hash: [u8; 32],
+    /// Digest of (subject, type, observed_at): the same signal under any key or none.
+    signal_key: [u8; 32],
+    /// The idempotency key's row, if the request has a key.
+    key: Option<KeyRef>,
+}
+
+/// A key this request holds, and the row's lifetime.
+struct Holding {
+    held: HeldKey,
+    event_id: Uuid,
+    decided: Decided,
+    expires_at: i64,
+}
+
+/// The pipeline and what it needs.
+pub struct Ingest {
+    store: Arc<dyn Store>,
+    keys: Arc<Keyring>,
+    settings: IngestSettings,
+    playbooks: Library,
+    deliverer: Arc<Deliverer>,
+    completed: CompletedCache,
+    commits: GroupCommit,
+}
+
+impl Ingest {
+    /// Builds the pipeline and starts its committers (inside a Tokio runtime).
+    pub fn new(
+        store: Arc<dyn Store>,
+        keys: Arc<Keyring>,
+        settings: IngestSettings,
+        deliverer: Arc<Deliverer>,
+    ) -> Self {
+        Self {
+            commits: GroupCommit::start(store.clone(), settings.alert_window_ms),
+            store,
+            keys,
+            settings,
+            playbooks: Library::default(),
+            deliverer,
+            completed: CompletedCache::new(DEFAULT_CAPACITY_BYTES),
+        }
+    }
+
+    /// The subject's keyed digest, scoped to the tenant so digests do not correlate across
+    /// tenants.
+    pub fn subject_hash(&self, tenant_id: Uuid, signal: &Signal) -> [u8; 32] {
+        self.keys.digest(&[
+            b"subject",
+            tenant_id.as_bytes(),
+            signal.subject.kind().as_bytes(),
+            signal.subject.value().as_bytes(),
+        ])
+    }
+
+    /// Runs a signal through decide, claim, act and send.
+    #[tracing::instrument(skip_all, fields(tenant_id = %inbound.tenant.id, keyed = inbound.key.is_some()))]
+    pub async fn run(&self, inbound: Inbound<'_>) -> Result<Reply, IngestError> {
+        let signal = self.prepare(&inbound);
+        match &signal.key {
+            None => {
+                // No key: at least once, and the idempotent actions absorb duplicates.
+                let decided = self.decide(&signal).await?;
+                let response = self.act(&signal, Uuid::now_v7(), &decided, None).await?;
+                Ok(Reply::Fresh(response))
+            }
+            Some(key) => self.run_keyed(&signal, key).await,
+        }
+    }
+
+    fn prepare<'a>(&self, inbound: &'a Inbound<'a>) -> Prepared<'a> {
+        let tenant_id = inbound.tenant.id;
+        let signal = &inbound.signal;
+        let subject_hash = self.subject_hash(tenant_id, signal);
+        let signal_key = self.keys.digest(&[
+            b"signal",
+            &subject_hash,
+            signal.signal_type.as_str().as_bytes(),
+            &to_ms(signal.observed_at).to_be_bytes(),
+        ]);
+        let key = inbound.key.as_ref().map(|key| KeyRef {
+            tenant_id,
+            endpoint: SIGNALS_ENDPOINT,
+            digest: self
+                .keys
+                .digest(&[b"idempotency-key", key.as_bytes()])
+                .to_vec(),
+        });
+        Prepared {
+            inbound,
+            subject_hash,
+            signal_key,
+            key,
+        }
+    }
+
+    async fn run_keyed(&self, signal: &Prepared<'_>, key: &KeyRef) -> Result<Reply, IngestError> {
+        let now = now_ms();
+        let fingerprint = &signal.inbound.fingerprint.0;
+        match self
+            .completed
+            .get(key.tenant_id, &key.digest, fingerprint, now)
+        {
+            Cached::Replay(response) => {
+                metrics::counter!("verdict_replays_from_cache_total").increment(1);
+                return Ok(Reply::Replayed(response));
+            }
+            Cached::Mismatch => return Err(IngestError::KeyReused),
+            Cached::Miss => {}
+        }
+        let holding = match self.claim(signal, key, now).await? {
+            Ok(holding) => holding,
+            Err(reply) => return Ok(reply),
+        };
+        failpoint!("ingest::after_claim");
+        let result = self
+            .act(
+                signal,
+                holding.event_id,
+                &holding.decided,
+                Some(holding.held.clone()),
+            )
+            .await;
+        match &result {
+            Ok(response) => self.completed.insert(
+                key.tenant_id,
+                key.digest.clone(),
+                fingerprint.to_vec(),
+                response.clone(),
+                holding.expires_at,
+            ),
+            Err(err) => self.settle_failure(err, &holding.held).await,
+        }
+        result.map(Reply::Fresh)
+    }
+
+    /// Decides the signal from the playbook in force and the subject's facts before it.
+    async fn decide(&self, signal: &Prepared<'_>) -> Result<Decided, StoreError> {
+        let tenant_id = signal.inbound.tenant.id;
+        let inputs = self
+            .store
+            .decision_inputs(tenant_id, &signal.subject_hash)
+            .await?;
+        let (playbook, playbook_version) = self
+            .playbooks
+            .get(&*self.store, tenant_id, inputs.playbook_version)
+            .await?;
+        let facts = SubjectFacts {
+            locked: inputs.subject_locked,
+        };
+        let now = time::OffsetDateTime::now_utc();
+        let ruling = playbook.decide(&signal.inbound.signal, facts, now);
+        Ok(Decided {
+            decision: ruling.decision,
+            rule: ruling.rule,
+            actions: ruling.actions,
+            playbook_version,
+            evaluated_at: to_ms(now),
+            facts,
+        })
+    }
+
+    /// Claims the key with a frozen decision, or learns what holds it. `Err(reply)` when the
+    /// key's stored response answers the request.
+    async fn claim(
+        &self,
+        signal: &Prepared<'_>,
+        key: &KeyRef,
+        now: i64,
+    ) -> Result<Result<Holding, Reply>, IngestError> {
+        let decided = self.decide(signal).await?;
+        let claim = Claim {
+            key: key.clone(),
+            fingerprint: signal.inbound.fingerprint.0.to_vec(),
+            event_id: Uuid::now_v7(),
+            lock_token: Uuid::new_v4(),
+            now,
+            locked_until: now.saturating_add(self.settings.lock_timeout_ms),
+            expires_at: now.saturating_add(self.settings.key_ttl_ms),
+            ruling: record::json(&decided),
+        };
+        let holding = |event_id, decided, expires_at| Holding {
+            held: HeldKey {
+                key: key.clone(),
+                lock_token: claim.lock_token,
+            },
+            event_id,
+            decided,
+            expires_at,
+        };
+        if self.commits.claim(claim.clone()).await? {
+            return Ok(Ok(holding(claim.event_id, decided, claim.expires_at)));
+        }
+        Ok(match self.store.claim(&claim).await? {
+            ClaimOutcome::Started => Ok(holding(claim.event_id, decided, claim.expires_at)),
+            ClaimOutcome::TakenOver {
+                event_id,
+                from,
+                expires_at,
+            } => {
+                tracing::info!(%event_id, "took over an abandoned idempotency key");
+                let recorded = recorded_decision(from)?.unwrap_or(decided);
+                Ok(holding(event_id, recorded, expires_at))
+            }
+            ClaimOutcome::InProgress => return Err(IngestError::InProgress),
+            ClaimOutcome::Mismatch => return Err(IngestError::KeyReused),
+            ClaimOutcome::Completed {
+                response,
+                expires_at,
+            } => {
+                self.completed.insert(
+                    key.tenant_id,
+                    key.digest.clone(),
+                    claim.fingerprint,
+                    response.clone(),
+                    expires_at,
+                );
+                Err(Reply::Replayed(response))
+            }
+        })
+    }
+
+    /// Writes the decided signal's effects, outbox row, event and response in one commit,
+    /// then makes the callback's inline attempt from the stored row.
+    async fn act(
+        &self,
+        signal: &Prepared<'_>,
+        event_id: Uuid,
+        decided: &Decided,
+        held: Option<HeldKey>,
+    ) -> Result<StoredResponse, IngestError> {
+        let tenant = signal.inbound.tenant;
+        let target = ActionTarget {
+            tenant_id: tenant.id,
+            event_id,
+            subject_hash: signal.subject_hash.to_vec(),
+            signal_key: signal.signal_key.to_vec(),
+            signal_type: signal.inbound.signal.signal_type.as_str(),
+            now: now_ms(),
+        };
+        let draft = Arc::new(Draft::new(
+            signal.inbound,
+            &target,
+            decided.clone(),
+            callback_refusal(tenant, decided),
+        ));
+        let wants_callback = decided.wants_callback() && draft.callback_refusal.is_none();
+        let callback = wants_callback.then(|| CallbackDraft {
+            id: Uuid::now_v7(),
+            webhook_id: format!("msg_{}", event_id.simple()),
+            leased_until: target.now.saturating_add(crate::delivery::lease_ms()),
+            envelope: {
+                let draft = draft.clone();
+                Arc::new(move |effects| draft.envelope(effects))
+            },
+        });
+        let committed = self
+            .commits
+            .act(Act {
+                held,
+                target,
+                effects: decided.effects(),
+                callback,
+                finish: {
+                    let draft = draft.clone();
+                    Arc::new(move |outcome| draft.finish(outcome))
+                },
+            })
+            .await?;
+        failpoint!("ingest::after_dispatch");
+        metrics::counter!("verdict_decisions_total", "decision" => decided.decision.as_str())
+            .increment(1);
+        tracing::info!(%event_id, decision = decided.decision.as_str(), "signal decided");
+        // Only the event whose commit inserted the outbox row makes the inline attempt; a
+        // duplicate's callback is the earlier event's.
+        if let Some(delivery) = committed.delivery {
+            self.attempt_inline(DueDelivery {
+                id: delivery.id,
+                tenant_id: tenant.id,
+                webhook_id: delivery.webhook_id,
+                payload: delivery.payload,
+                retries_left: schedule::MAX_RETRIES,
+                callback_url: tenant.callback_url.clone(),
+            })
+            .await;
+        }
+        Ok(committed.response)
+    }
+
+    /// The callback's inline attempt. It waits at most the deadline: an attempt still running
+    /// then finishes (and records itself) in the background while the response goes out. The
+    /// attempt keeps the request's span, so its log lines carry the request id.
+    async fn attempt_inline(&self, due: DueDelivery) {
+        let deliverer = self.deliverer.clone();
+        let deadline = deliverer.settings().deadline;
+        let attempt = tokio::spawn(
+            async move { deliverer.attempt(&due, Trigger::Inline).await }
+                .instrument(tracing::Span::current()),
+        );
+        match tokio::time::timeout(deadline, attempt).await {
+            Ok(Ok(Ok(_))) => {}
+            Ok(Ok(Err(err))) => {
+                // The delivery stays leased, then due: the worker retries it.
+                tracing::warn!(error = ?err, "could not record the inline delivery attempt");
+            }
+            Ok(Err(err)) => tracing::error!(error = ?err, "the inline delivery attempt panicked"),
+            Err(_) => tracing::info!(
+                "inline delivery attempt passed its deadline; continuing in the background"
+            ),
+        }
+    }
+
+    /// After a failure with the key held: a transient one releases the lock so the retry
+    /// resumes from the recovery point; a final one is stored and replayed. A lost lock is
+    /// not ours to touch.
+    async fn settle_failure(&self, err: &IngestError, held: &HeldKey) {
+        match err {
+            IngestError::Unavailable(StoreError::LockLost) => {}
+            IngestError::Unavailable(_) | IngestError::InProgress | IngestError::KeyReused => {
+                if let Err(release) = self.store.release(&held.key, held.lock_token).await {
+                    tracing::warn!(error = ?release, "could not release an idempotency lock");
+                }
+            }
+            IngestError::Store(cause) => {
+                tracing::error!(error = ?cause, "signal failed permanently; storing the 500");
+                let response = StoredResponse {
+                    status: 500,
+                    body: crate::http::problem::Problem::internal().to_json(),
+                };
+                if let Err(store) = self
+                    .store
+                    .complete_failed(&held.key, held.lock_token, &response)
+                    .await
+                {
+                    tracing::warn!(error = ?store, "could not store a final error");
+                }
+            }
+        }
+    }
+}
+
+/// Why a decision's callback cannot be recorded, if it cannot.
+fn callback_refusal(tenant: &TenantRecord, decided: &Decided) -> Option<&'static str> {
+    match (&tenant.callback_url, tenant.callback_disabled) {
+        _ if !decided.wants_callback() => None,
+        (None, _) => Some("no callback URL is configured"),
+        (Some(_), true) => Some("the callback endpoint is disabled"),
+        (Some(_), false) => None,
+    }
+}
+
+/// The decision a taken-over row recorded; `None` for a v1 row claimed before decisions were
+/// recorded (nothing of it was applied by this version, so deciding now is deciding once).
+fn recorded_decision(from: RecoveryPoint) -> Result<Option<Decided>, StoreError> {
+    let corrupt = |e: serde_json::Error| StoreError::Corrupt(e.to_string());
+    Ok(match from {
+        RecoveryPoint::InFlight { ruling: None } => None,
+        RecoveryPoint::InFlight {
+            ruling: Some(ruling),
+        } => Some(serde_json::from_str(&ruling).map_err(corrupt)?),
+        RecoveryPoint::Dispatched { action_results } => Some(Decided::from_v1_record(
+            serde_json::from_str(&action_results).map_err(corrupt)?,
+        )),
+    })
+}

@@ -1,0 +1,152 @@
+//! What a decided signal stores once its effects are known, built inside its commit: the
+//! callback's envelope, the event row and the response.
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::{Decided, DecisionRecord, Inbound};
+use crate::actions::{ActionKind, ActionResult, Applied, Outcome};
+use crate::clock::{now_ms, to_ms};
+use crate::secrets::hex;
+use crate::store::{ActOutcome, ActionTarget, Finished, NewEvent, StoredResponse};
+
+/// The success body of `POST /v1/signals`.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct SignalResponse {
+    pub event_id: Uuid,
+    pub subject_hash: String,
+    #[serde(flatten)]
+    pub record: DecisionRecord,
+}
+
+/// Everything about a decided signal except its effects' outcomes, owned so the group commit
+/// can finish it.
+pub(super) struct Draft {
+    event_id: Uuid,
+    tenant_id: Uuid,
+    signal_type: &'static str,
+    subject_hash: Vec<u8>,
+    observed_at: i64,
+    attributes: String,
+    metadata: serde_json::Map<String, serde_json::Value>,
+    decided: Decided,
+    /// Why the decision's callback cannot be recorded, if it cannot.
+    pub(super) callback_refusal: Option<&'static str>,
+}
+
+impl Draft {
+    pub(super) fn new(
+        inbound: &Inbound<'_>,
+        target: &ActionTarget,
+        decided: Decided,
+        callback_refusal: Option<&'static str>,
+    ) -> Self {
+        Self {
+            event_id: target.event_id,
+            tenant_id: target.tenant_id,
+            signal_type: target.signal_type,
+            subject_hash: target.subject_hash.clone(),
+            observed_at: to_ms(inbound.signal.observed_at),
+            attributes: json(&inbound.signal.attributes),
+            metadata: inbound.signal.metadata.clone(),
+            decided,
+            callback_refusal,
+        }
+    }
+
+    /// The callback envelope: its timestamp is fixed here, and its bytes are stored with the
+    /// outbox row and repeated unchanged on every retry and redelivery.
+    pub(super) fn envelope(&self, effects: &[(ActionKind, Applied)]) -> Vec<u8> {
+        let actions: Vec<ActionResult> = effects
+            .iter()
+            .map(|&(action, applied)| ActionResult {
+                action,
+                outcome: applied.into(),
+            })
+            .collect();
+        let envelope = verdict_webhooks::Envelope {
+            event_id: self.event_id.to_string(),
+            tenant: self.tenant_id.to_string(),
+            event_type: format!("decision.{}", self.signal_type),
+            subject_hash: hex(&self.subject_hash),
+            timestamp: time::OffsetDateTime::now_utc()
+                .format(&time::format_description::well_known::Rfc3339)
+                .unwrap_or_default(),
+            decision: self.decided.decision.as_str().to_owned(),
+            actions: serde_json::to_value(actions).unwrap_or_default(),
+            metadata: serde_json::Value::Object(self.metadata.clone()),
+        };
+        json(&envelope).into_bytes()
+    }
+
+    /// The event and the response, from the effects' outcomes.
+    pub(super) fn finish(&self, outcome: &ActOutcome) -> Finished {
+        let record = self.record(outcome);
+        let actions = json(&record.actions);
+        let body = SignalResponse {
+            event_id: self.event_id,
+            subject_hash: hex(&self.subject_hash),
+            record,
+        };
+        Finished {
+            event: NewEvent {
+                id: self.event_id,
+                tenant_id: self.tenant_id,
+                signal_type: self.signal_type,
+                subject_hash: self.subject_hash.clone(),
+                observed_at: self.observed_at,
+                attributes: self.attributes.clone(),
+                metadata: json(&self.metadata),
+                decision: self.decided.decision.as_str(),
+                playbook_version: self.decided.playbook_version,
+                rule: self.decided.rule.clone(),
+                actions,
+                created_at: now_ms(),
+                evaluated_at: self.decided.evaluated_at,
+                facts: json(&self.decided.facts),
+            },
+            response: StoredResponse {
+                status: 200,
+                body: json(&body).into_bytes(),
+            },
+        }
+    }
+
+    /// Each action the decision asked for, in its order, with how it came out.
+    fn record(&self, outcome: &ActOutcome) -> DecisionRecord {
+        let actions = self
+            .decided
+            .actions
+            .iter()
+            .map(|&action| ActionResult {
+                action,
+                outcome: match action {
+                    ActionKind::Callback => match (self.callback_refusal, outcome.callback) {
+                        (Some(why), _) => Outcome::Failed(why.to_owned()),
+                        (None, Some(applied)) => applied.into(),
+                        (None, None) => Outcome::Failed("not recorded".into()),
+                    },
+                    _ => outcome
+                        .effects
+                        .iter()
+                        .find(|(a, _)| *a == action)
+                        .map_or(Outcome::Failed("not applied".into()), |&(_, applied)| {
+                            applied.into()
+                        }),
+                },
+            })
+            .collect();
+        DecisionRecord {
+            decision: self.decided.decision,
+            playbook_version: self.decided.playbook_version,
+            rule: self.decided.rule.clone(),
+            actions,
+        }
+    }
+}
+
+/// Serialises our own types and JSON maps, which cannot fail: no non-string map keys and no
+/// failing `Serialize` impls.
+pub(super) fn json<T: Serialize>(value: &T) -> String {
+    serde_json::to_string(value).expect("serialising owned JSON-safe values cannot fail")
+}

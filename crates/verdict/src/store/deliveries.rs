@@ -1,0 +1,384 @@
+//! The callback outbox: deliveries (each built once, its bytes fixed), their leases for
+//! attempts, and every attempt made.
+
+use async_trait::async_trait;
+use uuid::Uuid;
+
+use super::StoreError;
+
+/// A callback to record in the outbox; the envelope is built once, here.
+#[derive(Clone, Debug)]
+pub struct NewDelivery {
+    pub id: Uuid,
+    pub webhook_id: String,
+    pub payload: Vec<u8>,
+    /// Reserved for the inline attempt until then; if the process dies, the worker takes it.
+    pub leased_until: i64,
+}
+
+/// A delivery leased for an attempt, with where it goes.
+#[derive(Clone, Debug, sqlx::FromRow)]
+pub struct DueDelivery {
+    pub id: Uuid,
+    pub tenant_id: Uuid,
+    pub webhook_id: String,
+    pub payload: Vec<u8>,
+    pub retries_left: i64,
+    pub callback_url: Option<String>,
+}
+
+/// One attempt and the delivery's state after it, recorded together.
+#[derive(Clone, Debug)]
+pub struct AttemptRecord {
+    pub id: Uuid,
+    pub delivery_id: Uuid,
+    pub tenant_id: Uuid,
+    pub attempted_at: i64,
+    pub trigger: &'static str,
+    pub status_code: Option<i32>,
+    pub latency_ms: i64,
+    pub error: Option<String>,
+    pub response_excerpt: Option<Vec<u8>>,
+    pub next: crate::delivery::schedule::Next,
+}
+
+/// An attempt as read back.
+#[derive(Clone, Debug, sqlx::FromRow)]
+pub struct AttemptRow {
+    pub attempted_at: i64,
+    #[sqlx(rename = "trigger_kind")]
+    pub trigger: String,
+    pub status_code: Option<i32>,
+    pub latency_ms: i64,
+    pub error: Option<String>,
+    pub response_excerpt: Option<Vec<u8>>,
+}
+
+/// A callback delivery as read back.
+#[derive(Clone, Debug, sqlx::FromRow)]
+pub struct DeliveryRecord {
+    pub id: Uuid,
+    pub event_id: Uuid,
+    pub webhook_id: String,
+    pub status: String,
+    pub attempts: i64,
+    pub next_attempt_at: i64,
+    pub last_error: Option<String>,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+/// The outbox.
+#[async_trait]
+pub trait DeliveryStore {
+    /// The deliveries of one of the tenant's events.
+    async fn deliveries_for_event(
+        &self,
+        tenant_id: Uuid,
+        event_id: Uuid,
+    ) -> Result<Vec<DeliveryRecord>, StoreError>;
+    /// Leases up to `limit` deliveries due at `now` until `lease_until`; no two callers get the
+    /// same delivery.
+    async fn lease_due(
+        &self,
+        now: i64,
+        lease_until: i64,
+        limit: i64,
+    ) -> Result<Vec<DueDelivery>, StoreError>;
+    /// Records an attempt and moves the delivery to its next state, in one transaction (and
+    /// disables the tenant's endpoint after a 410).
+    async fn record_attempt(&self, attempt: &AttemptRecord) -> Result<(), StoreError>;
+    /// Gives one of the tenant's deliveries a fresh retry budget and leases it, unless it is
+    /// leased now or the endpoint is disabled.
+    async fn lease_for_redelivery(
+        &self,
+        tenant_id: Uuid,
+        id: Uuid,
+        now: i64,
+        lease_until: i64,
+        retries: i64,
+    ) -> Result<Option<DueDelivery>, StoreError>;
+    /// The tenant's deliveries, newest first, optionally of one status.
+    async fn deliveries(
+        &self,
+        tenant_id: Uuid,
+        status: Option<&str>,
+        before: Option<Uuid>,
+        limit: i64,
+    ) -> Result<Vec<DeliveryRecord>, StoreError>;
+    /// One of the tenant's deliveries.
+    async fn delivery(
+        &self,
+        tenant_id: Uuid,
+        id: Uuid,
+    ) -> Result<Option<DeliveryRecord>, StoreError>;
+    /// A delivery's attempts, oldest first.
+    async fn delivery_attempts(&self, delivery_id: Uuid) -> Result<Vec<AttemptRow>, StoreError>;
+    /// Deliveries waiting for an attempt.
+    async fn queue_depth(&self, now: i64) -> Result<i64, StoreError>;
+}
+
+/// A delivery to record for an event, as the group commit inserts it.
+pub(crate) struct OutboxRow<'a> {
+    pub target: &'a crate::store::ActionTarget,
+    pub delivery: &'a NewDelivery,
+}
+
+/// Implements [`DeliveryStore`] and the batched outbox insert for a backend.
+macro_rules! deliveries_sql {
+    ($store:ty, $conn:ty, $lease_due:expr) => {
+        fn delivery_from_row(row: &Row) -> Result<$crate::store::DeliveryRecord, sqlx::Error> {
+            sqlx::FromRow::from_row(row)
+        }
+
+        fn due_from_row(row: &Row) -> Result<$crate::store::DueDelivery, sqlx::Error> {
+            sqlx::FromRow::from_row(row)
+        }
+
+        /// An effect held once per subject (a lock, a deny): `insert` takes (tenant, subject,
+
+        /// Records callbacks in the outbox, one per signal: returns, per row, whether this
+        /// event holds the delivery and whether this statement inserted it (only then does the
+        /// inline attempt go out, with exactly the bytes stored).
+        async fn insert_deliveries(
+            conn: &mut $conn,
+            rows: &[$crate::store::deliveries::OutboxRow<'_>],
+        ) -> Result<Vec<($crate::actions::Applied, bool)>, sqlx::Error> {
+            if rows.is_empty() {
+                return Ok(Vec::new());
+            }
+            let key = |r: &$crate::store::deliveries::OutboxRow<'_>| {
+                (r.target.tenant_id, r.target.signal_key.clone())
+            };
+            let mut seen = std::collections::HashSet::new();
+            let unique: Vec<_> = rows.iter().filter(|r| seen.insert(key(r))).collect();
+            let mut q = sqlx::QueryBuilder::<Db>::new(
+                "INSERT INTO deliveries (id, tenant_id, event_id, signal_key, webhook_id, \
+                 payload, status, attempts, next_attempt_at, leased_until, created_at, \
+                 updated_at) ",
+            );
+            q.push_values(unique, |mut row, r| {
+                row.push_bind(r.delivery.id)
+                    .push_bind(r.target.tenant_id)
+                    .push_bind(r.target.event_id)
+                    .push_bind(r.target.signal_key.clone())
+                    .push_bind(r.delivery.webhook_id.clone())
+                    .push_bind(r.delivery.payload.clone())
+                    .push_bind("pending")
+                    .push_bind(0_i64)
+                    .push_bind(r.target.now)
+                    .push_bind(r.delivery.leased_until)
+                    .push_bind(r.target.now)
+                    .push_bind(r.target.now);
+            });
+            q.push(" ON CONFLICT DO NOTHING RETURNING id");
+            let inserted: std::collections::HashSet<uuid::Uuid> = q
+                .build_query_scalar()
+                .fetch_all(&mut *conn)
+                .await?
+                .into_iter()
+                .collect();
+            let missing: Vec<_> = rows
+                .iter()
+                .filter(|r| !inserted.contains(&r.delivery.id))
+                .map(key)
+                .collect::<std::collections::HashSet<_>>()
+                .into_iter()
+                .collect();
+            let holder = holders_of(
+                conn,
+                "SELECT tenant_id, signal_key, event_id FROM deliveries \
+                 WHERE (tenant_id, signal_key) IN ",
+                &missing,
+            )
+            .await?;
+            Ok(rows
+                .iter()
+                .map(|r| {
+                    let fresh = inserted.contains(&r.delivery.id);
+                    let ours = fresh || holder.get(&key(r)) == Some(&r.target.event_id);
+                    (applied(ours), fresh)
+                })
+                .collect())
+        }
+
+        #[async_trait::async_trait]
+        impl $crate::store::DeliveryStore for $store {
+            async fn deliveries_for_event(
+                &self,
+                tenant_id: uuid::Uuid,
+                event_id: uuid::Uuid,
+            ) -> Result<Vec<$crate::store::DeliveryRecord>, $crate::store::StoreError> {
+                let rows = sqlx::query(
+                    "SELECT id, event_id, webhook_id, status, attempts, next_attempt_at, \
+                     last_error, created_at, updated_at FROM deliveries \
+                     WHERE tenant_id = $1 AND event_id = $2 ORDER BY id",
+                )
+                .bind(tenant_id)
+                .bind(event_id)
+                .fetch_all(self.read())
+                .await?;
+                rows.iter()
+                    .map(delivery_from_row)
+                    .collect::<Result<_, sqlx::Error>>()
+                    .map_err(Into::into)
+            }
+
+            async fn lease_due(
+                &self,
+                now: i64,
+                lease_until: i64,
+                limit: i64,
+            ) -> Result<Vec<$crate::store::DueDelivery>, $crate::store::StoreError> {
+                let rows = sqlx::query($lease_due)
+                    .bind(now)
+                    .bind(lease_until)
+                    .bind(limit)
+                    .fetch_all(self.write())
+                    .await?;
+                rows.iter()
+                    .map(due_from_row)
+                    .collect::<Result<_, sqlx::Error>>()
+                    .map_err(Into::into)
+            }
+
+            async fn record_attempt(
+                &self,
+                a: &$crate::store::AttemptRecord,
+            ) -> Result<(), $crate::store::StoreError> {
+                let mut tx = self.begin().await?;
+                sqlx::query(
+                    "INSERT INTO delivery_attempts (id, delivery_id, attempted_at, trigger_kind, \
+                     status_code, latency_ms, error, response_excerpt) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                )
+                .bind(a.id)
+                .bind(a.delivery_id)
+                .bind(a.attempted_at)
+                .bind(a.trigger)
+                .bind(a.status_code)
+                .bind(a.latency_ms)
+                .bind(&a.error)
+                .bind(&a.response_excerpt)
+                .execute(&mut *tx)
+                .await?;
+                sqlx::query(
+                    "UPDATE deliveries SET status = $2, attempts = attempts + 1, \
+                     retries_left = $3, next_attempt_at = $4, leased_until = 0, last_error = $5, \
+                     updated_at = $6 WHERE id = $1",
+                )
+                .bind(a.delivery_id)
+                .bind(a.next.status)
+                .bind(a.next.retries_left)
+                .bind(a.next.next_attempt_at)
+                .bind(&a.error)
+                .bind(a.attempted_at)
+                .execute(&mut *tx)
+                .await?;
+                if a.next.disable_endpoint {
+                    sqlx::query("UPDATE tenants SET callback_disabled = TRUE WHERE id = $1")
+                        .bind(a.tenant_id)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                tx.commit().await?;
+                Ok(())
+            }
+
+            async fn lease_for_redelivery(
+                &self,
+                tenant_id: uuid::Uuid,
+                id: uuid::Uuid,
+                now: i64,
+                lease_until: i64,
+                retries: i64,
+            ) -> Result<Option<$crate::store::DueDelivery>, $crate::store::StoreError> {
+                let row = sqlx::query(
+                    "UPDATE deliveries SET status = 'pending', retries_left = $5, \
+                     next_attempt_at = $3, leased_until = $4, updated_at = $3 \
+                     WHERE tenant_id = $1 AND id = $2 AND leased_until <= $3 \
+                     AND NOT (SELECT callback_disabled FROM tenants WHERE tenants.id = deliveries.tenant_id) \
+                     RETURNING id, tenant_id, webhook_id, payload, retries_left, \
+                     (SELECT callback_url FROM tenants WHERE tenants.id = deliveries.tenant_id) AS callback_url",
+                )
+                .bind(tenant_id)
+                .bind(id)
+                .bind(now)
+                .bind(lease_until)
+                .bind(retries)
+                .fetch_optional(self.write())
+                .await?;
+                Ok(row.as_ref().map(due_from_row).transpose()?)
+            }
+
+            async fn deliveries(
+                &self,
+                tenant_id: uuid::Uuid,
+                status: Option<&str>,
+                before: Option<uuid::Uuid>,
+                limit: i64,
+            ) -> Result<Vec<$crate::store::DeliveryRecord>, $crate::store::StoreError> {
+                // A nil UUID cursor sorts before every v7 id, so "no cursor" is the max UUID.
+                let cursor = before.unwrap_or(uuid::Uuid::max());
+                let rows = sqlx::query(
+                    "SELECT id, event_id, webhook_id, status, attempts, next_attempt_at, \
+                     last_error, created_at, updated_at FROM deliveries \
+                     WHERE tenant_id = $1 AND ($2 = '' OR status = $2) AND id < $3 \
+                     ORDER BY id DESC LIMIT $4",
+                )
+                .bind(tenant_id)
+                .bind(status.unwrap_or(""))
+                .bind(cursor)
+                .bind(limit)
+                .fetch_all(self.read())
+                .await?;
+                rows.iter()
+                    .map(delivery_from_row)
+                    .collect::<Result<_, sqlx::Error>>()
+                    .map_err(Into::into)
+            }
+
+            async fn delivery(
+                &self,
+                tenant_id: uuid::Uuid,
+                id: uuid::Uuid,
+            ) -> Result<Option<$crate::store::DeliveryRecord>, $crate::store::StoreError> {
+                let row = sqlx::query(
+                    "SELECT id, event_id, webhook_id, status, attempts, next_attempt_at, \
+                     last_error, created_at, updated_at FROM deliveries \
+                     WHERE tenant_id = $1 AND id = $2",
+                )
+                .bind(tenant_id)
+                .bind(id)
+                .fetch_optional(self.read())
+                .await?;
+                Ok(row.as_ref().map(delivery_from_row).transpose()?)
+            }
+
+            async fn delivery_attempts(
+                &self,
+                delivery_id: uuid::Uuid,
+            ) -> Result<Vec<$crate::store::AttemptRow>, $crate::store::StoreError> {
+                let rows = sqlx::query(
+                    "SELECT attempted_at, trigger_kind, status_code, latency_ms, error, \
+                     response_excerpt FROM delivery_attempts WHERE delivery_id = $1 \
+                     ORDER BY attempted_at, id",
+                )
+                .bind(delivery_id)
+                .fetch_all(self.read())
+                .await?;
+                rows.iter()
+                    .map(sqlx::FromRow::from_row)
+                    .collect::<Result<_, sqlx::Error>>()
+                    .map_err(Into::into)
+            }
+
+            async fn queue_depth(&self, now: i64) -> Result<i64, $crate::store::StoreError> {
+                let _ = now;
+                Ok(sqlx::query_scalar("SELECT COUNT(*) FROM deliveries WHERE status = 'pending'")
+                    .fetch_one(self.read())
+                    .await?)
+            }
+        }
+    };
+}

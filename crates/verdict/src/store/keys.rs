@@ -1,0 +1,503 @@
+//! Idempotency keys: the claim's slow path (a key that already has a row), the lock's release,
+//! pruning, and the pure judgement of an existing row against SPEC §3's state table.
+//!
+//! The fast path, a fresh key, is a row of the group commit's multi-row insert
+//! ([`super::pipeline`]).
+
+use std::str::FromStr;
+
+use async_trait::async_trait;
+use uuid::Uuid;
+
+use super::StoreError;
+
+/// Where a key stands; the recovery points of the pipeline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyState {
+    /// Claimed; the decision is recorded on the row, and no effect of it is stored yet.
+    InFlight,
+    /// Effects recorded but not the response: written only by v1 of the pipeline, which
+    /// committed effects before the event. Resumed with the decision it recorded.
+    Dispatched,
+    /// Effects, outbox row, event and response stored together: replayed until expiry.
+    Completed,
+}
+
+impl KeyState {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InFlight => "in_flight",
+            Self::Dispatched => "dispatched",
+            Self::Completed => "completed",
+        }
+    }
+}
+
+impl FromStr for KeyState {
+    type Err = StoreError;
+
+    fn from_str(s: &str) -> Result<Self, StoreError> {
+        match s {
+            "in_flight" => Ok(Self::InFlight),
+            "dispatched" => Ok(Self::Dispatched),
+            "completed" => Ok(Self::Completed),
+            other => Err(StoreError::Corrupt(format!("unknown key state `{other}`"))),
+        }
+    }
+}
+
+/// The primary key of an idempotency row.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct KeyRef {
+    pub tenant_id: Uuid,
+    pub endpoint: &'static str,
+    pub digest: Vec<u8>,
+}
+
+/// A request to claim a key, with the lock it takes and the decision it records if it wins.
+#[derive(Clone, Debug)]
+pub struct Claim {
+    pub key: KeyRef,
+    pub fingerprint: Vec<u8>,
+    pub event_id: Uuid,
+    pub lock_token: Uuid,
+    pub now: i64,
+    pub locked_until: i64,
+    pub expires_at: i64,
+    /// The decision (JSON), frozen with the claim: the only one this key will ever have.
+    pub ruling: String,
+}
+
+/// A response stored on a completed key, replayed byte for byte.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredResponse {
+    pub status: u16,
+    pub body: Vec<u8>,
+}
+
+/// Where a taken-over row stood when its holder died.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RecoveryPoint {
+    /// Claimed with this decision (absent on rows claimed before decisions were recorded).
+    InFlight { ruling: Option<String> },
+    /// A v1 row whose effects ran; their results (JSON) carry its decision.
+    Dispatched { action_results: String },
+}
+
+/// What a claim found; each arm is the handler's next step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClaimOutcome {
+    /// We inserted the row: process from the start with our event id and decision.
+    Started,
+    /// The holder's lock had expired and we took the row over with our lock token.
+    TakenOver {
+        event_id: Uuid,
+        from: RecoveryPoint,
+        /// The row's own expiry, which a takeover does not extend.
+        expires_at: i64,
+    },
+    /// Someone holds a fresh lock: 409.
+    InProgress,
+    /// The key was used with another payload: 422.
+    Mismatch,
+    /// Completed earlier: replay; the row stays as it is until `expires_at`.
+    Completed {
+        response: StoredResponse,
+        expires_at: i64,
+    },
+}
+
+/// An existing key row, as a claim that lost the insert reads it.
+#[derive(Clone, Debug, sqlx::FromRow)]
+pub struct ExistingKey {
+    pub fingerprint: Vec<u8>,
+    pub state: String,
+    pub event_id: Uuid,
+    pub lock_token: Option<Uuid>,
+    pub locked_until: i64,
+    pub ruling: Option<String>,
+    pub action_results: Option<String>,
+    pub response_status: Option<i32>,
+    pub response_body: Option<Vec<u8>>,
+    pub expires_at: i64,
+}
+
+/// What to do about a row a claim found; shared by both backends so they judge alike.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Judgement {
+    /// The row outlived its key lifetime: delete it and insert afresh.
+    Expired,
+    /// The answer is known without another statement.
+    Final(ClaimOutcome),
+    /// The holder's lock expired: compare-and-set on the state and token read, then resume.
+    TakeOver {
+        state: KeyState,
+        token: Option<Uuid>,
+        from: RecoveryPoint,
+    },
+}
+
+/// Judges an existing row at `now` for a claim with `fingerprint`: SPEC §3's state table.
+pub fn judge(row: ExistingKey, fingerprint: &[u8], now: i64) -> Result<Judgement, StoreError> {
+    if row.expires_at <= now {
+        return Ok(Judgement::Expired);
+    }
+    if row.fingerprint != fingerprint {
+        return Ok(Judgement::Final(ClaimOutcome::Mismatch));
+    }
+    let state: KeyState = row.state.parse()?;
+    Ok(match state {
+        KeyState::Completed => {
+            let (Some(status), Some(body)) = (row.response_status, row.response_body) else {
+                return Err(StoreError::Corrupt(
+                    "a completed key has no response".into(),
+                ));
+            };
+            Judgement::Final(ClaimOutcome::Completed {
+                response: StoredResponse {
+                    status: u16::try_from(status).unwrap_or(500),
+                    body,
+                },
+                expires_at: row.expires_at,
+            })
+        }
+        _ if row.locked_until > now => Judgement::Final(ClaimOutcome::InProgress),
+        KeyState::Dispatched => Judgement::TakeOver {
+            state,
+            token: row.lock_token,
+            from: RecoveryPoint::Dispatched {
+                action_results: row.action_results.unwrap_or_else(|| "[]".into()),
+            },
+        },
+        KeyState::InFlight => Judgement::TakeOver {
+            state,
+            token: row.lock_token,
+            from: RecoveryPoint::InFlight { ruling: row.ruling },
+        },
+    })
+}
+
+/// How many times a claim re-reads a row that changed under it before answering 409.
+pub(crate) const CLAIM_ATTEMPTS: usize = 4;
+
+/// Idempotency keys outside the group commit.
+#[async_trait]
+pub trait KeyStore {
+    /// Claims a key on its own: inserts it, or judges the row that holds it and, when its
+    /// holder died, takes it over.
+    async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome, StoreError>;
+    /// Releases our lock (the row stays at its recovery point, our token on it).
+    async fn release(&self, key: &KeyRef, lock_token: Uuid) -> Result<(), StoreError>;
+    /// Completes a held key with a final error response and no event.
+    async fn complete_failed(
+        &self,
+        key: &KeyRef,
+        lock_token: Uuid,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError>;
+    /// Deletes keys whose lifetime ended; returns how many.
+    async fn prune_expired_keys(&self, now: i64) -> Result<u64, StoreError>;
+}
+
+/// Implements [`KeyStore`] for a backend.
+macro_rules! keys_sql {
+    ($store:ty, $conn:ty) => {
+        /// Inserts claims that are new, in one statement; returns the digests it inserted.
+        async fn insert_claims(
+            conn: &mut $conn,
+            claims: &[&$crate::store::Claim],
+        ) -> Result<Vec<(uuid::Uuid, Vec<u8>)>, sqlx::Error> {
+            if claims.is_empty() {
+                return Ok(Vec::new());
+            }
+            let mut q = sqlx::QueryBuilder::<Db>::new(
+                "INSERT INTO idempotency_keys (tenant_id, endpoint, key_digest, fingerprint, \
+                 state, event_id, lock_token, locked_until, created_at, expires_at, ruling) ",
+            );
+            q.push_values(claims, |mut row, c| {
+                row.push_bind(c.key.tenant_id)
+                    .push_bind(c.key.endpoint)
+                    .push_bind(c.key.digest.clone())
+                    .push_bind(c.fingerprint.clone())
+                    .push_bind($crate::store::KeyState::InFlight.as_str())
+                    .push_bind(c.event_id)
+                    .push_bind(c.lock_token)
+                    .push_bind(c.locked_until)
+                    .push_bind(c.now)
+                    .push_bind(c.expires_at)
+                    .push_bind(c.ruling.clone());
+            });
+            q.push(" ON CONFLICT DO NOTHING RETURNING tenant_id, key_digest");
+            q.build_query_as().fetch_all(conn).await
+        }
+
+        impl $store {
+            /// Reads the row a claim conflicted with, through the write pool: on SQLite a
+            /// reader could hold a snapshot older than the row.
+            async fn existing_key(
+                &self,
+                key: &$crate::store::KeyRef,
+            ) -> Result<Option<$crate::store::keys::ExistingKey>, sqlx::Error> {
+                sqlx::query_as(
+                    "SELECT fingerprint, state, event_id, lock_token, locked_until, ruling, \
+                     action_results, response_status, response_body, expires_at \
+                     FROM idempotency_keys \
+                     WHERE tenant_id = $1 AND endpoint = $2 AND key_digest = $3",
+                )
+                .bind(key.tenant_id)
+                .bind(key.endpoint)
+                .bind(&key.digest)
+                .fetch_optional(self.write())
+                .await
+            }
+        }
+
+        #[async_trait::async_trait]
+        impl $crate::store::KeyStore for $store {
+            async fn claim(
+                &self,
+                claim: &$crate::store::Claim,
+            ) -> Result<$crate::store::ClaimOutcome, $crate::store::StoreError> {
+                use $crate::store::ClaimOutcome;
+                use $crate::store::keys::Judgement;
+                let key = &claim.key;
+                for _ in 0..$crate::store::keys::CLAIM_ATTEMPTS {
+                    let mut conn = self.write().acquire().await?;
+                    if !insert_claims(&mut conn, &[claim]).await?.is_empty() {
+                        return Ok(ClaimOutcome::Started);
+                    }
+                    drop(conn);
+                    let Some(row) = self.existing_key(key).await? else {
+                        continue; // pruned between our two statements
+                    };
+                    let (event_id, expires_at) = (row.event_id, row.expires_at);
+                    match $crate::store::judge(row, &claim.fingerprint, claim.now)? {
+                        Judgement::Final(outcome) => return Ok(outcome),
+                        Judgement::Expired => {
+                            sqlx::query(
+                                "DELETE FROM idempotency_keys WHERE tenant_id = $1 \
+                                 AND endpoint = $2 AND key_digest = $3 AND expires_at <= $4",
+                            )
+                            .bind(key.tenant_id)
+                            .bind(key.endpoint)
+                            .bind(&key.digest)
+                            .bind(claim.now)
+                            .execute(self.write())
+                            .await?;
+                        }
+                        Judgement::TakeOver { state, token, from } => {
+                            // Compare-and-set on exactly what was read: of several takers one
+                            // wins, and a holder that finished meanwhile changed the state.
+                            let taken = sqlx::query(
+                                "UPDATE idempotency_keys SET lock_token = $4, locked_until = $5 \
+                                 WHERE tenant_id = $1 AND endpoint = $2 AND key_digest = $3 \
+                                 AND state = $6 AND lock_token = $7 AND locked_until <= $8",
+                            )
+                            .bind(key.tenant_id)
+                            .bind(key.endpoint)
+                            .bind(&key.digest)
+                            .bind(claim.lock_token)
+                            .bind(claim.locked_until)
+                            .bind(state.as_str())
+                            .bind(token)
+                            .bind(claim.now)
+                            .execute(self.write())
+                            .await?;
+                            if taken.rows_affected() == 1 {
+                                return Ok(ClaimOutcome::TakenOver {
+                                    event_id,
+                                    from,
+                                    expires_at,
+                                });
+                            }
+                            // Someone changed the row since we read it: judge it again.
+                        }
+                    }
+                }
+                Ok(ClaimOutcome::InProgress)
+            }
+
+            async fn release(
+                &self,
+                key: &$crate::store::KeyRef,
+                lock_token: uuid::Uuid,
+            ) -> Result<(), $crate::store::StoreError> {
+                sqlx::query(
+                    "UPDATE idempotency_keys SET locked_until = 0 \
+                     WHERE tenant_id = $1 AND endpoint = $2 AND key_digest = $3 \
+                     AND lock_token = $4 AND state <> 'completed'",
+                )
+                .bind(key.tenant_id)
+                .bind(key.endpoint)
+                .bind(&key.digest)
+                .bind(lock_token)
+                .execute(self.write())
+                .await?;
+                Ok(())
+            }
+
+            async fn complete_failed(
+                &self,
+                key: &$crate::store::KeyRef,
+                lock_token: uuid::Uuid,
+                response: &$crate::store::StoredResponse,
+            ) -> Result<(), $crate::store::StoreError> {
+                let done = sqlx::query(
+                    "UPDATE idempotency_keys SET state = 'completed', response_status = $5, \
+                     response_body = $6, lock_token = NULL, locked_until = 0 \
+                     WHERE tenant_id = $1 AND endpoint = $2 AND key_digest = $3 \
+                     AND lock_token = $4 AND state <> 'completed'",
+                )
+                .bind(key.tenant_id)
+                .bind(key.endpoint)
+                .bind(&key.digest)
+                .bind(lock_token)
+                .bind(i32::from(response.status))
+                .bind(&response.body)
+                .execute(self.write())
+                .await?;
+                if done.rows_affected() != 1 {
+                    return Err($crate::store::StoreError::LockLost);
+                }
+                Ok(())
+            }
+
+            async fn prune_expired_keys(
+                &self,
+                now: i64,
+            ) -> Result<u64, $crate::store::StoreError> {
+                let done = sqlx::query("DELETE FROM idempotency_keys WHERE expires_at <= $1")
+                    .bind(now)
+                    .execute(self.write())
+                    .await?;
+                Ok(done.rows_affected())
+            }
+        }
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: i64 = 1_000_000;
+    const FP: &[u8] = b"fingerprint";
+
+    fn row(state: &str, locked_until: i64) -> ExistingKey {
+        ExistingKey {
+            fingerprint: FP.to_vec(),
+            state: state.into(),
+            event_id: Uuid::nil(),
+            lock_token: Some(Uuid::from_u128(7)),
+            locked_until,
+            ruling: Some("{}".into()),
+            action_results: Some("[]".into()),
+            response_status: (state == "completed").then_some(200),
+            response_body: (state == "completed").then(|| b"{}".to_vec()),
+            expires_at: NOW + 1,
+        }
+    }
+
+    /// One case per row and column of SPEC §3's table, plus expiry.
+    #[test]
+    fn every_row_of_the_state_table_is_judged_as_the_spec_says() {
+        let fresh = NOW + 10;
+        let expired = NOW;
+        let cases: [(&str, ExistingKey, &[u8], Judgement); 9] = [
+            (
+                "in flight, fresh lock, same payload: 409",
+                row("in_flight", fresh),
+                FP,
+                Judgement::Final(ClaimOutcome::InProgress),
+            ),
+            (
+                "in flight, fresh lock, other payload: 422",
+                row("in_flight", fresh),
+                b"other",
+                Judgement::Final(ClaimOutcome::Mismatch),
+            ),
+            (
+                "in flight, expired lock, same payload: take over with the recorded decision",
+                row("in_flight", expired),
+                FP,
+                Judgement::TakeOver {
+                    state: KeyState::InFlight,
+                    token: Some(Uuid::from_u128(7)),
+                    from: RecoveryPoint::InFlight {
+                        ruling: Some("{}".into()),
+                    },
+                },
+            ),
+            (
+                "in flight, expired lock, other payload: 422",
+                row("in_flight", expired),
+                b"other",
+                Judgement::Final(ClaimOutcome::Mismatch),
+            ),
+            (
+                "dispatched, fresh lock, same payload: 409 while the holder lives",
+                row("dispatched", fresh),
+                FP,
+                Judgement::Final(ClaimOutcome::InProgress),
+            ),
+            (
+                "dispatched, expired lock, same payload: finish with the stored results",
+                row("dispatched", expired),
+                FP,
+                Judgement::TakeOver {
+                    state: KeyState::Dispatched,
+                    token: Some(Uuid::from_u128(7)),
+                    from: RecoveryPoint::Dispatched {
+                        action_results: "[]".into(),
+                    },
+                },
+            ),
+            (
+                "dispatched, other payload: 422",
+                row("dispatched", expired),
+                b"other",
+                Judgement::Final(ClaimOutcome::Mismatch),
+            ),
+            (
+                "completed, same payload: replay",
+                row("completed", 0),
+                FP,
+                Judgement::Final(ClaimOutcome::Completed {
+                    response: StoredResponse {
+                        status: 200,
+                        body: b"{}".to_vec(),
+                    },
+                    expires_at: NOW + 1,
+                }),
+            ),
+            (
+                "completed, other payload: 422",
+                row("completed", 0),
+                b"other",
+                Judgement::Final(ClaimOutcome::Mismatch),
+            ),
+        ];
+        for (name, existing, fingerprint, expected) in cases {
+            assert_eq!(
+                judge(existing, fingerprint, NOW).unwrap(),
+                expected,
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_row_past_its_lifetime_is_expired_whatever_its_state() {
+        for state in ["in_flight", "dispatched", "completed"] {
+            let mut r = row(state, NOW + 10);
+            r.expires_at = NOW;
+            assert_eq!(judge(r, b"any", NOW).unwrap(), Judgement::Expired);
+        }
+    }
+
+    #[test]
+    fn an_unknown_state_is_a_corrupt_row_not_a_guess() {
+        assert!(judge(row("weird", 0), FP, NOW).is_err());
+    }
+}

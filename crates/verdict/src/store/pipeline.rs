@@ -1,0 +1,328 @@
+//! The group commit: the claims of the signals arriving now and the effects of the signals
+//! claimed earlier, written in one transaction of multi-row statements and one commit.
+//!
+//! Each signal still gets its own outcome: a claim that finds its key taken, or an act whose
+//! lock was taken over, is reported for that signal alone, and every effect is
+//! `ON CONFLICT DO NOTHING`, so one signal's conflict never fails the others.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use super::{ActionTarget, Claim, KeyRef, NewDelivery, NewEvent, StoreError, StoredResponse};
+use crate::actions::{ActionKind, Applied};
+
+/// A key held by the request that acts on it, and its lock token.
+#[derive(Clone, Debug)]
+pub struct HeldKey {
+    pub key: KeyRef,
+    pub lock_token: uuid::Uuid,
+}
+
+/// How each of a signal's effects came out.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ActOutcome {
+    /// Each local action, in the order asked.
+    pub effects: Vec<(ActionKind, Applied)>,
+    /// The callback's outbox row, if one was asked for.
+    pub callback: Option<Applied>,
+    /// Whether this commit inserted the outbox row: only then does the inline attempt go out.
+    pub callback_inserted: bool,
+}
+
+/// What a decided signal stores once its effects are known: its event and, for a keyed
+/// signal, the response its key replays.
+#[derive(Clone, Debug)]
+pub struct Finished {
+    pub event: NewEvent,
+    pub response: StoredResponse,
+}
+
+/// Builds what a signal stores from its effects' outcomes.
+pub type Finish = Arc<dyn Fn(&ActOutcome) -> Finished + Send + Sync>;
+
+/// Builds a callback's envelope (its bytes, fixed from then on) from the local effects' outcomes.
+pub type Envelope = Arc<dyn Fn(&[(ActionKind, Applied)]) -> Vec<u8> + Send + Sync>;
+
+/// A callback to record in the outbox, its envelope built inside the commit.
+#[derive(Clone)]
+pub struct CallbackDraft {
+    pub id: uuid::Uuid,
+    pub webhook_id: String,
+    /// Reserved for the inline attempt until then; if the process dies, the worker takes it.
+    pub leased_until: i64,
+    pub envelope: Envelope,
+}
+
+/// A committed act: its outcomes, the response stored, and the outbox row this commit
+/// inserted (the inline attempt sends exactly these bytes).
+#[derive(Clone, Debug)]
+pub struct Committed {
+    pub outcome: ActOutcome,
+    pub response: StoredResponse,
+    pub delivery: Option<NewDelivery>,
+}
+
+/// One decided signal's effects, outbox row, event and (with a key) completion.
+#[derive(Clone)]
+pub struct Act {
+    /// The key, if the signal has one: completed in the same transaction, if still ours.
+    pub held: Option<HeldKey>,
+    pub target: ActionTarget,
+    /// The local actions to apply (the callback is `callback`).
+    pub effects: Vec<ActionKind>,
+    pub callback: Option<CallbackDraft>,
+    pub finish: Finish,
+}
+
+/// Work for one group commit.
+#[derive(Clone, Default)]
+pub struct Batch {
+    pub claims: Vec<Claim>,
+    pub acts: Vec<Act>,
+    /// At most one customer alert per subject and signal type within this window.
+    pub alert_window_ms: i64,
+}
+
+/// Each signal's outcome, in the batch's order.
+#[derive(Debug, Default)]
+pub struct BatchResult {
+    /// Whether each claim inserted its key (a `false` goes through [`super::KeyStore::claim`]).
+    pub claims: Vec<bool>,
+    /// Each act's outcome; `Err(LockLost)` where another request took the key over.
+    pub acts: Vec<Result<Committed, StoreError>>,
+}
+
+/// The group commit.
+#[async_trait]
+pub trait PipelineStore {
+    /// Writes a batch in one transaction. An `Err` means nothing of the batch was stored.
+    async fn commit(&self, batch: &Batch) -> Result<BatchResult, StoreError>;
+}
+
+/// Implements [`PipelineStore`] for a backend.
+macro_rules! pipeline_sql {
+    ($store:ty, $conn:ty) => {
+        /// Re-checks the locks of keyed acts (token and state), taking each row's lock for the
+        /// rest of the transaction; returns the keys still ours.
+        async fn hold_keys(
+            conn: &mut $conn,
+            held: &[&$crate::store::HeldKey],
+        ) -> Result<std::collections::HashSet<(uuid::Uuid, Vec<u8>)>, sqlx::Error> {
+            if held.is_empty() {
+                return Ok(Default::default());
+            }
+            let mut q = sqlx::QueryBuilder::<Db>::new(
+                "UPDATE idempotency_keys SET locked_until = locked_until \
+                 WHERE state <> 'completed' AND (tenant_id, endpoint, key_digest, lock_token) IN \
+                 (VALUES ",
+            );
+            let mut list = q.separated(", ");
+            for h in held {
+                list.push("(");
+                list.push_bind_unseparated(h.key.tenant_id);
+                list.push_unseparated(", ");
+                list.push_bind_unseparated(h.key.endpoint);
+                list.push_unseparated(", ");
+                list.push_bind_unseparated(h.key.digest.clone());
+                list.push_unseparated(", ");
+                list.push_bind_unseparated(h.lock_token);
+                list.push_unseparated(")");
+            }
+            q.push(") RETURNING tenant_id, key_digest");
+            let rows: Vec<(uuid::Uuid, Vec<u8>)> = q.build_query_as().fetch_all(conn).await?;
+            Ok(rows.into_iter().collect())
+        }
+
+        /// Completes held keys with their responses, in one statement.
+        async fn complete_keys(
+            conn: &mut $conn,
+            done: &[(&$crate::store::HeldKey, &$crate::store::StoredResponse)],
+        ) -> Result<(), sqlx::Error> {
+            if done.is_empty() {
+                return Ok(());
+            }
+            let mut q = sqlx::QueryBuilder::<Db>::new(
+                "UPDATE idempotency_keys SET state = 'completed', response_status = v.column5, \
+                 response_body = v.column6, lock_token = NULL, locked_until = 0 FROM (",
+            );
+            q.push_values(done, |mut row, (h, response)| {
+                row.push_bind(h.key.tenant_id)
+                    .push_bind(h.key.endpoint)
+                    .push_bind(h.key.digest.clone())
+                    .push_bind(h.lock_token)
+                    .push_bind(i32::from(response.status))
+                    .push_bind(response.body.clone());
+            });
+            q.push(
+                ") AS v WHERE idempotency_keys.tenant_id = v.column1 \
+                 AND idempotency_keys.endpoint = v.column2 \
+                 AND idempotency_keys.key_digest = v.column3 \
+                 AND idempotency_keys.lock_token = v.column4",
+            );
+            q.build().execute(conn).await?;
+            Ok(())
+        }
+
+        /// Applies every act's effects, one multi-row statement per action.
+        async fn apply_effects(
+            conn: &mut $conn,
+            acts: &[&$crate::store::Act],
+            alert_window_ms: i64,
+        ) -> Result<
+            (
+                Vec<$crate::store::ActOutcome>,
+                Vec<Option<$crate::store::NewDelivery>>,
+            ),
+            $crate::store::StoreError,
+        > {
+            use $crate::actions::ActionKind;
+            use $crate::store::actions::OncePerKey;
+            let mut outcomes: Vec<$crate::store::ActOutcome> =
+                acts.iter().map(|_| Default::default()).collect();
+            for action in ActionKind::LOCAL {
+                let which: Vec<usize> = (0..acts.len())
+                    .filter(|&i| acts[i].effects.contains(&action))
+                    .collect();
+                if which.is_empty() {
+                    continue;
+                }
+                let targets: Vec<_> = which.iter().map(|&i| &acts[i].target).collect();
+                let applied = match action {
+                    ActionKind::LockAccount => {
+                        apply_once_per_key(conn, OncePerKey::Lock, &targets).await?
+                    }
+                    ActionKind::Deny => apply_once_per_key(conn, OncePerKey::Deny, &targets).await?,
+                    ActionKind::ChargeStepUp => {
+                        apply_once_per_key(conn, OncePerKey::Ledger, &targets).await?
+                    }
+                    ActionKind::OpenCase => apply_open_case(conn, &targets).await?,
+                    ActionKind::AlertCustomer => {
+                        apply_alert_customer(conn, &targets, alert_window_ms).await?
+                    }
+                    ActionKind::Callback => continue,
+                };
+                for (&i, applied) in which.iter().zip(applied) {
+                    outcomes[i].effects.push((action, applied));
+                }
+                $crate::failpoint::failpoint!($crate::failpoint::after_action(action));
+            }
+            // Each callback's envelope, built now that the local effects are known.
+            let deliveries: Vec<Option<$crate::store::NewDelivery>> = acts
+                .iter()
+                .zip(&outcomes)
+                .map(|(a, o)| {
+                    a.callback.as_ref().map(|c| $crate::store::NewDelivery {
+                        id: c.id,
+                        webhook_id: c.webhook_id.clone(),
+                        payload: (c.envelope)(&o.effects),
+                        leased_until: c.leased_until,
+                    })
+                })
+                .collect();
+            let with_callback: Vec<usize> =
+                (0..acts.len()).filter(|&i| deliveries[i].is_some()).collect();
+            let rows: Vec<_> = with_callback
+                .iter()
+                .filter_map(|&i| {
+                    deliveries[i]
+                        .as_ref()
+                        .map(|delivery| $crate::store::deliveries::OutboxRow {
+                            target: &acts[i].target,
+                            delivery,
+                        })
+                })
+                .collect();
+            for (&i, (applied, fresh)) in with_callback
+                .iter()
+                .zip(insert_deliveries(conn, &rows).await?)
+            {
+                outcomes[i].callback = Some(applied);
+                outcomes[i].callback_inserted = fresh;
+            }
+            Ok((outcomes, deliveries))
+        }
+
+        impl $store {
+            /// The batch's statements, in one open transaction.
+            async fn commit_in(
+                conn: &mut $conn,
+                batch: &$crate::store::Batch,
+            ) -> Result<$crate::store::BatchResult, $crate::store::StoreError> {
+                // Claims of new keys.
+                let claims: Vec<_> = batch.claims.iter().collect();
+                let inserted: std::collections::HashSet<_> =
+                    insert_claims(conn, &claims).await?.into_iter().collect();
+                let mut taken = std::collections::HashSet::new();
+                let claim_won = batch
+                    .claims
+                    .iter()
+                    .map(|c| {
+                        let key = (c.key.tenant_id, c.key.digest.clone());
+                        // Two claims of one key in one batch: the first wins.
+                        inserted.contains(&key) && taken.insert(key)
+                    })
+                    .collect();
+
+                // Acts whose key is still ours, and keyless ones.
+                let held: Vec<_> = batch.acts.iter().filter_map(|a| a.held.as_ref()).collect();
+                let ours = hold_keys(conn, &held).await?;
+                let live = |a: &$crate::store::Act| {
+                    a.held
+                        .as_ref()
+                        .is_none_or(|h| ours.contains(&(h.key.tenant_id, h.key.digest.clone())))
+                };
+                let acts: Vec<_> = batch.acts.iter().filter(|a| live(a)).collect();
+                let (outcomes, deliveries) =
+                    apply_effects(conn, &acts, batch.alert_window_ms).await?;
+                let finished: Vec<_> = acts
+                    .iter()
+                    .zip(&outcomes)
+                    .map(|(a, o)| (a.finish)(o))
+                    .collect();
+                insert_events(conn, &finished.iter().map(|f| &f.event).collect::<Vec<_>>())
+                    .await?;
+                let completions: Vec<_> = acts
+                    .iter()
+                    .zip(&finished)
+                    .filter_map(|(a, f)| a.held.as_ref().map(|h| (h, &f.response)))
+                    .collect();
+                complete_keys(conn, &completions).await?;
+                $crate::failpoint::failpoint!("act::before_commit");
+
+                let mut committed = outcomes.into_iter().zip(finished).zip(deliveries).map(
+                    |((outcome, finished), delivery)| $crate::store::pipeline::Committed {
+                        delivery: delivery.filter(|_| outcome.callback_inserted),
+                        outcome,
+                        response: finished.response,
+                    },
+                );
+                let acts = batch
+                    .acts
+                    .iter()
+                    .map(|a| match live(a) {
+                        true => committed.next().ok_or($crate::store::StoreError::LockLost),
+                        false => Err($crate::store::StoreError::LockLost),
+                    })
+                    .collect();
+                Ok($crate::store::BatchResult {
+                    claims: claim_won,
+                    acts,
+                })
+            }
+        }
+
+        #[async_trait::async_trait]
+        impl $crate::store::PipelineStore for $store {
+            async fn commit(
+                &self,
+                batch: &$crate::store::Batch,
+            ) -> Result<$crate::store::BatchResult, $crate::store::StoreError> {
+                let mut tx = self.begin().await?;
+                let result = Self::commit_in(&mut *tx, batch).await?;
+                tx.commit().await?;
+                Ok(result)
+            }
+        }
+    };
+}

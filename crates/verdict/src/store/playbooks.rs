@@ -1,0 +1,128 @@
+//! Playbook versions, and the one read a decision needs before its claim.
+
+use async_trait::async_trait;
+use uuid::Uuid;
+
+use super::StoreError;
+
+/// A playbook document as stored.
+#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
+pub struct StoredPlaybook {
+    pub version: i64,
+    pub format: String,
+    pub source: String,
+    pub created_at: i64,
+}
+
+/// What a decision reads, in one round trip: the playbook version in force and the subject's
+/// facts as they are before this signal.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, sqlx::FromRow)]
+pub struct DecisionInputs {
+    /// The tenant's newest uploaded version; `None` means the built-in default.
+    pub playbook_version: Option<i64>,
+    /// Whether the subject's account is locked.
+    pub subject_locked: bool,
+}
+
+/// Playbook versions.
+#[async_trait]
+pub trait PlaybookStore {
+    /// The tenant's newest playbook, if it uploaded one.
+    async fn current_playbook(&self, tenant_id: Uuid)
+    -> Result<Option<StoredPlaybook>, StoreError>;
+    /// One version of the tenant's playbook.
+    async fn playbook_version(
+        &self,
+        tenant_id: Uuid,
+        version: i64,
+    ) -> Result<Option<StoredPlaybook>, StoreError>;
+    /// Stores a validated playbook as the next version; returns that version.
+    async fn put_playbook(
+        &self,
+        tenant_id: Uuid,
+        format: &str,
+        source: &str,
+        now: i64,
+    ) -> Result<i64, StoreError>;
+    /// The version in force and the subject's facts, in one statement.
+    async fn decision_inputs(
+        &self,
+        tenant_id: Uuid,
+        subject_hash: &[u8],
+    ) -> Result<DecisionInputs, StoreError>;
+}
+
+/// Implements [`PlaybookStore`] for a backend.
+macro_rules! playbooks_sql {
+    ($store:ty, $conn:ty) => {
+        #[async_trait::async_trait]
+        impl $crate::store::PlaybookStore for $store {
+            async fn current_playbook(
+                &self,
+                tenant_id: uuid::Uuid,
+            ) -> Result<Option<$crate::store::StoredPlaybook>, $crate::store::StoreError> {
+                Ok(sqlx::query_as(
+                    "SELECT version, format, source, created_at FROM playbooks \
+                     WHERE tenant_id = $1 ORDER BY version DESC LIMIT 1",
+                )
+                .bind(tenant_id)
+                .fetch_optional(self.read())
+                .await?)
+            }
+
+            async fn playbook_version(
+                &self,
+                tenant_id: uuid::Uuid,
+                version: i64,
+            ) -> Result<Option<$crate::store::StoredPlaybook>, $crate::store::StoreError> {
+                Ok(sqlx::query_as(
+                    "SELECT version, format, source, created_at FROM playbooks \
+                     WHERE tenant_id = $1 AND version = $2",
+                )
+                .bind(tenant_id)
+                .bind(version)
+                .fetch_optional(self.read())
+                .await?)
+            }
+
+            async fn put_playbook(
+                &self,
+                tenant_id: uuid::Uuid,
+                format: &str,
+                source: &str,
+                now: i64,
+            ) -> Result<i64, $crate::store::StoreError> {
+                // The primary key (tenant, version) makes a concurrent upload fail rather than
+                // overwrite.
+                let version = sqlx::query_scalar(
+                    "INSERT INTO playbooks (tenant_id, version, format, source, created_at) \
+                     SELECT $1, COALESCE(MAX(version), 0) + 1, $2, $3, $4 FROM playbooks \
+                     WHERE tenant_id = $1 RETURNING version",
+                )
+                .bind(tenant_id)
+                .bind(format)
+                .bind(source)
+                .bind(now)
+                .fetch_one(self.write())
+                .await?;
+                Ok(version)
+            }
+
+            async fn decision_inputs(
+                &self,
+                tenant_id: uuid::Uuid,
+                subject_hash: &[u8],
+            ) -> Result<$crate::store::DecisionInputs, $crate::store::StoreError> {
+                Ok(sqlx::query_as(
+                    "SELECT (SELECT MAX(version) FROM playbooks WHERE tenant_id = $1) \
+                     AS playbook_version, EXISTS (SELECT 1 FROM account_locks \
+                     WHERE tenant_id = $1 AND subject_hash = $2) AS subject_locked",
+                )
+                .bind(tenant_id)
+                .bind(subject_hash)
+                .fetch_one(self.read())
+                .await?)
+            }
+        }
+    };
+}

@@ -1,0 +1,233 @@
+//! Tenants, the hashes of their API keys, and their signing secrets sealed under the master key.
+
+use async_trait::async_trait;
+use uuid::Uuid;
+
+use super::StoreError;
+
+/// Which secret of a tenant's a row holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SecretPurpose {
+    /// Verifies `Verdict-Signature` on inbound signals.
+    Inbound,
+    /// Signs outbound callbacks.
+    Webhook,
+}
+
+impl SecretPurpose {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Inbound => "inbound",
+            Self::Webhook => "webhook",
+        }
+    }
+}
+
+/// A tenant to insert.
+#[derive(Clone, Debug)]
+pub struct NewTenant {
+    pub id: Uuid,
+    pub name: String,
+    pub api_key_hash: Vec<u8>,
+    pub inbound_signature_required: bool,
+    pub callback_url: Option<String>,
+    pub created_at: i64,
+}
+
+/// A tenant as stored.
+#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
+pub struct TenantRecord {
+    pub id: Uuid,
+    pub name: String,
+    pub inbound_signature_required: bool,
+    pub callback_url: Option<String>,
+    pub callback_disabled: bool,
+}
+
+/// A signing secret sealed under the master key.
+#[derive(Clone, Debug)]
+pub struct SealedSecret {
+    pub id: Uuid,
+    pub purpose: SecretPurpose,
+    pub sealed: Vec<u8>,
+    pub created_at: i64,
+}
+
+/// Tenants and their credentials.
+#[async_trait]
+pub trait TenantStore {
+    /// Inserts a tenant and its first secrets in one transaction.
+    async fn create_tenant(
+        &self,
+        tenant: &NewTenant,
+        secrets: &[SealedSecret],
+    ) -> Result<(), StoreError>;
+    /// The tenant whose API key hashes to `hash`.
+    async fn tenant_by_api_key(&self, hash: &[u8]) -> Result<Option<TenantRecord>, StoreError>;
+    /// A tenant by id.
+    async fn tenant(&self, id: Uuid) -> Result<Option<TenantRecord>, StoreError>;
+    /// Secrets of a purpose that are valid at `now`, newest first.
+    async fn live_secrets(
+        &self,
+        tenant_id: Uuid,
+        purpose: SecretPurpose,
+        now: i64,
+    ) -> Result<Vec<SealedSecret>, StoreError>;
+    /// Adds `secret` and retires the tenant's current secrets of its purpose at `retire_at`.
+    async fn rotate_secret(
+        &self,
+        tenant_id: Uuid,
+        secret: &SealedSecret,
+        retire_at: i64,
+    ) -> Result<(), StoreError>;
+    /// Sets the tenant's callback URL and re-enables its endpoint; false if no such tenant.
+    async fn set_callback(&self, tenant_id: Uuid, url: Option<&str>) -> Result<bool, StoreError>;
+}
+
+/// The columns of [`TenantRecord`].
+pub(crate) const TENANT_COLUMNS: &str =
+    "id, name, inbound_signature_required, callback_url, callback_disabled";
+
+/// Implements [`TenantStore`] for a backend.
+macro_rules! tenants_sql {
+    ($store:ty, $conn:ty) => {
+        async fn insert_secret(
+            conn: &mut $conn,
+            tenant_id: uuid::Uuid,
+            secret: &$crate::store::SealedSecret,
+        ) -> Result<(), sqlx::Error> {
+            sqlx::query(
+                "INSERT INTO tenant_secrets (id, tenant_id, purpose, sealed, created_at) \
+                 VALUES ($1, $2, $3, $4, $5)",
+            )
+            .bind(secret.id)
+            .bind(tenant_id)
+            .bind(secret.purpose.as_str())
+            .bind(&secret.sealed)
+            .bind(secret.created_at)
+            .execute(conn)
+            .await?;
+            Ok(())
+        }
+
+        #[async_trait::async_trait]
+        impl $crate::store::TenantStore for $store {
+            async fn create_tenant(
+                &self,
+                tenant: &$crate::store::NewTenant,
+                secrets: &[$crate::store::SealedSecret],
+            ) -> Result<(), $crate::store::StoreError> {
+                let mut tx = self.begin().await?;
+                sqlx::query(
+                    "INSERT INTO tenants (id, name, api_key_hash, inbound_signature_required, \
+                     callback_url, created_at) VALUES ($1, $2, $3, $4, $5, $6)",
+                )
+                .bind(tenant.id)
+                .bind(&tenant.name)
+                .bind(&tenant.api_key_hash)
+                .bind(tenant.inbound_signature_required)
+                .bind(&tenant.callback_url)
+                .bind(tenant.created_at)
+                .execute(&mut *tx)
+                .await?;
+                for secret in secrets {
+                    insert_secret(&mut tx, tenant.id, secret).await?;
+                }
+                tx.commit().await?;
+                Ok(())
+            }
+
+            async fn tenant_by_api_key(
+                &self,
+                hash: &[u8],
+            ) -> Result<Option<$crate::store::TenantRecord>, $crate::store::StoreError> {
+                let sql = format!(
+                    "SELECT {} FROM tenants WHERE api_key_hash = $1",
+                    $crate::store::tenants::TENANT_COLUMNS
+                );
+                Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                    .bind(hash)
+                    .fetch_optional(self.read())
+                    .await?)
+            }
+
+            async fn tenant(
+                &self,
+                id: uuid::Uuid,
+            ) -> Result<Option<$crate::store::TenantRecord>, $crate::store::StoreError> {
+                let sql = format!(
+                    "SELECT {} FROM tenants WHERE id = $1",
+                    $crate::store::tenants::TENANT_COLUMNS
+                );
+                Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                    .bind(id)
+                    .fetch_optional(self.read())
+                    .await?)
+            }
+
+            async fn live_secrets(
+                &self,
+                tenant_id: uuid::Uuid,
+                purpose: $crate::store::SecretPurpose,
+                now: i64,
+            ) -> Result<Vec<$crate::store::SealedSecret>, $crate::store::StoreError> {
+                let rows: Vec<(uuid::Uuid, Vec<u8>, i64)> = sqlx::query_as(
+                    "SELECT id, sealed, created_at FROM tenant_secrets \
+                     WHERE tenant_id = $1 AND purpose = $2 \
+                     AND (retired_at IS NULL OR retired_at > $3) ORDER BY created_at DESC",
+                )
+                .bind(tenant_id)
+                .bind(purpose.as_str())
+                .bind(now)
+                .fetch_all(self.read())
+                .await?;
+                Ok(rows
+                    .into_iter()
+                    .map(|(id, sealed, created_at)| $crate::store::SealedSecret {
+                        id,
+                        purpose,
+                        sealed,
+                        created_at,
+                    })
+                    .collect())
+            }
+
+            async fn rotate_secret(
+                &self,
+                tenant_id: uuid::Uuid,
+                secret: &$crate::store::SealedSecret,
+                retire_at: i64,
+            ) -> Result<(), $crate::store::StoreError> {
+                let mut tx = self.begin().await?;
+                sqlx::query(
+                    "UPDATE tenant_secrets SET retired_at = $3 WHERE tenant_id = $1 \
+                     AND purpose = $2 AND (retired_at IS NULL OR retired_at > $3)",
+                )
+                .bind(tenant_id)
+                .bind(secret.purpose.as_str())
+                .bind(retire_at)
+                .execute(&mut *tx)
+                .await?;
+                insert_secret(&mut tx, tenant_id, secret).await?;
+                tx.commit().await?;
+                Ok(())
+            }
+
+            async fn set_callback(
+                &self,
+                tenant_id: uuid::Uuid,
+                url: Option<&str>,
+            ) -> Result<bool, $crate::store::StoreError> {
+                let done = sqlx::query(
+                    "UPDATE tenants SET callback_url = $2, callback_disabled = FALSE WHERE id = $1",
+                )
+                .bind(tenant_id)
+                .bind(url)
+                .execute(self.write())
+                .await?;
+                Ok(done.rows_affected() == 1)
+            }
+        }
+    };
+}
