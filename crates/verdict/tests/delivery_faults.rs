@@ -40,7 +40,11 @@ async fn a_running_worker_retries_at_every_interval(backend: Backend) {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert_eq!(arrivals.len(), 4, "1 inline + 3 worker attempts: {arrivals:?}");
+    assert_eq!(
+        arrivals.len(),
+        4,
+        "1 inline + 3 worker attempts: {arrivals:?}"
+    );
     let gaps: Vec<Duration> = arrivals.windows(2).map(|w| w[1] - w[0]).collect();
     // Inline to the first retry: due one interval after the inline attempt, taken by the first
     // round after that, so at most two intervals.
@@ -168,7 +172,10 @@ async fn an_unknown_status_filter_is_a_400_problem(backend: Backend) {
         .json();
     assert_eq!(pending["data"].as_array().unwrap().len(), 1, "{pending}");
     assert_eq!(pending["data"][0]["status"], "pending");
-    let dead = server.get(&tenant, "/v1/deliveries?status=dead").await.json();
+    let dead = server
+        .get(&tenant, "/v1/deliveries?status=dead")
+        .await
+        .json();
     assert_eq!(dead["data"].as_array().unwrap().len(), 0, "{dead}");
 
     let bad: Reply = server.get(&tenant, "/v1/deliveries?status=bogus").await;

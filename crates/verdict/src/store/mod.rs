@@ -305,7 +305,7 @@ pub struct DeliveryRecord {
     pub id: Uuid,
     pub event_id: Uuid,
     pub webhook_id: String,
-    pub status: String,
+    pub status: crate::delivery::DeliveryStatus,
     pub attempts: i64,
     pub next_attempt_at: i64,
     pub last_error: Option<String>,
@@ -426,11 +426,12 @@ pub trait Store: Send + Sync + 'static {
         subject_hash: &[u8],
     ) -> Result<Option<SubjectState>, StoreError>;
 
-    /// Leases up to `limit` deliveries due at `now` until `lease_until`; no two callers get the
-    /// same delivery.
+    /// Leases up to `limit` deliveries due at `now`, and not attempted (nor otherwise updated)
+    /// at or after `since`, until `lease_until`; no two callers get the same delivery.
     async fn lease_due(
         &self,
         now: i64,
+        since: i64,
         lease_until: i64,
         limit: i64,
     ) -> Result<Vec<DueDelivery>, StoreError>;
@@ -451,7 +452,7 @@ pub trait Store: Send + Sync + 'static {
     async fn deliveries(
         &self,
         tenant_id: Uuid,
-        status: Option<&str>,
+        status: Option<crate::delivery::DeliveryStatus>,
         before: Option<Uuid>,
         limit: i64,
     ) -> Result<Vec<DeliveryRecord>, StoreError>;

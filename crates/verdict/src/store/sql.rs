@@ -99,7 +99,10 @@ macro_rules! sql_store {
                 id: row.try_get("id")?,
                 event_id: row.try_get("event_id")?,
                 webhook_id: row.try_get("webhook_id")?,
-                status: row.try_get("status")?,
+                status: row
+                    .try_get::<String, _>("status")?
+                    .parse()
+                    .map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
                 attempts: row.try_get("attempts")?,
                 next_attempt_at: row.try_get("next_attempt_at")?,
                 last_error: row.try_get("last_error")?,
@@ -823,6 +826,7 @@ macro_rules! sql_store {
             async fn lease_due(
                 &self,
                 now: i64,
+                since: i64,
                 lease_until: i64,
                 limit: i64,
             ) -> Result<Vec<$crate::store::DueDelivery>, $crate::store::StoreError> {
@@ -830,6 +834,7 @@ macro_rules! sql_store {
                     .bind(now)
                     .bind(lease_until)
                     .bind(limit)
+                    .bind(since)
                     .fetch_all(self.write())
                     .await?;
                 rows.iter()
@@ -864,7 +869,7 @@ macro_rules! sql_store {
                      updated_at = $6 WHERE id = $1",
                 )
                 .bind(a.delivery_id)
-                .bind(a.next.status)
+                .bind(a.next.status.as_str())
                 .bind(a.next.retries_left)
                 .bind(a.next.next_attempt_at)
                 .bind(&a.error)
@@ -910,7 +915,7 @@ macro_rules! sql_store {
             async fn deliveries(
                 &self,
                 tenant_id: uuid::Uuid,
-                status: Option<&str>,
+                status: Option<$crate::delivery::DeliveryStatus>,
                 before: Option<uuid::Uuid>,
                 limit: i64,
             ) -> Result<Vec<$crate::store::DeliveryRecord>, $crate::store::StoreError> {
@@ -923,7 +928,7 @@ macro_rules! sql_store {
                      ORDER BY id DESC LIMIT $4",
                 )
                 .bind(tenant_id)
-                .bind(status.unwrap_or(""))
+                .bind(status.map_or("", |s| s.as_str()))
                 .bind(cursor)
                 .bind(limit)
                 .fetch_all(self.read())
