@@ -83,7 +83,7 @@ pub enum DeliveriesCommand {
         tenant: Uuid,
         /// pending, succeeded, failed or dead.
         #[arg(long)]
-        status: Option<String>,
+        status: Option<crate::delivery::DeliveryStatus>,
         #[arg(long, default_value_t = 50)]
         limit: i64,
     },
@@ -205,7 +205,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Tenant(cmd) => run_tenant(&config, cmd).await,
         Command::Playbook(cmd) => run_playbook(&config, cmd).await,
         Command::Worker { delivery, once } => {
-            crate::server::work(&config, delivery.resolve(&file), once).await
+            crate::server::work(&config, delivery.resolve(&file)?, once).await
         }
         Command::Deliveries(cmd) => run_deliveries(&config, &file, cmd).await,
         Command::Send {
@@ -232,7 +232,7 @@ async fn run_deliveries(
     let show = |d: crate::store::DeliveryRecord| {
         serde_json::json!({
             "id": d.id, "event_id": d.event_id, "webhook_id": d.webhook_id,
-            "status": d.status, "attempts": d.attempts, "last_error": d.last_error,
+            "status": d.status.as_str(), "attempts": d.attempts, "last_error": d.last_error,
         })
     };
     match cmd {
@@ -242,7 +242,7 @@ async fn run_deliveries(
             limit,
         } => {
             for d in store
-                .deliveries(tenant, status.as_deref(), None, limit.clamp(1, 10_000))
+                .deliveries(tenant, status, None, limit.clamp(1, 10_000))
                 .await?
             {
                 println!("{}", show(d));
@@ -274,7 +274,7 @@ async fn run_deliveries(
             delivery,
         } => {
             let deliverer =
-                crate::delivery::Deliverer::new(store.clone(), keys, delivery.resolve(file));
+                crate::delivery::Deliverer::new(store.clone(), keys, delivery.resolve(file)?);
             match deliverer.redeliver(tenant, id).await? {
                 Some(verdict) => {
                     let d = store

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::delivery::DeliverySettings;
+use crate::delivery::{DeliverySettings, MAX_DEADLINE};
 use crate::ingest::IngestSettings;
 use crate::secrets::{MasterKey, SecretsError};
 use crate::store;
@@ -47,6 +47,12 @@ pub enum ConfigError {
          the database needs the same key"
     )]
     MasterKeyRequired(&'static str),
+    #[error(
+        "the delivery attempt deadline (VERDICT_INLINE_DEADLINE_MS, --inline-deadline-ms or \
+         inline_deadline_ms) must be between 1 and {max_ms} ms, got {got_ms} ms: delivery leases \
+         are sized from it"
+    )]
+    Deadline { got_ms: u64, max_ms: u128 },
     #[error(transparent)]
     Secrets(#[from] SecretsError),
     #[error(
@@ -106,7 +112,7 @@ pub struct DeliveryArgs {
     /// Seconds between worker attempts of a failing delivery.
     #[arg(long, env = "VERDICT_RETRY_INTERVAL_SECS")]
     pub retry_interval_secs: Option<u64>,
-    /// Deadline of each delivery attempt, in milliseconds.
+    /// Deadline of each delivery attempt, in milliseconds (1 to 30000).
     #[arg(long, env = "VERDICT_INLINE_DEADLINE_MS")]
     pub inline_deadline_ms: Option<u64>,
     /// Allow callbacks to loopback, private and link-local addresses (tests, private networks).
@@ -115,15 +121,22 @@ pub struct DeliveryArgs {
 }
 
 impl DeliveryArgs {
-    /// Flags and environment first, then the file, then defaults.
-    pub fn resolve(&self, file: &FileConfig) -> DeliverySettings {
-        DeliverySettings {
-            deadline: Duration::from_millis(
-                self.inline_deadline_ms
-                    .or(file.inline_deadline_ms)
-                    .unwrap_or(DEFAULT_INLINE_DEADLINE_MS)
-                    .max(1),
-            ),
+    /// Flags and environment first, then the file, then defaults. The deadline must be at
+    /// least 1 ms and at most [`MAX_DEADLINE`].
+    pub fn resolve(&self, file: &FileConfig) -> Result<DeliverySettings, ConfigError> {
+        let deadline_ms = self
+            .inline_deadline_ms
+            .or(file.inline_deadline_ms)
+            .unwrap_or(DEFAULT_INLINE_DEADLINE_MS);
+        let deadline = Duration::from_millis(deadline_ms);
+        if deadline.is_zero() || deadline > MAX_DEADLINE {
+            return Err(ConfigError::Deadline {
+                got_ms: deadline_ms,
+                max_ms: MAX_DEADLINE.as_millis(),
+            });
+        }
+        Ok(DeliverySettings {
+            deadline,
             retry_interval: Duration::from_secs(
                 self.retry_interval_secs
                     .or(file.retry_interval_secs)
@@ -134,7 +147,7 @@ impl DeliveryArgs {
                 .allow_private_destinations
                 .or(file.allow_private_destinations)
                 .unwrap_or(false),
-        }
+        })
     }
 }
 
@@ -240,7 +253,7 @@ impl ServeConfig {
         }
         Ok(Self {
             listen: listen.parse().map_err(|_| ConfigError::Listen(listen))?,
-            delivery: args.delivery.resolve(file),
+            delivery: args.delivery.resolve(file)?,
             run_worker: !args.no_worker,
             ingest: IngestSettings {
                 key_ttl_ms: ms(secs(
@@ -320,6 +333,25 @@ mod tests {
             ServeConfig::resolve(&args, &FileConfig::default()),
             Err(ConfigError::LockTimeoutTooShort(0))
         ));
+    }
+
+    #[test]
+    fn the_attempt_deadline_is_bounded() {
+        let mut args = serve_args();
+        for ok in [1, 5000, 30_000] {
+            args.delivery.inline_deadline_ms = Some(ok);
+            let c = ServeConfig::resolve(&args, &FileConfig::default()).unwrap();
+            assert_eq!(c.delivery.deadline, Duration::from_millis(ok));
+        }
+        for bad in [0, 30_001, u64::MAX] {
+            args.delivery.inline_deadline_ms = Some(bad);
+            let err = ServeConfig::resolve(&args, &FileConfig::default()).unwrap_err();
+            assert!(matches!(err, ConfigError::Deadline { got_ms, .. } if got_ms == bad));
+            assert!(err.to_string().contains("between 1 and 30000 ms"), "{err}");
+        }
+        // The file is held to the same bound.
+        let file: FileConfig = toml::from_str("inline_deadline_ms = 45000").unwrap();
+        assert!(serve_args().delivery.resolve(&file).is_err());
     }
 
     #[test]

@@ -1,14 +1,14 @@
 //! One delivery attempt: sign, POST within the deadline, classify the answer. The caller has
 //! already recorded the delivery durably; this never touches the database.
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use reqwest::StatusCode;
 use reqwest::header::{CONTENT_TYPE, RETRY_AFTER};
 use verdict_webhooks::{Secret, signed_headers};
 
 use super::destination::refusal;
-use super::schedule::Verdict;
+use super::schedule::AttemptOutcome;
 
 /// How much of a response body is kept with the attempt.
 const EXCERPT_BYTES: usize = 1024;
@@ -16,7 +16,7 @@ const EXCERPT_BYTES: usize = 1024;
 /// What happened on one attempt, as recorded.
 #[derive(Clone, Debug)]
 pub struct Attempt {
-    pub verdict: Verdict,
+    pub outcome: AttemptOutcome,
     pub status_code: Option<u16>,
     pub latency: Duration,
     pub error: Option<String>,
@@ -40,7 +40,7 @@ pub async fn send(
 ) -> Attempt {
     let started = Instant::now();
     if let Some(why) = literal_refusal(out.url, allow_private) {
-        return failed(Verdict::Terminal, started, why);
+        return failed(AttemptOutcome::Terminal, started, why);
     }
     let timestamp = time::OffsetDateTime::now_utc().unix_timestamp();
     let mut request = client
@@ -56,12 +56,12 @@ pub async fn send(
         Err(err) => {
             let why = error_chain(&err);
             // A refused destination is configuration, not a passing fault: do not retry it.
-            let verdict = if why.contains("destination refused") {
-                Verdict::Terminal
+            let outcome = if why.contains("destination refused") {
+                AttemptOutcome::Terminal
             } else {
-                Verdict::Retryable { retry_after: None }
+                AttemptOutcome::Retryable { retry_after: None }
             };
-            return failed(verdict, started, why);
+            return failed(outcome, started, why);
         }
     };
     let status = response.status();
@@ -69,16 +69,15 @@ pub async fn send(
         .headers()
         .get(RETRY_AFTER)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .map(Duration::from_secs);
-    let verdict = classify(status, retry_after);
+        .and_then(|v| retry_after(v, SystemTime::now()));
+    let outcome = classify(status, retry_after);
     // The excerpt is best effort and bounded by the same deadline.
     let remaining = deadline.saturating_sub(started.elapsed());
     let excerpt = tokio::time::timeout(remaining, read_excerpt(response))
         .await
         .unwrap_or_default();
     Attempt {
-        verdict,
+        outcome,
         status_code: Some(status.as_u16()),
         latency: started.elapsed(),
         error: (!status.is_success()).then(|| format!("HTTP {status}")),
@@ -86,14 +85,27 @@ pub async fn send(
     }
 }
 
-/// The scheduling verdict for a response status.
-pub fn classify(status: StatusCode, retry_after: Option<Duration>) -> Verdict {
+/// How long a `Retry-After` value asks to wait from `now`: delay-seconds or an HTTP-date
+/// (RFC 9110 §10.2.3; the three date formats `httpdate` reads). A date already past asks for
+/// no wait; anything else unreadable is ignored.
+pub fn retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+        // Digits too many for u64 are a wait longer than any schedule.
+        return Some(Duration::from_secs(value.parse().unwrap_or(u64::MAX)));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+/// The scheduling outcome for a response status.
+pub fn classify(status: StatusCode, retry_after: Option<Duration>) -> AttemptOutcome {
     match status.as_u16() {
-        200..=299 => Verdict::Delivered,
-        410 => Verdict::Gone,
-        429 | 503 => Verdict::Retryable { retry_after },
-        500..=599 => Verdict::Retryable { retry_after: None },
-        _ => Verdict::Terminal,
+        200..=299 => AttemptOutcome::Delivered,
+        410 => AttemptOutcome::Gone,
+        429 | 503 => AttemptOutcome::Retryable { retry_after },
+        500..=599 => AttemptOutcome::Retryable { retry_after: None },
+        _ => AttemptOutcome::Terminal,
     }
 }
 
@@ -126,9 +138,9 @@ async fn read_excerpt(mut response: reqwest::Response) -> Vec<u8> {
     out
 }
 
-fn failed(verdict: Verdict, started: Instant, error: String) -> Attempt {
+fn failed(outcome: AttemptOutcome, started: Instant, error: String) -> Attempt {
     Attempt {
-        verdict,
+        outcome,
         status_code: None,
         latency: started.elapsed(),
         error: Some(error),
@@ -153,24 +165,62 @@ mod tests {
 
     #[test]
     fn statuses_classify_as_the_contract_says() {
-        assert_eq!(classify(StatusCode::OK, None), Verdict::Delivered);
-        assert_eq!(classify(StatusCode::NO_CONTENT, None), Verdict::Delivered);
-        assert_eq!(classify(StatusCode::BAD_REQUEST, None), Verdict::Terminal);
-        assert_eq!(classify(StatusCode::FOUND, None), Verdict::Terminal);
-        assert_eq!(classify(StatusCode::GONE, None), Verdict::Gone);
+        assert_eq!(classify(StatusCode::OK, None), AttemptOutcome::Delivered);
+        assert_eq!(
+            classify(StatusCode::NO_CONTENT, None),
+            AttemptOutcome::Delivered
+        );
+        assert_eq!(
+            classify(StatusCode::BAD_REQUEST, None),
+            AttemptOutcome::Terminal
+        );
+        assert_eq!(classify(StatusCode::FOUND, None), AttemptOutcome::Terminal);
+        assert_eq!(classify(StatusCode::GONE, None), AttemptOutcome::Gone);
         let wait = Some(Duration::from_secs(9));
         assert_eq!(
             classify(StatusCode::TOO_MANY_REQUESTS, wait),
-            Verdict::Retryable { retry_after: wait }
+            AttemptOutcome::Retryable { retry_after: wait }
         );
         assert_eq!(
             classify(StatusCode::SERVICE_UNAVAILABLE, wait),
-            Verdict::Retryable { retry_after: wait }
+            AttemptOutcome::Retryable { retry_after: wait }
         );
         assert_eq!(
             classify(StatusCode::BAD_GATEWAY, wait),
-            Verdict::Retryable { retry_after: None }
+            AttemptOutcome::Retryable { retry_after: None }
         );
+    }
+
+    #[test]
+    fn retry_after_reads_seconds_and_http_dates() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(784_111_777); // Sun, 06 Nov 1994 08:49:37 GMT
+        assert_eq!(retry_after("120", now), Some(Duration::from_secs(120)));
+        assert_eq!(retry_after(" 0 ", now), Some(Duration::ZERO));
+        assert_eq!(
+            retry_after("Sun, 06 Nov 1994 09:49:37 GMT", now),
+            Some(Duration::from_secs(3600))
+        );
+        // The obsolete forms a recipient must still accept.
+        assert_eq!(
+            retry_after("Sunday, 06-Nov-94 08:50:37 GMT", now),
+            Some(Duration::from_secs(60))
+        );
+        assert_eq!(
+            retry_after("Sun Nov  6 08:49:47 1994", now),
+            Some(Duration::from_secs(10))
+        );
+        assert_eq!(
+            retry_after("Sun, 06 Nov 1994 07:49:37 GMT", now),
+            Some(Duration::ZERO),
+            "a date already past asks for no wait"
+        );
+        assert_eq!(
+            retry_after("99999999999999999999999", now),
+            Some(Duration::from_secs(u64::MAX))
+        );
+        for junk in ["", "-5", "1.5", "soon", "Sun, 06 Nov 1994 25:00:00 GMT"] {
+            assert_eq!(retry_after(junk, now), None, "{junk:?}");
+        }
     }
 
     #[test]

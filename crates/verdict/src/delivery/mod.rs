@@ -21,7 +21,8 @@ use crate::secrets::Keyring;
 use crate::store::{AttemptRecord, DueDelivery, SecretPurpose, Store, StoreError};
 use crate::tenant;
 use attempt::Outgoing;
-use schedule::{Trigger, Verdict};
+use schedule::Trigger;
+pub use schedule::{AttemptOutcome, DeliveryStatus};
 
 /// How deliveries are made.
 #[derive(Clone, Copy, Debug)]
@@ -34,14 +35,40 @@ pub struct DeliverySettings {
     pub allow_private: bool,
 }
 
-/// How long a leased delivery is reserved for its attempt; longer than any deadline.
+/// The longest attempt deadline configuration accepts. Bounding it bounds every lease.
+pub const MAX_DEADLINE: Duration = Duration::from_secs(30);
+
+/// What a lease allows beyond the sends themselves: reading the tenant's secrets before the
+/// send and recording the attempt after it (the response excerpt is read within the deadline).
+pub const LEASE_MARGIN: Duration = Duration::from_secs(30);
+
+/// How long `batch` leased deliveries, attempted `concurrency` at a time, each send given up at
+/// `deadline`, are reserved: longer than the batch can take, so no other worker (or lease
+/// expiry) can take a delivery back while its attempt may still be running. Each attempt holds
+/// a slot for at most `deadline` plus its bookkeeping; a delivery waits for at most
+/// `ceil(batch / concurrency) - 1` attempts ahead of it in its slot.
+pub fn lease_for(deadline: Duration, batch: usize, concurrency: usize) -> Duration {
+    let waves = batch.div_ceil(concurrency.max(1)).max(1);
+    (deadline + LEASE_MARGIN).saturating_mul(u32::try_from(waves).unwrap_or(u32::MAX))
+}
+
+/// The lease of an inline attempt (one send, any deadline configuration allows).
 pub const LEASE: Duration = Duration::from_secs(60);
+const _: () = assert!(LEASE.as_secs() >= MAX_DEADLINE.as_secs() + LEASE_MARGIN.as_secs());
+
+impl DeliverySettings {
+    /// The lease of one send under these settings.
+    pub fn lease(&self) -> Duration {
+        lease_for(self.deadline, 1, 1)
+    }
+}
 
 /// Makes and records delivery attempts.
 pub struct Deliverer {
     client: reqwest::Client,
     store: Arc<dyn Store>,
-    keys: Arc<Keyring>,
+    /// Webhook secrets, opened and cached for at most 5 s (a rotation applies within that).
+    credentials: tenant::Credentials,
     settings: DeliverySettings,
 }
 
@@ -60,8 +87,8 @@ impl Deliverer {
         let client = builder.build().unwrap_or_else(|_| reqwest::Client::new());
         Self {
             client,
+            credentials: tenant::Credentials::new(store.clone(), keys),
             store,
-            keys,
             settings,
         }
     }
@@ -71,24 +98,35 @@ impl Deliverer {
         self.settings
     }
 
-    /// Attempts a leased delivery once and records the attempt.
-    #[tracing::instrument(skip_all, fields(delivery_id = %due.id, trigger = trigger.as_str()))]
+    /// Attempts a leased delivery once, now, and records the attempt; a retry is scheduled from
+    /// now (the attempt's start).
     pub async fn attempt(
         &self,
         due: &DueDelivery,
         trigger: Trigger,
-    ) -> Result<Verdict, StoreError> {
-        let secrets = tenant::live_secrets(
-            &*self.store,
-            &self.keys,
-            due.tenant_id,
-            SecretPurpose::Webhook,
-        )
-        .await
-        .map_err(|e| match e {
-            tenant::TenantError::Store(s) => s,
-            other => StoreError::Corrupt(other.to_string()),
-        })?;
+    ) -> Result<AttemptOutcome, StoreError> {
+        self.attempt_due_at(due, trigger, now_ms()).await
+    }
+
+    /// Attempts a leased delivery once and records the attempt; a retry is scheduled from
+    /// `due_at` (a worker round's scheduled time), not from when the send ended, so it is due
+    /// by the next round.
+    #[tracing::instrument(skip_all, fields(delivery_id = %due.id, trigger = trigger.as_str()))]
+    pub async fn attempt_due_at(
+        &self,
+        due: &DueDelivery,
+        trigger: Trigger,
+        due_at: i64,
+    ) -> Result<AttemptOutcome, StoreError> {
+        let started = now_ms();
+        let secrets = self
+            .credentials
+            .secrets(due.tenant_id, SecretPurpose::Webhook)
+            .await
+            .map_err(|e| match e {
+                tenant::TenantError::Store(s) => s,
+                other => StoreError::Corrupt(other.to_string()),
+            })?;
         let attempt = match &due.callback_url {
             Some(url) => {
                 attempt::send(
@@ -105,19 +143,18 @@ impl Deliverer {
                 .await
             }
             None => attempt::Attempt {
-                verdict: Verdict::Terminal,
+                outcome: AttemptOutcome::Terminal,
                 status_code: None,
                 latency: Duration::ZERO,
                 error: Some("no callback URL is configured".into()),
                 excerpt: None,
             },
         };
-        let now = now_ms();
         let next = schedule::next(
-            &attempt.verdict,
+            &attempt.outcome,
             trigger,
             due.retries_left,
-            now,
+            due_at.min(started),
             self.settings.retry_interval,
         );
         self.store
@@ -125,7 +162,7 @@ impl Deliverer {
                 id: Uuid::now_v7(),
                 delivery_id: due.id,
                 tenant_id: due.tenant_id,
-                attempted_at: now,
+                attempted_at: started,
                 trigger: trigger.as_str(),
                 status_code: attempt.status_code.map(i32::from),
                 latency_ms: i64::try_from(attempt.latency.as_millis()).unwrap_or(i64::MAX),
@@ -134,17 +171,17 @@ impl Deliverer {
                 next,
             })
             .await?;
-        metrics::counter!("verdict_delivery_attempts_total", "outcome" => outcome_label(&attempt.verdict))
+        metrics::counter!("verdict_delivery_attempts_total", "outcome" => outcome_label(&attempt.outcome))
             .increment(1);
         metrics::histogram!("verdict_delivery_latency_seconds")
             .record(attempt.latency.as_secs_f64());
         tracing::info!(
             status = attempt.status_code,
             latency_ms = attempt.latency.as_millis() as u64,
-            outcome = outcome_label(&attempt.verdict),
+            outcome = outcome_label(&attempt.outcome),
             "delivery attempted"
         );
-        Ok(attempt.verdict)
+        Ok(attempt.outcome)
     }
 
     /// Resets a delivery for another round and attempts it now, with the same `webhook-id`.
@@ -152,11 +189,18 @@ impl Deliverer {
         &self,
         tenant_id: Uuid,
         id: Uuid,
-    ) -> Result<Option<Verdict>, StoreError> {
+    ) -> Result<Option<AttemptOutcome>, StoreError> {
         let now = now_ms();
+        let lease = i64::try_from(self.settings.lease().as_millis()).unwrap_or(i64::MAX);
         let Some(due) = self
             .store
-            .lease_for_redelivery(tenant_id, id, now, now + lease_ms(), schedule::MAX_RETRIES)
+            .lease_for_redelivery(
+                tenant_id,
+                id,
+                now,
+                now.saturating_add(lease),
+                schedule::MAX_RETRIES,
+            )
             .await?
         else {
             return Ok(None);
@@ -165,16 +209,47 @@ impl Deliverer {
     }
 }
 
-/// The lease in store units.
+/// The inline attempt's lease in store units.
 pub fn lease_ms() -> i64 {
     i64::try_from(LEASE.as_millis()).unwrap_or(i64::MAX)
 }
 
-fn outcome_label(verdict: &Verdict) -> &'static str {
-    match verdict {
-        Verdict::Delivered => "delivered",
-        Verdict::Retryable { .. } => "retryable",
-        Verdict::Terminal => "terminal",
-        Verdict::Gone => "gone",
+fn outcome_label(outcome: &AttemptOutcome) -> &'static str {
+    match outcome {
+        AttemptOutcome::Delivered => "delivered",
+        AttemptOutcome::Retryable { .. } => "retryable",
+        AttemptOutcome::Terminal => "terminal",
+        AttemptOutcome::Gone => "gone",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_outlasts_everything_its_batch_can_take() {
+        let ms = Duration::from_millis;
+        for deadline in [ms(1), ms(5000), ms(15_000), MAX_DEADLINE] {
+            for (batch, concurrency) in [(1usize, 1usize), (16, 16), (64, 16), (65, 16), (10, 3)] {
+                let waves = u32::try_from(batch.div_ceil(concurrency)).unwrap();
+                let lease = lease_for(deadline, batch, concurrency);
+                assert!(
+                    lease > deadline * waves,
+                    "{batch}/{concurrency} at {deadline:?}: {lease:?}"
+                );
+                assert!(lease >= (deadline + LEASE_MARGIN) * waves);
+            }
+        }
+        // The case of issue 8: a 15 s deadline, 64 leased, 16 at a time, took up to 60 s of
+        // sends against a fixed 60 s lease.
+        assert!(lease_for(ms(15_000), 64, 16) > Duration::from_secs(60));
+        assert_eq!(lease_for(ms(15_000), 64, 16), Duration::from_secs(180));
+    }
+
+    #[test]
+    fn the_inline_lease_covers_one_send_at_the_longest_deadline() {
+        assert!(LEASE >= lease_for(MAX_DEADLINE, 1, 1));
+        assert_eq!(i64::try_from(LEASE.as_millis()).unwrap(), lease_ms());
     }
 }

@@ -4,14 +4,75 @@
 //! (or later, if the receiver's `Retry-After` asks for longer); then `dead`. Any 4xx other than
 //! 429 is terminal (`failed`); a 410 also disables the tenant's endpoint.
 
+use std::fmt;
+use std::str::FromStr;
 use std::time::Duration;
 
 /// Worker attempts after the inline one.
 pub const MAX_RETRIES: i64 = 3;
 
+/// Where a delivery stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DeliveryStatus {
+    /// Waiting for an attempt (the inline one, or a retry when `next_attempt_at` comes).
+    Pending,
+    /// A 2xx was received.
+    Succeeded,
+    /// Terminal: a 4xx other than 429, a redirect, a refused destination or no URL.
+    Failed,
+    /// Retryable failures until the retries ran out.
+    Dead,
+}
+
+impl DeliveryStatus {
+    /// Every status, in the order the API lists them.
+    pub const ALL: [Self; 4] = [Self::Pending, Self::Succeeded, Self::Failed, Self::Dead];
+
+    /// The stored (and shown) name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Succeeded => "succeeded",
+            Self::Failed => "failed",
+            Self::Dead => "dead",
+        }
+    }
+}
+
+impl fmt::Display for DeliveryStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A name that is not a delivery status.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is not a delivery status (expected pending, succeeded, failed or dead)")]
+pub struct UnknownStatus(pub String);
+
+/// Decodes the stored name (for `sqlx::FromRow`).
+impl TryFrom<String> for DeliveryStatus {
+    type Error = <DeliveryStatus as FromStr>::Err;
+
+    fn try_from(name: String) -> Result<Self, Self::Error> {
+        name.parse()
+    }
+}
+
+impl FromStr for DeliveryStatus {
+    type Err = UnknownStatus;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|status| status.as_str() == s)
+            .ok_or_else(|| UnknownStatus(s.to_owned()))
+    }
+}
+
 /// How an attempt ended, as far as scheduling cares.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Verdict {
+pub enum AttemptOutcome {
     /// 2xx.
     Delivered,
     /// 5xx, 429, a network error or the deadline; `retry_after` from a 429/503.
@@ -44,18 +105,20 @@ impl Trigger {
 /// The delivery's state after an attempt.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Next {
-    pub status: &'static str,
+    pub status: DeliveryStatus,
     pub retries_left: i64,
     pub next_attempt_at: i64,
     pub disable_endpoint: bool,
 }
 
-/// Where a delivery goes after `verdict` on an attempt by `trigger`.
+/// Where a delivery goes after `outcome` on an attempt by `trigger`. `base` is when the attempt
+/// was due (a worker round's scheduled time) or began, never when it ended: a retry is due one
+/// interval after the attempt it follows was due, so the worker's next round takes it.
 pub fn next(
-    verdict: &Verdict,
+    outcome: &AttemptOutcome,
     trigger: Trigger,
     retries_left: i64,
-    now: i64,
+    base: i64,
     interval: Duration,
 ) -> Next {
     let retries_left = match trigger {
@@ -65,23 +128,23 @@ pub fn next(
     let done = |status| Next {
         status,
         retries_left,
-        next_attempt_at: now,
+        next_attempt_at: base,
         disable_endpoint: false,
     };
-    match verdict {
-        Verdict::Delivered => done("succeeded"),
-        Verdict::Terminal => done("failed"),
-        Verdict::Gone => Next {
+    match outcome {
+        AttemptOutcome::Delivered => done(DeliveryStatus::Succeeded),
+        AttemptOutcome::Terminal => done(DeliveryStatus::Failed),
+        AttemptOutcome::Gone => Next {
             disable_endpoint: true,
-            ..done("failed")
+            ..done(DeliveryStatus::Failed)
         },
-        Verdict::Retryable { .. } if retries_left == 0 => done("dead"),
-        Verdict::Retryable { retry_after } => {
+        AttemptOutcome::Retryable { .. } if retries_left == 0 => done(DeliveryStatus::Dead),
+        AttemptOutcome::Retryable { retry_after } => {
             let wait = retry_after.map_or(interval, |asked| asked.max(interval));
             Next {
-                next_attempt_at: now
+                next_attempt_at: base
                     .saturating_add(i64::try_from(wait.as_millis()).unwrap_or(i64::MAX)),
-                ..done("pending")
+                ..done(DeliveryStatus::Pending)
             }
         }
     }
@@ -92,7 +155,7 @@ mod tests {
     use super::*;
 
     const FIVE_MIN: Duration = Duration::from_secs(300);
-    const RETRY: Verdict = Verdict::Retryable { retry_after: None };
+    const RETRY: AttemptOutcome = AttemptOutcome::Retryable { retry_after: None };
 
     #[test]
     fn one_inline_attempt_then_three_worker_attempts_then_dead() {
@@ -100,7 +163,7 @@ mod tests {
         let first = next(&RETRY, Trigger::Inline, left, 0, FIVE_MIN);
         assert_eq!(
             (first.status, first.retries_left, first.next_attempt_at),
-            ("pending", 3, 300_000)
+            (DeliveryStatus::Pending, 3, 300_000)
         );
         let mut statuses = Vec::new();
         for _ in 0..3 {
@@ -108,19 +171,26 @@ mod tests {
             left = n.retries_left;
             statuses.push(n.status);
         }
-        assert_eq!(statuses, ["pending", "pending", "dead"]);
+        assert_eq!(
+            statuses,
+            [
+                DeliveryStatus::Pending,
+                DeliveryStatus::Pending,
+                DeliveryStatus::Dead
+            ]
+        );
     }
 
     #[test]
     fn retry_after_is_honoured_only_when_longer_than_the_schedule() {
-        let long = Verdict::Retryable {
+        let long = AttemptOutcome::Retryable {
             retry_after: Some(Duration::from_secs(3600)),
         };
         assert_eq!(
             next(&long, Trigger::Inline, 3, 0, FIVE_MIN).next_attempt_at,
             3_600_000
         );
-        let short = Verdict::Retryable {
+        let short = AttemptOutcome::Retryable {
             retry_after: Some(Duration::from_secs(1)),
         };
         assert_eq!(
@@ -131,15 +201,38 @@ mod tests {
 
     #[test]
     fn gone_is_terminal_and_disables_the_endpoint() {
-        let n = next(&Verdict::Gone, Trigger::Inline, 3, 0, FIVE_MIN);
-        assert_eq!((n.status, n.disable_endpoint), ("failed", true));
+        let n = next(&AttemptOutcome::Gone, Trigger::Inline, 3, 0, FIVE_MIN);
         assert_eq!(
-            next(&Verdict::Terminal, Trigger::Worker, 2, 0, FIVE_MIN).status,
-            "failed"
+            (n.status, n.disable_endpoint),
+            (DeliveryStatus::Failed, true)
         );
         assert_eq!(
-            next(&Verdict::Delivered, Trigger::Worker, 1, 0, FIVE_MIN).status,
-            "succeeded"
+            next(&AttemptOutcome::Terminal, Trigger::Worker, 2, 0, FIVE_MIN).status,
+            DeliveryStatus::Failed
         );
+        assert_eq!(
+            next(&AttemptOutcome::Delivered, Trigger::Worker, 1, 0, FIVE_MIN).status,
+            DeliveryStatus::Succeeded
+        );
+    }
+
+    #[test]
+    fn the_next_attempt_counts_from_when_this_one_was_due_not_when_it_ended() {
+        // A round scheduled at t = 10 s, with a 1 s interval: the retry is due at 11 s, the
+        // next round's time, however long the send took.
+        let n = next(&RETRY, Trigger::Worker, 3, 10_000, Duration::from_secs(1));
+        assert_eq!(n.next_attempt_at, 11_000);
+    }
+
+    #[test]
+    fn statuses_round_trip_through_their_names() {
+        for status in DeliveryStatus::ALL {
+            assert_eq!(status.as_str().parse::<DeliveryStatus>(), Ok(status));
+        }
+        assert_eq!(
+            "bogus".parse::<DeliveryStatus>(),
+            Err(UnknownStatus("bogus".into()))
+        );
+        assert!("Pending".parse::<DeliveryStatus>().is_err());
     }
 }

@@ -3,6 +3,12 @@
 //! Leasing is one `UPDATE … RETURNING` (with `FOR UPDATE SKIP LOCKED` on PostgreSQL), committed
 //! before any HTTP call, so several workers share the queue without sending the same attempt
 //! and no transaction is held open across the network.
+//!
+//! Rounds are scheduled on the wall clock the store uses, `interval` apart: a round has a
+//! scheduled time, and a retry it makes is due one interval after that time, which is the
+//! next round's. A round leases what is due when it leases, except what was attempted since the
+//! round began, so it never attempts a delivery twice. It leases only what it attempts at once,
+//! for longer than one attempt can take ([`super::lease_for`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,15 +16,15 @@ use std::time::Duration;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::schedule::{Trigger, Verdict};
-use super::{Deliverer, lease_ms};
+use super::schedule::{AttemptOutcome, Trigger};
+use super::{Deliverer, lease_for};
 use crate::clock::now_ms;
 use crate::store::StoreError;
 
-/// Deliveries leased per batch.
-const BATCH: i64 = 64;
 /// Attempts in flight at once per worker.
 const CONCURRENCY: usize = 16;
+/// Deliveries leased per batch: only what is attempted at once, so none waits on its lease.
+const BATCH: usize = CONCURRENCY;
 
 /// What one round did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -29,50 +35,76 @@ pub struct Round {
 
 /// Runs rounds every `interval` until cancelled.
 pub async fn run(deliverer: Arc<Deliverer>, interval: Duration, stop: CancellationToken) {
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let every = i64::try_from(interval.as_millis())
+        .unwrap_or(i64::MAX)
+        .max(1);
+    let mut due_by = now_ms();
     loop {
+        match round_at(&deliverer, due_by, &stop).await {
+            Ok(r) if r.attempted > 0 => {
+                tracing::info!(
+                    attempted = r.attempted,
+                    delivered = r.delivered,
+                    "delivery round done"
+                );
+            }
+            Ok(_) => {}
+            Err(err) => tracing::warn!(error = %err, "delivery round failed"),
+        }
+        // The next round is due one interval after this one was; a round that overran it
+        // starts at once.
+        let next = due_by.saturating_add(every);
+        let wait = next.saturating_sub(now_ms()).clamp(0, every);
         tokio::select! {
             _ = stop.cancelled() => return,
-            _ = ticker.tick() => match round(&deliverer, &stop).await {
-                Ok(r) if r.attempted > 0 => {
-                    tracing::info!(attempted = r.attempted, delivered = r.delivered, "delivery round done");
-                }
-                Ok(_) => {}
-                Err(err) => tracing::warn!(error = %err, "delivery round failed"),
-            },
+            _ = tokio::time::sleep(Duration::from_millis(wait.unsigned_abs())) => {}
         }
+        due_by = now_ms().max(next);
     }
 }
 
-/// One round: attempts every delivery due now, once, then returns.
+/// One round, now: attempts every delivery due, once, then returns.
 pub async fn round(
     deliverer: &Arc<Deliverer>,
     stop: &CancellationToken,
 ) -> Result<Round, StoreError> {
-    let started = now_ms();
+    round_at(deliverer, now_ms(), stop).await
+}
+
+/// One round scheduled at `due_by`: attempts every delivery due, once, and schedules the
+/// retries it makes from `due_by`.
+pub async fn round_at(
+    deliverer: &Arc<Deliverer>,
+    due_by: i64,
+    stop: &CancellationToken,
+) -> Result<Round, StoreError> {
+    let began = now_ms();
+    let lease =
+        i64::try_from(lease_for(deliverer.settings.deadline, BATCH, CONCURRENCY).as_millis())
+            .unwrap_or(i64::MAX);
     let mut report = Round::default();
     loop {
         if stop.is_cancelled() {
             break;
         }
-        // Only what was due when the round began: a delivery rescheduled by this round waits
-        // for the next one.
-        let now = now_ms().max(started);
+        // What is due now, but nothing attempted since the round began: a delivery this round
+        // rescheduled waits for the next one.
+        let now = now_ms().max(due_by);
         let due = deliverer
             .store
-            .lease_due(started, now + lease_ms(), BATCH)
+            .lease_due(now, began, now.saturating_add(lease), BATCH as i64)
             .await?;
         if due.is_empty() {
             break;
         }
         let mut tasks = JoinSet::new();
         for delivery in due {
-            while tasks.len() >= CONCURRENCY {
-                collect(tasks.join_next().await, &mut report);
-            }
             let deliverer = deliverer.clone();
-            tasks.spawn(async move { deliverer.attempt(&delivery, Trigger::Worker).await });
+            tasks.spawn(async move {
+                deliverer
+                    .attempt_due_at(&delivery, Trigger::Worker, due_by)
+                    .await
+            });
         }
         while let Some(done) = tasks.join_next().await {
             collect(Some(done), &mut report);
@@ -84,13 +116,13 @@ pub async fn round(
 }
 
 fn collect(
-    done: Option<Result<Result<Verdict, StoreError>, tokio::task::JoinError>>,
+    done: Option<Result<Result<AttemptOutcome, StoreError>, tokio::task::JoinError>>,
     report: &mut Round,
 ) {
     match done {
-        Some(Ok(Ok(verdict))) => {
+        Some(Ok(Ok(outcome))) => {
             report.attempted += 1;
-            if verdict == Verdict::Delivered {
+            if outcome == AttemptOutcome::Delivered {
                 report.delivered += 1;
             }
         }

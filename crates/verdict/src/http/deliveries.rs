@@ -11,10 +11,8 @@ use super::auth::Authenticated;
 use super::error::ApiError;
 use super::events::{DeliveryView, rfc3339};
 use super::problem::Problem;
+use crate::delivery::DeliveryStatus;
 use crate::store::AttemptRow;
-
-/// The statuses a delivery can be in.
-const STATUSES: [&str; 4] = ["pending", "succeeded", "failed", "dead"];
 
 /// Query of `GET /v1/deliveries`.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -41,15 +39,16 @@ pub async fn list(
     Authenticated(tenant): Authenticated,
     Query(q): Query<ListQuery>,
 ) -> Result<Json<DeliveryPage>, ApiError> {
-    if let Some(status) = q.status.as_deref().filter(|s| !STATUSES.contains(s)) {
-        return Err(ApiError::Invalid(format!(
-            "status must be one of pending, succeeded, failed, dead (got `{status}`)"
-        )));
-    }
+    let status = q
+        .status
+        .as_deref()
+        .map(str::parse::<DeliveryStatus>)
+        .transpose()
+        .map_err(|e| ApiError::Invalid(e.to_string()))?;
     let limit = q.limit.unwrap_or(50).clamp(1, 500);
     let rows = app
         .store
-        .deliveries(tenant.id, q.status.as_deref(), q.before, limit)
+        .deliveries(tenant.id, status, q.before, limit)
         .await?;
     let next_cursor = (rows.len() as i64 == limit)
         .then(|| rows.last().map(|d| d.id))

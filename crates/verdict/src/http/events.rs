@@ -11,6 +11,7 @@ use super::AppState;
 use super::auth::Authenticated;
 use super::error::ApiError;
 use super::problem::Problem;
+use crate::delivery::DeliveryStatus;
 use crate::secrets::hex;
 use crate::store::{DeliveryRecord, EventRecord};
 
@@ -104,9 +105,9 @@ impl From<DeliveryRecord> for DeliveryView {
             id: d.id,
             event_id: d.event_id,
             webhook_id: d.webhook_id,
-            next_attempt_at: (d.status == "pending" || d.status == "failed")
+            next_attempt_at: matches!(d.status, DeliveryStatus::Pending | DeliveryStatus::Failed)
                 .then(|| rfc3339(d.next_attempt_at)),
-            status: d.status,
+            status: d.status.as_str().to_owned(),
             attempts: d.attempts,
             last_error: d.last_error,
             created_at: rfc3339(d.created_at),

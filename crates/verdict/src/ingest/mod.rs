@@ -103,6 +103,13 @@ struct Prepared<'a> {
     key: Option<KeyRef>,
 }
 
+/// Where a signal's callback goes, as read with its decision.
+#[derive(Clone, Debug)]
+struct Destination {
+    url: Option<String>,
+    disabled: bool,
+}
+
 /// A key this request holds, and the row's lifetime.
 struct Holding {
     held: HeldKey,
@@ -159,8 +166,10 @@ impl Ingest {
         match &signal.key {
             None => {
                 // No key: at least once, and the idempotent actions absorb duplicates.
-                let decided = self.decide(&signal).await?;
-                let response = self.act(&signal, Uuid::now_v7(), &decided, None).await?;
+                let (decided, destination) = self.decide(&signal).await?;
+                let response = self
+                    .act(&signal, Uuid::now_v7(), &decided, &destination, None)
+                    .await?;
                 Ok(Reply::Fresh(response))
             }
             Some(key) => self.run_keyed(&signal, key).await,
@@ -207,7 +216,7 @@ impl Ingest {
             Cached::Mismatch => return Err(IngestError::KeyReused),
             Cached::Miss => {}
         }
-        let holding = match self.claim(signal, key, now).await? {
+        let (holding, destination) = match self.claim(signal, key, now).await? {
             Ok(holding) => holding,
             Err(reply) => return Ok(reply),
         };
@@ -217,6 +226,7 @@ impl Ingest {
                 signal,
                 holding.event_id,
                 &holding.decided,
+                &destination,
                 Some(holding.held.clone()),
             )
             .await;
@@ -234,7 +244,7 @@ impl Ingest {
     }
 
     /// Decides the signal from the playbook in force and the subject's facts before it.
-    async fn decide(&self, signal: &Prepared<'_>) -> Result<Decided, StoreError> {
+    async fn decide(&self, signal: &Prepared<'_>) -> Result<(Decided, Destination), StoreError> {
         let tenant_id = signal.inbound.tenant.id;
         let inputs = self
             .store
@@ -249,14 +259,19 @@ impl Ingest {
         };
         let now = time::OffsetDateTime::now_utc();
         let ruling = playbook.decide(&signal.inbound.signal, facts, now);
-        Ok(Decided {
+        let decided = Decided {
             decision: ruling.decision,
             rule: ruling.rule,
             actions: ruling.actions,
             playbook_version,
             evaluated_at: to_ms(now),
             facts,
-        })
+        };
+        let destination = Destination {
+            url: inputs.callback_url,
+            disabled: inputs.callback_disabled,
+        };
+        Ok((decided, destination))
     }
 
     /// Claims the key with a frozen decision, or learns what holds it. `Err(reply)` when the
@@ -266,8 +281,8 @@ impl Ingest {
         signal: &Prepared<'_>,
         key: &KeyRef,
         now: i64,
-    ) -> Result<Result<Holding, Reply>, IngestError> {
-        let decided = self.decide(signal).await?;
+    ) -> Result<Result<(Holding, Destination), Reply>, IngestError> {
+        let (decided, destination) = self.decide(signal).await?;
         let claim = Claim {
             key: key.clone(),
             fingerprint: signal.inbound.fingerprint.0.to_vec(),
@@ -288,10 +303,16 @@ impl Ingest {
             expires_at,
         };
         if self.commits.claim(claim.clone()).await? {
-            return Ok(Ok(holding(claim.event_id, decided, claim.expires_at)));
+            return Ok(Ok((
+                holding(claim.event_id, decided, claim.expires_at),
+                destination,
+            )));
         }
         Ok(match self.store.claim(&claim).await? {
-            ClaimOutcome::Started => Ok(holding(claim.event_id, decided, claim.expires_at)),
+            ClaimOutcome::Started => Ok((
+                holding(claim.event_id, decided, claim.expires_at),
+                destination,
+            )),
             ClaimOutcome::TakenOver {
                 event_id,
                 from,
@@ -299,7 +320,7 @@ impl Ingest {
             } => {
                 tracing::info!(%event_id, "took over an abandoned idempotency key");
                 let recorded = recorded_decision(from)?.unwrap_or(decided);
-                Ok(holding(event_id, recorded, expires_at))
+                Ok((holding(event_id, recorded, expires_at), destination))
             }
             ClaimOutcome::InProgress => return Err(IngestError::InProgress),
             ClaimOutcome::Mismatch => return Err(IngestError::KeyReused),
@@ -326,6 +347,7 @@ impl Ingest {
         signal: &Prepared<'_>,
         event_id: Uuid,
         decided: &Decided,
+        destination: &Destination,
         held: Option<HeldKey>,
     ) -> Result<StoredResponse, IngestError> {
         let tenant = signal.inbound.tenant;
@@ -341,7 +363,7 @@ impl Ingest {
             signal.inbound,
             &target,
             decided.clone(),
-            callback_refusal(tenant, decided),
+            callback_refusal(destination, decided),
         ));
         let wants_callback = decided.wants_callback() && draft.callback_refusal.is_none();
         let callback = wants_callback.then(|| CallbackDraft {
@@ -379,7 +401,7 @@ impl Ingest {
                 webhook_id: delivery.webhook_id,
                 payload: delivery.payload,
                 retries_left: schedule::MAX_RETRIES,
-                callback_url: tenant.callback_url.clone(),
+                callback_url: destination.url.clone(),
             })
             .await;
         }
@@ -439,8 +461,8 @@ impl Ingest {
 }
 
 /// Why a decision's callback cannot be recorded, if it cannot.
-fn callback_refusal(tenant: &TenantRecord, decided: &Decided) -> Option<&'static str> {
-    match (&tenant.callback_url, tenant.callback_disabled) {
+fn callback_refusal(destination: &Destination, decided: &Decided) -> Option<&'static str> {
+    match (&destination.url, destination.disabled) {
         _ if !decided.wants_callback() => None,
         (None, _) => Some("no callback URL is configured"),
         (Some(_), true) => Some("the callback endpoint is disabled"),

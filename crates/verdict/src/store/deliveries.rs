@@ -60,7 +60,8 @@ pub struct DeliveryRecord {
     pub id: Uuid,
     pub event_id: Uuid,
     pub webhook_id: String,
-    pub status: String,
+    #[sqlx(try_from = "String")]
+    pub status: crate::delivery::DeliveryStatus,
     pub attempts: i64,
     pub next_attempt_at: i64,
     pub last_error: Option<String>,
@@ -77,11 +78,12 @@ pub trait DeliveryStore {
         tenant_id: Uuid,
         event_id: Uuid,
     ) -> Result<Vec<DeliveryRecord>, StoreError>;
-    /// Leases up to `limit` deliveries due at `now` until `lease_until`; no two callers get the
-    /// same delivery.
+    /// Leases up to `limit` deliveries due at `now`, and not attempted (nor otherwise updated)
+    /// at or after `since`, until `lease_until`; no two callers get the same delivery.
     async fn lease_due(
         &self,
         now: i64,
+        since: i64,
         lease_until: i64,
         limit: i64,
     ) -> Result<Vec<DueDelivery>, StoreError>;
@@ -102,7 +104,7 @@ pub trait DeliveryStore {
     async fn deliveries(
         &self,
         tenant_id: Uuid,
-        status: Option<&str>,
+        status: Option<crate::delivery::DeliveryStatus>,
         before: Option<Uuid>,
         limit: i64,
     ) -> Result<Vec<DeliveryRecord>, StoreError>;
@@ -227,6 +229,7 @@ macro_rules! deliveries_sql {
             async fn lease_due(
                 &self,
                 now: i64,
+                since: i64,
                 lease_until: i64,
                 limit: i64,
             ) -> Result<Vec<$crate::store::DueDelivery>, $crate::store::StoreError> {
@@ -234,6 +237,7 @@ macro_rules! deliveries_sql {
                     .bind(now)
                     .bind(lease_until)
                     .bind(limit)
+                    .bind(since)
                     .fetch_all(self.write())
                     .await?;
                 rows.iter()
@@ -268,7 +272,7 @@ macro_rules! deliveries_sql {
                      updated_at = $6 WHERE id = $1",
                 )
                 .bind(a.delivery_id)
-                .bind(a.next.status)
+                .bind(a.next.status.as_str())
                 .bind(a.next.retries_left)
                 .bind(a.next.next_attempt_at)
                 .bind(&a.error)
@@ -314,7 +318,7 @@ macro_rules! deliveries_sql {
             async fn deliveries(
                 &self,
                 tenant_id: uuid::Uuid,
-                status: Option<&str>,
+                status: Option<$crate::delivery::DeliveryStatus>,
                 before: Option<uuid::Uuid>,
                 limit: i64,
             ) -> Result<Vec<$crate::store::DeliveryRecord>, $crate::store::StoreError> {
@@ -327,7 +331,7 @@ macro_rules! deliveries_sql {
                      ORDER BY id DESC LIMIT $4",
                 )
                 .bind(tenant_id)
-                .bind(status.unwrap_or(""))
+                .bind(status.map_or("", |s| s.as_str()))
                 .bind(cursor)
                 .bind(limit)
                 .fetch_all(self.read())

@@ -14,14 +14,19 @@ pub struct StoredPlaybook {
     pub created_at: i64,
 }
 
-/// What a decision reads, in one round trip: the playbook version in force and the subject's
-/// facts as they are before this signal.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, sqlx::FromRow)]
+/// What a decision reads, in one round trip: the playbook version in force, the subject's
+/// facts as they are before this signal, and where its callback goes now (read fresh, so a
+/// disabled or changed endpoint applies to the very next signal).
+#[derive(Clone, Debug, Default, PartialEq, Eq, sqlx::FromRow)]
 pub struct DecisionInputs {
     /// The tenant's newest uploaded version; `None` means the built-in default.
     pub playbook_version: Option<i64>,
     /// Whether the subject's account is locked.
     pub subject_locked: bool,
+    /// The tenant's callback URL.
+    pub callback_url: Option<String>,
+    /// Whether the tenant's endpoint is disabled (after a 410).
+    pub callback_disabled: bool,
 }
 
 /// Playbook versions.
@@ -116,7 +121,8 @@ macro_rules! playbooks_sql {
                 Ok(sqlx::query_as(
                     "SELECT (SELECT MAX(version) FROM playbooks WHERE tenant_id = $1) \
                      AS playbook_version, EXISTS (SELECT 1 FROM account_locks \
-                     WHERE tenant_id = $1 AND subject_hash = $2) AS subject_locked",
+                     WHERE tenant_id = $1 AND subject_hash = $2) AS subject_locked, \
+                     t.callback_url, t.callback_disabled FROM tenants t WHERE t.id = $1",
                 )
                 .bind(tenant_id)
                 .bind(subject_hash)
