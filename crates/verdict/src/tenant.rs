@@ -62,6 +62,7 @@ fn seal(keys: &Keyring, tenant_id: Uuid, purpose: SecretPurpose, secret: &Secret
         purpose,
         sealed: keys.seal(secret.as_bytes(), &seal_context(tenant_id, purpose)),
         created_at: now_ms(),
+        retired_at: None,
     }
 }
 
@@ -159,12 +160,29 @@ pub async fn live_secrets(
     tenant_id: Uuid,
     purpose: SecretPurpose,
 ) -> Result<Vec<Secret>, TenantError> {
+    Ok(opened_secrets(store, keys, tenant_id, purpose)
+        .await?
+        .into_iter()
+        .map(|(secret, _)| secret)
+        .collect())
+}
+
+/// Live secrets, opened, each with when it retires.
+async fn opened_secrets(
+    store: &dyn Store,
+    keys: &Keyring,
+    tenant_id: Uuid,
+    purpose: SecretPurpose,
+) -> Result<Vec<(Secret, Option<i64>)>, TenantError> {
     let context = seal_context(tenant_id, purpose);
     store
         .live_secrets(tenant_id, purpose, now_ms())
         .await?
         .into_iter()
-        .map(|s| Ok(Secret::from_bytes(keys.open(&s.sealed, &context)?)))
+        .map(|s| {
+            let secret = Secret::from_bytes(keys.open(&s.sealed, &context)?);
+            Ok((secret, s.retired_at))
+        })
         .collect()
 }
 
@@ -172,13 +190,16 @@ pub async fn live_secrets(
 /// stops working within this time on every instance.
 pub const CREDENTIALS_TTL: Duration = Duration::from_secs(5);
 
+/// An opened secret and when it retires.
+type Retiring = (Secret, Option<i64>);
+
 /// Tenants by API key and their opened secrets, cached for at most [`CREDENTIALS_TTL`] so an
 /// authenticated request costs no database round trip.
 pub struct Credentials {
     store: Arc<dyn Store>,
     keys: Arc<Keyring>,
     tenants: moka::future::Cache<[u8; 32], TenantRecord>,
-    secrets: moka::future::Cache<(Uuid, SecretPurpose), Arc<Vec<Secret>>>,
+    secrets: moka::future::Cache<(Uuid, SecretPurpose), Arc<Vec<Retiring>>>,
 }
 
 impl Credentials {
@@ -212,19 +233,30 @@ impl Credentials {
         Ok(found)
     }
 
-    /// The tenant's live secrets of `purpose`, opened, newest first.
+    /// The tenant's live secrets of `purpose`, opened, newest first. A secret retires at its
+    /// own time even while cached; `fresh` reads past the cache (a rotation just made).
     pub async fn secrets(
         &self,
         tenant_id: Uuid,
         purpose: SecretPurpose,
-    ) -> Result<Arc<Vec<Secret>>, TenantError> {
-        if let Some(secrets) = self.secrets.get(&(tenant_id, purpose)).await {
-            return Ok(secrets);
-        }
-        let secrets = Arc::new(live_secrets(&*self.store, &self.keys, tenant_id, purpose).await?);
-        self.secrets
-            .insert((tenant_id, purpose), secrets.clone())
-            .await;
-        Ok(secrets)
+        fresh: bool,
+    ) -> Result<Vec<Secret>, TenantError> {
+        let cached = match self.secrets.get(&(tenant_id, purpose)).await {
+            Some(secrets) if !fresh => secrets,
+            _ => {
+                let opened =
+                    Arc::new(opened_secrets(&*self.store, &self.keys, tenant_id, purpose).await?);
+                self.secrets
+                    .insert((tenant_id, purpose), opened.clone())
+                    .await;
+                opened
+            }
+        };
+        let now = now_ms();
+        Ok(cached
+            .iter()
+            .filter(|(_, retired_at)| retired_at.is_none_or(|at| at > now))
+            .map(|(secret, _)| secret.clone())
+            .collect())
     }
 }

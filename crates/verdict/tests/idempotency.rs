@@ -156,7 +156,7 @@ async fn abandoned_in_flight_key_is_taken_over_after_the_lock_expires(backend: B
 
 async fn crash_after_the_commit_replays_the_stored_response(backend: Backend) {
     let db = TestDb::new(backend).await;
-    let tenant = db.tenant(&[]);
+    let tenant = db.tenant(&["--callback-url", common::UNUSED_CALLBACK]);
     let key = new_key();
     let body = sim_swap("+447700900007");
 

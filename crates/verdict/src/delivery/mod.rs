@@ -121,7 +121,7 @@ impl Deliverer {
         let started = now_ms();
         let secrets = self
             .credentials
-            .secrets(due.tenant_id, SecretPurpose::Webhook)
+            .secrets(due.tenant_id, SecretPurpose::Webhook, false)
             .await
             .map_err(|e| match e {
                 tenant::TenantError::Store(s) => s,

@@ -156,19 +156,22 @@ async fn authenticate(
     if now.abs_diff(ts) > TIMESTAMP_TOLERANCE_SECS as u64 {
         return Err(AuthError::StaleTimestamp.into());
     }
-    let secrets = app
-        .credentials
-        .secrets(tenant.id, SecretPurpose::Inbound)
-        .await?;
     let mut content = Vec::with_capacity(timestamp.len() + 1 + body.len());
     content.extend_from_slice(timestamp.trim().as_bytes());
     content.push(b'.');
     content.extend_from_slice(body);
-    if verdict_webhooks::signature_matches(&secrets, &content, signature) {
-        Ok(tenant)
-    } else {
-        Err(AuthError::BadSignature.into())
+    // The cached secrets first; on a mismatch the stored ones, so a secret rotated in a
+    // moment ago works at once (a retired one stops at its own time either way).
+    for fresh in [false, true] {
+        let secrets = app
+            .credentials
+            .secrets(tenant.id, SecretPurpose::Inbound, fresh)
+            .await?;
+        if verdict_webhooks::signature_matches(&secrets, &content, signature) {
+            return Ok(tenant);
+        }
     }
+    Err(AuthError::BadSignature.into())
 }
 
 fn stored_response(stored: StoredResponse, replayed: bool) -> Response {

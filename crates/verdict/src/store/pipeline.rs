@@ -288,7 +288,9 @@ macro_rules! pipeline_sql {
                     .filter_map(|(a, f)| a.held.as_ref().map(|h| (h, &f.response)))
                     .collect();
                 complete_keys(conn, &completions).await?;
-                $crate::failpoint::failpoint!("act::before_commit");
+                if !acts.is_empty() {
+                    $crate::failpoint::failpoint!("act::before_commit");
+                }
 
                 let mut committed = outcomes.into_iter().zip(finished).zip(deliveries).map(
                     |((outcome, finished), delivery)| $crate::store::pipeline::Committed {

@@ -52,6 +52,8 @@ pub struct SealedSecret {
     pub purpose: SecretPurpose,
     pub sealed: Vec<u8>,
     pub created_at: i64,
+    /// When it stops being valid (after a rotation's grace period).
+    pub retired_at: Option<i64>,
 }
 
 /// Tenants and their credentials.
@@ -172,8 +174,8 @@ macro_rules! tenants_sql {
                 purpose: $crate::store::SecretPurpose,
                 now: i64,
             ) -> Result<Vec<$crate::store::SealedSecret>, $crate::store::StoreError> {
-                let rows: Vec<(uuid::Uuid, Vec<u8>, i64)> = sqlx::query_as(
-                    "SELECT id, sealed, created_at FROM tenant_secrets \
+                let rows: Vec<(uuid::Uuid, Vec<u8>, i64, Option<i64>)> = sqlx::query_as(
+                    "SELECT id, sealed, created_at, retired_at FROM tenant_secrets \
                      WHERE tenant_id = $1 AND purpose = $2 \
                      AND (retired_at IS NULL OR retired_at > $3) ORDER BY created_at DESC",
                 )
@@ -184,12 +186,15 @@ macro_rules! tenants_sql {
                 .await?;
                 Ok(rows
                     .into_iter()
-                    .map(|(id, sealed, created_at)| $crate::store::SealedSecret {
-                        id,
-                        purpose,
-                        sealed,
-                        created_at,
-                    })
+                    .map(
+                        |(id, sealed, created_at, retired_at)| $crate::store::SealedSecret {
+                            id,
+                            purpose,
+                            sealed,
+                            created_at,
+                            retired_at,
+                        },
+                    )
                     .collect())
             }
 
