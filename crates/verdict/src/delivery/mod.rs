@@ -118,6 +118,21 @@ impl Deliverer {
         trigger: Trigger,
         due_at: i64,
     ) -> Result<AttemptOutcome, StoreError> {
+        let (attempt, record) = self.send(due, trigger, due_at).await?;
+        self.store.record_attempt(&record).await?;
+        observe(&attempt);
+        Ok(attempt.outcome)
+    }
+
+    /// Sends a leased delivery once, signed with the tenant's live webhook secrets; returns
+    /// what happened and the record to store (the caller stores it, alone or in a group
+    /// commit, then calls [`observe`]).
+    pub async fn send(
+        &self,
+        due: &DueDelivery,
+        trigger: Trigger,
+        due_at: i64,
+    ) -> Result<(attempt::Attempt, AttemptRecord), StoreError> {
         let started = now_ms();
         let secrets = self
             .credentials
@@ -157,31 +172,19 @@ impl Deliverer {
             due_at.min(started),
             self.settings.retry_interval,
         );
-        self.store
-            .record_attempt(&AttemptRecord {
-                id: Uuid::now_v7(),
-                delivery_id: due.id,
-                tenant_id: due.tenant_id,
-                attempted_at: started,
-                trigger: trigger.as_str(),
-                status_code: attempt.status_code.map(i32::from),
-                latency_ms: i64::try_from(attempt.latency.as_millis()).unwrap_or(i64::MAX),
-                error: attempt.error.clone(),
-                response_excerpt: attempt.excerpt.clone(),
-                next,
-            })
-            .await?;
-        metrics::counter!("verdict_delivery_attempts_total", "outcome" => outcome_label(&attempt.outcome))
-            .increment(1);
-        metrics::histogram!("verdict_delivery_latency_seconds")
-            .record(attempt.latency.as_secs_f64());
-        tracing::info!(
-            status = attempt.status_code,
-            latency_ms = attempt.latency.as_millis() as u64,
-            outcome = outcome_label(&attempt.outcome),
-            "delivery attempted"
-        );
-        Ok(attempt.outcome)
+        let record = AttemptRecord {
+            id: Uuid::now_v7(),
+            delivery_id: due.id,
+            tenant_id: due.tenant_id,
+            attempted_at: started,
+            trigger: trigger.as_str(),
+            status_code: attempt.status_code.map(i32::from),
+            latency_ms: i64::try_from(attempt.latency.as_millis()).unwrap_or(i64::MAX),
+            error: attempt.error.clone(),
+            response_excerpt: attempt.excerpt.clone(),
+            next,
+        };
+        Ok((attempt, record))
     }
 
     /// Resets a delivery for another round and attempts it now, with the same `webhook-id`.
@@ -207,6 +210,19 @@ impl Deliverer {
         };
         self.attempt(&due, Trigger::Redeliver).await.map(Some)
     }
+}
+
+/// Counts and logs a recorded attempt.
+pub fn observe(attempt: &attempt::Attempt) {
+    metrics::counter!("verdict_delivery_attempts_total", "outcome" => outcome_label(&attempt.outcome))
+        .increment(1);
+    metrics::histogram!("verdict_delivery_latency_seconds").record(attempt.latency.as_secs_f64());
+    tracing::info!(
+        status = attempt.status_code,
+        latency_ms = attempt.latency.as_millis() as u64,
+        outcome = outcome_label(&attempt.outcome),
+        "delivery attempted"
+    );
 }
 
 /// The inline attempt's lease in store units.

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use tokio::sync::{Mutex, mpsc, oneshot};
 
-use crate::store::{Act, Batch, BatchResult, Claim, Committed, Store, StoreError};
+use crate::store::{Act, AttemptRecord, Batch, BatchResult, Claim, Committed, Store, StoreError};
 
 /// Most signals' work in one commit.
 pub const MAX_BATCH: usize = 64;
@@ -20,6 +20,7 @@ const QUEUE: usize = 4096;
 enum Job {
     Claim(Box<Claim>, oneshot::Sender<Result<bool, StoreError>>),
     Act(Box<Act>, oneshot::Sender<Result<Committed, StoreError>>),
+    Attempt(Box<AttemptRecord>, oneshot::Sender<Result<(), StoreError>>),
 }
 
 /// The queue in front of the committers.
@@ -49,6 +50,13 @@ impl GroupCommit {
     pub async fn act(&self, act: Act) -> Result<Committed, StoreError> {
         let (reply, answer) = oneshot::channel();
         self.submit(Job::Act(Box::new(act), reply)).await?;
+        answer.await.map_err(|_| stopped())?
+    }
+
+    /// Records an inline callback attempt and moves its delivery on.
+    pub async fn record_attempt(&self, attempt: AttemptRecord) -> Result<(), StoreError> {
+        let (reply, answer) = oneshot::channel();
+        self.submit(Job::Attempt(Box::new(attempt), reply)).await?;
         answer.await.map_err(|_| stopped())?
     }
 
@@ -111,6 +119,7 @@ fn batch_of(jobs: &[Job], alert_window_ms: i64) -> Batch {
         match job {
             Job::Claim(claim, _) => batch.claims.push((**claim).clone()),
             Job::Act(act, _) => batch.acts.push((**act).clone()),
+            Job::Attempt(attempt, _) => batch.attempts.push((**attempt).clone()),
         }
     }
     batch
@@ -128,6 +137,9 @@ fn answer(jobs: Vec<Job>, result: BatchResult) {
             Job::Act(_, reply) => {
                 let _ = reply.send(acts.next().unwrap_or(Err(StoreError::LockLost)));
             }
+            Job::Attempt(_, reply) => {
+                let _ = reply.send(Ok(()));
+            }
         }
     }
 }
@@ -141,6 +153,9 @@ fn fail(jobs: Vec<Job>, err: StoreError) {
                 let _ = reply.send(Err(shared));
             }
             Job::Act(_, reply) => {
+                let _ = reply.send(Err(shared));
+            }
+            Job::Attempt(_, reply) => {
                 let _ = reply.send(Err(shared));
             }
         }

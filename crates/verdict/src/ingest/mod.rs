@@ -126,7 +126,7 @@ pub struct Ingest {
     playbooks: Library,
     deliverer: Arc<Deliverer>,
     completed: CompletedCache,
-    commits: GroupCommit,
+    commits: Arc<GroupCommit>,
 }
 
 impl Ingest {
@@ -138,7 +138,7 @@ impl Ingest {
         deliverer: Arc<Deliverer>,
     ) -> Self {
         Self {
-            commits: GroupCommit::start(store.clone(), settings.alert_window_ms),
+            commits: Arc::new(GroupCommit::start(store.clone(), settings.alert_window_ms)),
             store,
             keys,
             settings,
@@ -412,11 +412,19 @@ impl Ingest {
     /// then finishes (and records itself) in the background while the response goes out. The
     /// attempt keeps the request's span, so its log lines carry the request id.
     async fn attempt_inline(&self, due: DueDelivery) {
-        let deliverer = self.deliverer.clone();
+        let due_id = due.id;
+        let (deliverer, commits) = (self.deliverer.clone(), self.commits.clone());
         let deadline = deliverer.settings().deadline;
         let attempt = tokio::spawn(
-            async move { deliverer.attempt(&due, Trigger::Inline).await }
-                .instrument(tracing::Span::current()),
+            async move {
+                // Recorded through the group commit: the record shares a commit with other
+                // signals' work instead of costing one of its own.
+                let (attempt, record) = deliverer.send(&due, Trigger::Inline, now_ms()).await?;
+                commits.record_attempt(record).await?;
+                crate::delivery::observe(&attempt);
+                Ok::<_, StoreError>(attempt.outcome)
+            }
+            .instrument(tracing::info_span!("delivery", delivery_id = %due_id, trigger = "inline")),
         );
         match tokio::time::timeout(deadline, attempt).await {
             Ok(Ok(Ok(_))) => {}

@@ -9,8 +9,14 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use super::{ActionTarget, Claim, KeyRef, NewDelivery, NewEvent, StoreError, StoredResponse};
+use super::{
+    ActionTarget, AttemptRecord, Claim, KeyRef, NewDelivery, NewEvent, StoreError, StoredResponse,
+};
 use crate::actions::{ActionKind, Applied};
+
+/// Prepared statements a connection keeps: about 16 multi-row statements, each in one shape
+/// per batch size up to [`crate::ingest::MAX_BATCH`], plus the single-row ones.
+pub(crate) const STATEMENT_SHAPES: usize = 16 * crate::ingest::MAX_BATCH + 128;
 
 /// A key held by the request that acts on it, and its lock token.
 #[derive(Clone, Debug)]
@@ -80,6 +86,8 @@ pub struct Act {
 pub struct Batch {
     pub claims: Vec<Claim>,
     pub acts: Vec<Act>,
+    /// Inline callback attempts to record (each delivery's state moves with its attempt).
+    pub attempts: Vec<AttemptRecord>,
     /// At most one customer alert per subject and signal type within this window.
     pub alert_window_ms: i64,
 }
@@ -288,6 +296,7 @@ macro_rules! pipeline_sql {
                     .filter_map(|(a, f)| a.held.as_ref().map(|h| (h, &f.response)))
                     .collect();
                 complete_keys(conn, &completions).await?;
+                record_attempts(conn, &batch.attempts.iter().collect::<Vec<_>>()).await?;
                 if !acts.is_empty() {
                     $crate::failpoint::failpoint!("act::before_commit");
                 }

@@ -23,7 +23,10 @@ pub struct PostgresStore {
 impl PostgresStore {
     /// Connects to the database a `postgres://` URL names.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let options = PgConnectOptions::from_str(url)?;
+        // The group commit's multi-row statements differ by row count: keep every shape
+        // prepared instead of re-planning them as they evict each other.
+        let options = PgConnectOptions::from_str(url)?
+            .statement_cache_capacity(super::pipeline::STATEMENT_SHAPES);
         let pool = PgPoolOptions::new()
             .max_connections(16)
             .acquire_timeout(Duration::from_secs(10))

@@ -27,7 +27,10 @@ pub struct SqliteStore {
 impl SqliteStore {
     /// Opens (creating if missing) the database file a `sqlite:` URL names.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        // The group commit's multi-row statements differ by row count: keep every shape
+        // prepared instead of re-preparing them as they evict each other.
         let options = SqliteConnectOptions::from_str(url)?
+            .statement_cache_capacity(super::pipeline::STATEMENT_SHAPES)
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             // FULL: a committed claim or completion survives power loss, not only a crash.
