@@ -65,6 +65,45 @@ async fn send_until_decided(
     reply
 }
 
+/// Settings of every server in these tests: a short lock and callbacks to loopback.
+const ENV: [(&str, &str); 2] = [
+    ("VERDICT_LOCK_TIMEOUT_SECS", "1"),
+    ("VERDICT_ALLOW_PRIVATE_DESTINATIONS", "1"),
+];
+
+/// Sends a keyed signal to a server that aborts at `failpoint`, then starts a fresh one.
+async fn crash_then_restart(
+    db: &TestDb,
+    tenant: &common::Tenant,
+    key: &str,
+    body: &str,
+    failpoint: &str,
+) -> Server {
+    crash_then_restart_after(db, tenant, key, body, failpoint, || {}).await
+}
+
+/// As [`crash_then_restart`], running `meanwhile` while no server is up.
+async fn crash_then_restart_after(
+    db: &TestDb,
+    tenant: &common::Tenant,
+    key: &str,
+    body: &str,
+    failpoint: &str,
+    meanwhile: impl FnOnce(),
+) -> Server {
+    let abort = format!("{failpoint}=return(abort)");
+    let mut doomed_env = ENV.to_vec();
+    doomed_env.push(("FAILPOINTS", &abort));
+    let doomed = Server::start(db, &doomed_env);
+    doomed.send_raw_expecting_crash(tenant, key, body).await;
+    assert!(
+        doomed.wait_for_crash(),
+        "the process aborted at {failpoint}"
+    );
+    meanwhile();
+    Server::start(db, &ENV)
+}
+
 async fn retry_after_a_transient_failure_mid_effects_gets_the_fresh_decision(backend: Backend) {
     let db = TestDb::new(backend).await;
     let receiver = Receiver::start(vec![]).await;
@@ -93,17 +132,7 @@ async fn retry_after_a_crash_mid_effects_gets_the_fresh_decision(backend: Backen
     let tenant = db.tenant(&["--callback-url", &receiver.url]);
     let key = new_key();
     let body = sim_swap("+447700900302");
-    let env = [
-        ("VERDICT_LOCK_TIMEOUT_SECS", "1"),
-        ("VERDICT_ALLOW_PRIVATE_DESTINATIONS", "1"),
-    ];
-    let mut doomed_env = env.to_vec();
-    doomed_env.push(("FAILPOINTS", "act::after_lock_account=return(abort)"));
-    let doomed = Server::start(&db, &doomed_env);
-    doomed.send_raw_expecting_crash(&tenant, &key, &body).await;
-    assert!(doomed.wait_for_crash());
-
-    let server = Server::start(&db, &env);
+    let server = crash_then_restart(&db, &tenant, &key, &body, "act::after_lock_account").await;
     let reply = send_until_decided(&server, &tenant, &key, &body).await;
     assert_fresh_decision(&reply);
     assert!(
@@ -120,22 +149,12 @@ async fn a_takeover_uses_the_recorded_decision_not_a_newer_playbook(backend: Bac
     let tenant = db.tenant(&["--callback-url", &receiver.url]);
     let key = new_key();
     let body = sim_swap("+447700900303");
-    let env = [
-        ("VERDICT_LOCK_TIMEOUT_SECS", "1"),
-        ("VERDICT_ALLOW_PRIVATE_DESTINATIONS", "1"),
-    ];
-    let mut doomed_env = env.to_vec();
-    doomed_env.push(("FAILPOINTS", "ingest::after_claim=return(abort)"));
-    let doomed = Server::start(&db, &doomed_env);
-    doomed.send_raw_expecting_crash(&tenant, &key, &body).await;
-    assert!(doomed.wait_for_crash());
-
     // A newer playbook that would allow everything, published while the key is abandoned.
-    db.set_playbook(
-        &tenant,
-        "[[rule]]\nname = \"allow_all\"\ndecision = \"allow\"\nactions = []\n",
-    );
-    let server = Server::start(&db, &env);
+    let allow_all = "[[rule]]\nname = \"allow_all\"\ndecision = \"allow\"\nactions = []\n";
+    let server = crash_then_restart_after(&db, &tenant, &key, &body, "ingest::after_claim", || {
+        db.set_playbook(&tenant, allow_all);
+    })
+    .await;
     let reply = send_until_decided(&server, &tenant, &key, &body).await;
     assert_fresh_decision(&reply);
     // A new signal does get the new playbook.

@@ -154,10 +154,12 @@ macro_rules! actions_sql {
             }
             // One row per key: rows of one statement must not conflict with each other.
             let mut seen = std::collections::HashSet::new();
-            let rows: Vec<_> = targets
+            let mut rows: Vec<_> = targets
                 .iter()
                 .filter(|t| seen.insert(kind.key(t)))
                 .collect();
+            // Concurrent batches take the keys' index locks in one order: no deadlock cycle.
+            rows.sort_by_key(|t| kind.key(t));
             let mut q = sqlx::QueryBuilder::<Db>::new(kind.insert());
             q.push_values(rows, |mut row, t| {
                 let (tenant, key) = kind.key(t);
@@ -209,7 +211,8 @@ macro_rules! actions_sql {
             }
             let key = |t: &$crate::store::ActionTarget| (t.tenant_id, t.subject_hash.clone());
             let mut seen = std::collections::HashSet::new();
-            let rows: Vec<_> = targets.iter().filter(|t| seen.insert(key(t))).collect();
+            let mut rows: Vec<_> = targets.iter().filter(|t| seen.insert(key(t))).collect();
+            rows.sort_by_key(|t| key(t));
             let mut q = sqlx::QueryBuilder::<Db>::new(
                 "INSERT INTO cases (id, tenant_id, subject_hash, status, opened_by_event, \
                  opened_at) ",
@@ -275,7 +278,8 @@ macro_rules! actions_sql {
                 (t.tenant_id, t.subject_hash.clone(), t.signal_type)
             };
             let mut seen = std::collections::HashSet::new();
-            let rows: Vec<_> = targets.iter().filter(|t| seen.insert(key(t))).collect();
+            let mut rows: Vec<_> = targets.iter().filter(|t| seen.insert(key(t))).collect();
+            rows.sort_by_key(|t| key(t));
             let mut q = sqlx::QueryBuilder::<Db>::new(
                 "INSERT INTO alert_windows (tenant_id, subject_hash, signal_type, event_id, \
                  last_sent_at) ",

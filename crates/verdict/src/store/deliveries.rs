@@ -153,7 +153,8 @@ macro_rules! deliveries_sql {
                 (r.target.tenant_id, r.target.signal_key.clone())
             };
             let mut seen = std::collections::HashSet::new();
-            let unique: Vec<_> = rows.iter().filter(|r| seen.insert(key(r))).collect();
+            let mut unique: Vec<_> = rows.iter().filter(|r| seen.insert(key(r))).collect();
+            unique.sort_by_key(|r| key(r));
             let mut q = sqlx::QueryBuilder::<Db>::new(
                 "INSERT INTO deliveries (id, tenant_id, event_id, signal_key, webhook_id, \
                  payload, status, attempts, next_attempt_at, leased_until, created_at, \

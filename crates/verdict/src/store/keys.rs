@@ -211,6 +211,9 @@ macro_rules! keys_sql {
             if claims.is_empty() {
                 return Ok(Vec::new());
             }
+            // One lock order across concurrent batches.
+            let mut claims = claims.to_vec();
+            claims.sort_by(|a, b| a.key.digest.cmp(&b.key.digest));
             let mut q = sqlx::QueryBuilder::<Db>::new(
                 "INSERT INTO idempotency_keys (tenant_id, endpoint, key_digest, fingerprint, \
                  state, event_id, lock_token, locked_until, created_at, expires_at, ruling) ",
