@@ -12,6 +12,7 @@
 //! 4. **send**: the inline callback attempt, from the outbox row just stored.
 
 mod decision;
+mod decision_reads;
 mod group_commit;
 mod record;
 
@@ -36,6 +37,7 @@ use crate::store::{
 };
 
 pub use decision::{Decided, DecisionRecord};
+use decision_reads::DecisionReads;
 use group_commit::GroupCommit;
 pub use group_commit::MAX_BATCH;
 use record::Draft;
@@ -127,6 +129,7 @@ pub struct Ingest {
     deliverer: Arc<Deliverer>,
     completed: CompletedCache,
     commits: Arc<GroupCommit>,
+    reads: DecisionReads,
 }
 
 impl Ingest {
@@ -139,6 +142,7 @@ impl Ingest {
     ) -> Self {
         Self {
             commits: Arc::new(GroupCommit::start(store.clone(), settings.alert_window_ms)),
+            reads: DecisionReads::start(store.clone()),
             store,
             keys,
             settings,
@@ -247,9 +251,11 @@ impl Ingest {
     async fn decide(&self, signal: &Prepared<'_>) -> Result<(Decided, Destination), StoreError> {
         let tenant_id = signal.inbound.tenant.id;
         let inputs = self
-            .store
-            .decision_inputs(tenant_id, &signal.subject_hash)
-            .await?;
+            .reads
+            .read(tenant_id, &signal.subject_hash)
+            .await?
+            // The tenant authenticated a moment ago; gone now means it was deleted under us.
+            .ok_or_else(|| StoreError::Corrupt("the tenant is gone".into()))?;
         let (playbook, playbook_version) = self
             .playbooks
             .get(&*self.store, tenant_id, inputs.playbook_version)

@@ -1,5 +1,7 @@
 //! Playbook versions, and the one read a decision needs before its claim.
 
+use std::collections::HashMap;
+
 use async_trait::async_trait;
 use uuid::Uuid;
 
@@ -12,6 +14,15 @@ pub struct StoredPlaybook {
     pub format: String,
     pub source: String,
     pub created_at: i64,
+}
+
+/// A row of the batched decision read: which (tenant, subject) it answers.
+#[derive(sqlx::FromRow)]
+pub(crate) struct DecisionInputsRow {
+    pub tenant_id: Uuid,
+    pub subject_hash: Vec<u8>,
+    #[sqlx(flatten)]
+    pub inputs: DecisionInputs,
 }
 
 /// What a decision reads, in one round trip: the playbook version in force, the subject's
@@ -49,12 +60,12 @@ pub trait PlaybookStore {
         source: &str,
         now: i64,
     ) -> Result<i64, StoreError>;
-    /// The version in force and the subject's facts, in one statement.
+    /// The version in force, the subject's facts and the callback destination of each
+    /// (tenant, subject), in one statement for all of them; unknown tenants are left out.
     async fn decision_inputs(
         &self,
-        tenant_id: Uuid,
-        subject_hash: &[u8],
-    ) -> Result<DecisionInputs, StoreError>;
+        subjects: &[(Uuid, Vec<u8>)],
+    ) -> Result<HashMap<(Uuid, Vec<u8>), DecisionInputs>, StoreError>;
 }
 
 /// Implements [`PlaybookStore`] for a backend.
@@ -115,19 +126,29 @@ macro_rules! playbooks_sql {
 
             async fn decision_inputs(
                 &self,
-                tenant_id: uuid::Uuid,
-                subject_hash: &[u8],
-            ) -> Result<$crate::store::DecisionInputs, $crate::store::StoreError> {
-                Ok(sqlx::query_as(
-                    "SELECT (SELECT MAX(version) FROM playbooks WHERE tenant_id = $1) \
-                     AS playbook_version, EXISTS (SELECT 1 FROM account_locks \
-                     WHERE tenant_id = $1 AND subject_hash = $2) AS subject_locked, \
-                     t.callback_url, t.callback_disabled FROM tenants t WHERE t.id = $1",
-                )
-                .bind(tenant_id)
-                .bind(subject_hash)
-                .fetch_one(self.read())
-                .await?)
+                subjects: &[(uuid::Uuid, Vec<u8>)],
+            ) -> Result<
+                std::collections::HashMap<(uuid::Uuid, Vec<u8>), $crate::store::DecisionInputs>,
+                $crate::store::StoreError,
+            > {
+                if subjects.is_empty() {
+                    return Ok(Default::default());
+                }
+                let mut q = sqlx::QueryBuilder::<Db>::new(
+                    "SELECT v.column1 AS tenant_id, v.column2 AS subject_hash, \
+                     (SELECT MAX(version) FROM playbooks p WHERE p.tenant_id = v.column1) \
+                     AS playbook_version, EXISTS (SELECT 1 FROM account_locks l \
+                     WHERE l.tenant_id = v.column1 AND l.subject_hash = v.column2) \
+                     AS subject_locked, t.callback_url, t.callback_disabled FROM ",
+                );
+                push_keys(&mut q, subjects);
+                q.push(" AS v JOIN tenants t ON t.id = v.column1");
+                let rows: Vec<$crate::store::playbooks::DecisionInputsRow> =
+                    q.build_query_as().fetch_all(self.read()).await?;
+                Ok(rows
+                    .into_iter()
+                    .map(|r| ((r.tenant_id, r.subject_hash), r.inputs))
+                    .collect())
             }
         }
     };
