@@ -236,6 +236,27 @@ async fn transient_failure_releases_the_lock_and_the_retry_resumes(backend: Back
     assert!(replay.replayed(), "a 503 is never stored; the 200 is");
 }
 
+async fn a_replay_of_the_same_bytes_still_needs_a_valid_signature(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = db.tenant(&[]);
+    let server = Server::start(&db, &[]);
+    let key = new_key();
+    let body = sim_swap("+447700900010");
+    assert_eq!(server.send(&tenant, Some(&key), &body).await.status, 200);
+    assert!(server.send(&tenant, Some(&key), &body).await.replayed());
+
+    let forger = common::Tenant {
+        signing_secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into(),
+        ..tenant.clone()
+    };
+    let forged = server.send(&forger, Some(&key), &body).await;
+    assert_eq!(
+        forged.status, 401,
+        "the cache answers only after authentication"
+    );
+    assert!(!forged.replayed());
+}
+
 async fn hundred_concurrent_requests_with_one_key_yield_one_event(backend: Backend) {
     let db = TestDb::new(backend).await;
     let tenant = db.tenant(&[]);
@@ -419,6 +440,7 @@ on_both_backends!(
     crash_after_the_commit_replays_the_stored_response,
     transient_failure_releases_the_lock_and_the_retry_resumes,
     hundred_concurrent_requests_with_one_key_yield_one_event,
+    a_replay_of_the_same_bytes_still_needs_a_valid_signature,
     reserialised_body_is_a_replay_not_a_422,
     same_key_under_two_tenants_makes_two_signals,
     expired_key_is_accepted_as_a_new_request,

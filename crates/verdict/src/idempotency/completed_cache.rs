@@ -24,9 +24,20 @@ type Key = (Uuid, Vec<u8>);
 
 struct Entry {
     fingerprint: Vec<u8>,
+    /// SHA-256 of the raw bytes of a request that completed or replayed the key: a retry with
+    /// the very same bytes is the same valid payload, so it replays with no parsing at all.
+    raw_body: [u8; 32],
     response: StoredResponse,
     /// The row's own expiry (unix ms).
     expires_at: i64,
+}
+
+/// A request's payload, as the cache compares it.
+pub struct Payload {
+    /// SHA-256 over the canonical JSON.
+    pub fingerprint: Vec<u8>,
+    /// SHA-256 over the raw bytes.
+    pub raw_body: [u8; 32],
 }
 
 /// What the cache knows about a key.
@@ -87,19 +98,33 @@ impl CompletedCache {
         }
     }
 
+    /// The stored response of a completed key whose request had exactly these bytes.
+    pub fn get_by_raw_body(
+        &self,
+        tenant: Uuid,
+        digest: &[u8],
+        raw_body: &[u8; 32],
+        now: i64,
+    ) -> Option<StoredResponse> {
+        self.entries
+            .get(&(tenant, digest.to_vec()))
+            .filter(|e| e.expires_at > now && &e.raw_body == raw_body)
+            .map(|e| e.response.clone())
+    }
+
     /// Remembers a completed key until the row's `expires_at`.
     pub fn insert(
         &self,
-        tenant: Uuid,
-        digest: Vec<u8>,
-        fingerprint: Vec<u8>,
+        key: (Uuid, Vec<u8>),
+        payload: Payload,
         response: StoredResponse,
         expires_at: i64,
     ) {
         self.entries.insert(
-            (tenant, digest),
+            key,
             Arc::new(Entry {
-                fingerprint,
+                fingerprint: payload.fingerprint,
+                raw_body: payload.raw_body,
                 response,
                 expires_at,
             }),
@@ -117,6 +142,13 @@ impl CompletedCache {
 mod tests {
     use super::*;
 
+    fn payload(n: u8) -> Payload {
+        Payload {
+            fingerprint: vec![n],
+            raw_body: [n; 32],
+        }
+    }
+
     fn response(n: u8, len: usize) -> StoredResponse {
         StoredResponse {
             status: 200,
@@ -129,13 +161,19 @@ mod tests {
         let cache = CompletedCache::new(1 << 20);
         let t = Uuid::nil();
         let expires_at = now_ms() + 60_000;
-        cache.insert(t, vec![1], vec![9], response(1, 1), expires_at);
+        cache.insert((t, vec![1]), payload(9), response(1, 1), expires_at);
         let before = expires_at - 1;
         assert_eq!(
             cache.get(t, &[1], &[9], before),
             Cached::Replay(response(1, 1))
         );
         assert_eq!(cache.get(t, &[1], &[8], before), Cached::Mismatch);
+        assert_eq!(
+            cache.get_by_raw_body(t, &[1], &[9; 32], before),
+            Some(response(1, 1)),
+            "the same bytes replay without parsing"
+        );
+        assert_eq!(cache.get_by_raw_body(t, &[1], &[8; 32], before), None);
         assert_eq!(cache.get(t, &[1], &[9], expires_at), Cached::Miss);
         assert_eq!(
             cache.get(Uuid::max(), &[1], &[9], 0),
@@ -147,7 +185,12 @@ mod tests {
     #[test]
     fn an_entry_whose_row_already_expired_is_gone_at_once() {
         let cache = CompletedCache::new(1 << 20);
-        cache.insert(Uuid::nil(), vec![1], vec![9], response(1, 1), now_ms() - 1);
+        cache.insert(
+            (Uuid::nil(), vec![1]),
+            payload(9),
+            response(1, 1),
+            now_ms() - 1,
+        );
         assert!(!cache.entries.contains_key(&(Uuid::nil(), vec![1])));
     }
 
@@ -160,7 +203,12 @@ mod tests {
         for round in 0..20u8 {
             for n in 0..200u16 {
                 let key = n.to_be_bytes().to_vec();
-                cache.insert(t, key, vec![round], response(1, 1024), now_ms() + 60_000);
+                cache.insert(
+                    (t, key),
+                    payload(round),
+                    response(1, 1024),
+                    now_ms() + 60_000,
+                );
             }
         }
         assert!(

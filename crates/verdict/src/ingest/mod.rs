@@ -26,7 +26,8 @@ use crate::delivery::Deliverer;
 use crate::delivery::schedule::{self, Trigger};
 use crate::failpoint::failpoint;
 use crate::idempotency::{
-    Cached, CompletedCache, DEFAULT_CAPACITY_BYTES, Fingerprint, IdempotencyKey, SIGNALS_ENDPOINT,
+    Cached, CompletedCache, DEFAULT_CAPACITY_BYTES, Fingerprint, IdempotencyKey, Payload,
+    SIGNALS_ENDPOINT,
 };
 use crate::playbook::{Library, SubjectFacts};
 use crate::secrets::Keyring;
@@ -92,6 +93,8 @@ pub struct Inbound<'a> {
     pub key: Option<IdempotencyKey>,
     pub signal: Signal,
     pub fingerprint: Fingerprint,
+    /// SHA-256 of the raw body.
+    pub raw_body: [u8; 32],
 }
 
 /// What a request derives once from its signal: every digest the phases need.
@@ -180,6 +183,30 @@ impl Ingest {
         }
     }
 
+    /// A completed key's response for a request with exactly the bytes it cached, without
+    /// parsing them: identical bytes are the same valid payload.
+    pub fn replay_same_bytes(
+        &self,
+        tenant_id: Uuid,
+        key: &IdempotencyKey,
+        raw_body: &[u8; 32],
+    ) -> Option<StoredResponse> {
+        let digest = self.key_digest(key);
+        let replay = self
+            .completed
+            .get_by_raw_body(tenant_id, &digest, raw_body, now_ms());
+        if replay.is_some() {
+            metrics::counter!("verdict_replays_from_cache_total").increment(1);
+        }
+        replay
+    }
+
+    fn key_digest(&self, key: &IdempotencyKey) -> Vec<u8> {
+        self.keys
+            .digest(&[b"idempotency-key", key.as_bytes()])
+            .to_vec()
+    }
+
     fn prepare<'a>(&self, inbound: &'a Inbound<'a>) -> Prepared<'a> {
         let tenant_id = inbound.tenant.id;
         let signal = &inbound.signal;
@@ -193,10 +220,7 @@ impl Ingest {
         let key = inbound.key.as_ref().map(|key| KeyRef {
             tenant_id,
             endpoint: SIGNALS_ENDPOINT,
-            digest: self
-                .keys
-                .digest(&[b"idempotency-key", key.as_bytes()])
-                .to_vec(),
+            digest: self.key_digest(key),
         });
         Prepared {
             inbound,
@@ -236,9 +260,8 @@ impl Ingest {
             .await;
         match &result {
             Ok(response) => self.completed.insert(
-                key.tenant_id,
-                key.digest.clone(),
-                fingerprint.to_vec(),
+                (key.tenant_id, key.digest.clone()),
+                payload(signal.inbound),
                 response.clone(),
                 holding.expires_at,
             ),
@@ -335,9 +358,8 @@ impl Ingest {
                 expires_at,
             } => {
                 self.completed.insert(
-                    key.tenant_id,
-                    key.digest.clone(),
-                    claim.fingerprint,
+                    (key.tenant_id, key.digest.clone()),
+                    payload(signal.inbound),
                     response.clone(),
                     expires_at,
                 );
@@ -471,6 +493,14 @@ impl Ingest {
                 }
             }
         }
+    }
+}
+
+/// What the completed-key cache compares a request's payload by.
+fn payload(inbound: &Inbound<'_>) -> Payload {
+    Payload {
+        fingerprint: inbound.fingerprint.0.to_vec(),
+        raw_body: inbound.raw_body,
     }
 }
 
