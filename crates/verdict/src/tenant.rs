@@ -233,6 +233,28 @@ impl Credentials {
         Ok(found)
     }
 
+    /// The tenant of an API key if this instance has it cached; never a database read.
+    pub async fn cached_tenant(&self, api_key: &str) -> Option<TenantRecord> {
+        self.tenants.get(&api_key_hash(api_key)).await
+    }
+
+    /// The tenant's live secrets of `purpose` if cached; never a database read.
+    pub async fn cached_secrets(
+        &self,
+        tenant_id: Uuid,
+        purpose: SecretPurpose,
+    ) -> Option<Vec<Secret>> {
+        let cached = self.secrets.get(&(tenant_id, purpose)).await?;
+        let now = now_ms();
+        Some(
+            cached
+                .iter()
+                .filter(|(_, retired_at)| retired_at.is_none_or(|at| at > now))
+                .map(|(secret, _)| secret.clone())
+                .collect(),
+        )
+    }
+
     /// The tenant's live secrets of `purpose`, opened, newest first. A secret retires at its
     /// own time even while cached; `fresh` reads past the cache (a rotation just made).
     pub async fn secrets(

@@ -88,8 +88,9 @@ pub async fn post_signal(
 }
 
 /// A retry with the very bytes of a completed request (what a well-behaved client sends):
-/// authenticated, then replayed from the cache with no parsing. Anything else, including a
-/// failed authentication, takes the full path, so its answer and their order are unchanged.
+/// authenticated from in-memory credentials alone, then replayed from the cache with no
+/// parsing and no database round trip. Anything else (an uncached tenant, a failed check)
+/// takes the full path, so its answers and their order are unchanged.
 async fn replay_same_bytes(
     app: &AppState,
     headers: &HeaderMap,
@@ -97,7 +98,26 @@ async fn replay_same_bytes(
     key: &IdempotencyKey,
     raw_body: &[u8; 32],
 ) -> Option<Response> {
-    let tenant = authenticate(app, headers, body).await.ok()?;
+    let tenant = app
+        .credentials
+        .cached_tenant(super::auth::bearer(headers)?)
+        .await?;
+    if tenant.inbound_signature_required {
+        let secrets = app
+            .credentials
+            .cached_secrets(tenant.id, SecretPurpose::Inbound)
+            .await?;
+        let (timestamp, signature) = signature_headers(headers)?;
+        let ts: i64 = timestamp.trim().parse().ok()?;
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        if now.abs_diff(ts) > TIMESTAMP_TOLERANCE_SECS as u64 {
+            return None;
+        }
+        let content = signed_content(timestamp, body);
+        if !verdict_webhooks::signature_matches(&secrets, &content, signature) {
+            return None;
+        }
+    }
     let stored = app.ingest.replay_same_bytes(tenant.id, key, raw_body)?;
     metrics::counter!("verdict_signals_total").increment(1);
     metrics::counter!("verdict_replays_total").increment(1);
@@ -167,11 +187,7 @@ async fn authenticate(
     if !tenant.inbound_signature_required {
         return Ok(tenant);
     }
-    let header_str = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    let (Some(timestamp), Some(signature)) = (
-        header_str("verdict-timestamp"),
-        header_str("verdict-signature"),
-    ) else {
+    let Some((timestamp, signature)) = signature_headers(headers) else {
         return Err(AuthError::MissingSignature.into());
     };
     let ts: i64 = timestamp
@@ -182,10 +198,7 @@ async fn authenticate(
     if now.abs_diff(ts) > TIMESTAMP_TOLERANCE_SECS as u64 {
         return Err(AuthError::StaleTimestamp.into());
     }
-    let mut content = Vec::with_capacity(timestamp.len() + 1 + body.len());
-    content.extend_from_slice(timestamp.trim().as_bytes());
-    content.push(b'.');
-    content.extend_from_slice(body);
+    let content = signed_content(timestamp, body);
     // The cached secrets first; on a mismatch the stored ones, so a secret rotated in a
     // moment ago works at once (a retired one stops at its own time either way).
     for fresh in [false, true] {
@@ -198,6 +211,24 @@ async fn authenticate(
         }
     }
     Err(AuthError::BadSignature.into())
+}
+
+/// `Verdict-Timestamp` and `Verdict-Signature`, if both are there.
+fn signature_headers(headers: &HeaderMap) -> Option<(&str, &str)> {
+    let header_str = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    Some((
+        header_str("verdict-timestamp")?,
+        header_str("verdict-signature")?,
+    ))
+}
+
+/// What `Verdict-Signature` signs: `"{timestamp}.{raw body}"`.
+fn signed_content(timestamp: &str, body: &[u8]) -> Vec<u8> {
+    let mut content = Vec::with_capacity(timestamp.len() + 1 + body.len());
+    content.extend_from_slice(timestamp.trim().as_bytes());
+    content.push(b'.');
+    content.extend_from_slice(body);
+    content
 }
 
 fn stored_response(stored: StoredResponse, replayed: bool) -> Response {

@@ -348,8 +348,22 @@ impl Ingest {
                 expires_at,
             } => {
                 tracing::info!(%event_id, "took over an abandoned idempotency key");
-                let recorded = recorded_decision(from)?.unwrap_or(decided);
-                Ok((holding(event_id, recorded, expires_at), destination))
+                let taken = holding(event_id, decided, expires_at);
+                match recorded_decision(from) {
+                    Ok(recorded) => Ok((
+                        Holding {
+                            decided: recorded.unwrap_or(taken.decided),
+                            ..taken
+                        },
+                        destination,
+                    )),
+                    Err(err) => {
+                        // The key is ours now: a final error is stored, not left locked.
+                        let err = IngestError::from(err);
+                        self.settle_failure(&err, &taken.held).await;
+                        return Err(err);
+                    }
+                }
             }
             ClaimOutcome::InProgress => return Err(IngestError::InProgress),
             ClaimOutcome::Mismatch => return Err(IngestError::KeyReused),

@@ -213,7 +213,9 @@ macro_rules! keys_sql {
             }
             // One lock order across concurrent batches.
             let mut claims = claims.to_vec();
-            claims.sort_by(|a, b| a.key.digest.cmp(&b.key.digest));
+            claims.sort_by(|a, b| {
+                (a.key.tenant_id, &a.key.digest).cmp(&(b.key.tenant_id, &b.key.digest))
+            });
             let mut q = sqlx::QueryBuilder::<Db>::new(
                 "INSERT INTO idempotency_keys (tenant_id, endpoint, key_digest, fingerprint, \
                  state, event_id, lock_token, locked_until, created_at, expires_at, ruling) ",
@@ -295,7 +297,8 @@ macro_rules! keys_sql {
                             let taken = sqlx::query(
                                 "UPDATE idempotency_keys SET lock_token = $4, locked_until = $5 \
                                  WHERE tenant_id = $1 AND endpoint = $2 AND key_digest = $3 \
-                                 AND state = $6 AND lock_token = $7 AND locked_until <= $8",
+                                 AND state = $6 AND locked_until <= $8 \
+                                 AND (lock_token = $7 OR (lock_token IS NULL AND $7 IS NULL))",
                             )
                             .bind(key.tenant_id)
                             .bind(key.endpoint)

@@ -116,7 +116,7 @@ macro_rules! pipeline_sql {
         async fn hold_keys(
             conn: &mut $conn,
             held: &[&$crate::store::HeldKey],
-        ) -> Result<std::collections::HashSet<(uuid::Uuid, Vec<u8>)>, sqlx::Error> {
+        ) -> Result<std::collections::HashSet<(uuid::Uuid, Vec<u8>, uuid::Uuid)>, sqlx::Error> {
             if held.is_empty() {
                 return Ok(Default::default());
             }
@@ -137,8 +137,9 @@ macro_rules! pipeline_sql {
                 list.push_bind_unseparated(h.lock_token);
                 list.push_unseparated(")");
             }
-            q.push(") RETURNING tenant_id, key_digest");
-            let rows: Vec<(uuid::Uuid, Vec<u8>)> = q.build_query_as().fetch_all(conn).await?;
+            q.push(") RETURNING tenant_id, key_digest, lock_token");
+            let rows: Vec<(uuid::Uuid, Vec<u8>, uuid::Uuid)> =
+                q.build_query_as().fetch_all(conn).await?;
             Ok(rows.into_iter().collect())
         }
 
@@ -278,7 +279,9 @@ macro_rules! pipeline_sql {
                 let live = |a: &$crate::store::Act| {
                     a.held
                         .as_ref()
-                        .is_none_or(|h| ours.contains(&(h.key.tenant_id, h.key.digest.clone())))
+                        .is_none_or(|h| {
+                            ours.contains(&(h.key.tenant_id, h.key.digest.clone(), h.lock_token))
+                        })
                 };
                 let acts: Vec<_> = batch.acts.iter().filter(|a| live(a)).collect();
                 let (outcomes, deliveries) =
