@@ -225,21 +225,29 @@ macro_rules! actions_sql {
                     .push_bind(t.event_id)
                     .push_bind(t.now);
             });
-            q.push(" ON CONFLICT DO NOTHING");
-            q.build().execute(&mut *conn).await?;
-            // The open case of every subject, ours or an earlier one.
-            let keys: Vec<_> = seen.into_iter().collect();
-            let mut q = sqlx::QueryBuilder::<Db>::new(
-                "SELECT tenant_id, subject_hash, id, opened_by_event FROM cases \
-                 WHERE status = 'open' AND (tenant_id, subject_hash) IN ",
-            );
-            push_keys(&mut q, &keys);
-            let open: Vec<(uuid::Uuid, Vec<u8>, uuid::Uuid, uuid::Uuid)> =
+            q.push(" ON CONFLICT DO NOTHING RETURNING tenant_id, subject_hash, id, opened_by_event");
+            let opened: Vec<(uuid::Uuid, Vec<u8>, uuid::Uuid, uuid::Uuid)> =
                 q.build_query_as().fetch_all(&mut *conn).await?;
-            let open: std::collections::HashMap<_, _> = open
+            let mut open: std::collections::HashMap<_, _> = opened
                 .into_iter()
                 .map(|(t, s, id, opener)| ((t, s), (id, opener)))
                 .collect();
+            // The open case of every other subject: an earlier one.
+            let missing: Vec<_> = seen.into_iter().filter(|k| !open.contains_key(k)).collect();
+            if !missing.is_empty() {
+                let mut q = sqlx::QueryBuilder::<Db>::new(
+                    "SELECT tenant_id, subject_hash, id, opened_by_event FROM cases \
+                     WHERE status = 'open' AND (tenant_id, subject_hash) IN ",
+                );
+                push_keys(&mut q, &missing);
+                let earlier: Vec<(uuid::Uuid, Vec<u8>, uuid::Uuid, uuid::Uuid)> =
+                    q.build_query_as().fetch_all(&mut *conn).await?;
+                open.extend(
+                    earlier
+                        .into_iter()
+                        .map(|(t, s, id, opener)| ((t, s), (id, opener))),
+                );
+            }
             let mut attach = Vec::with_capacity(targets.len());
             let mut outcomes = Vec::with_capacity(targets.len());
             for t in targets {
@@ -297,29 +305,38 @@ macro_rules! actions_sql {
                  WHERE alert_windows.last_sent_at <= excluded.last_sent_at - ",
             );
             q.push_bind(window_ms);
-            q.build().execute(&mut *conn).await?;
-            // Who holds each window now.
-            let mut q = sqlx::QueryBuilder::<Db>::new(
-                "SELECT tenant_id, subject_hash, signal_type, event_id FROM alert_windows \
-                 WHERE (tenant_id, subject_hash, signal_type) IN (VALUES ",
-            );
-            let mut list = q.separated(", ");
-            for (tenant, subject, signal_type) in &seen {
-                list.push("(");
-                list.push_bind_unseparated(*tenant);
-                list.push_unseparated(", ");
-                list.push_bind_unseparated(subject.clone());
-                list.push_unseparated(", ");
-                list.push_bind_unseparated(*signal_type);
-                list.push_unseparated(")");
-            }
-            q.push(")");
-            let held: Vec<(uuid::Uuid, Vec<u8>, String, uuid::Uuid)> =
+            q.push(" RETURNING tenant_id, subject_hash, signal_type, event_id");
+            let claimed: Vec<(uuid::Uuid, Vec<u8>, String, uuid::Uuid)> =
                 q.build_query_as().fetch_all(&mut *conn).await?;
-            let holder: std::collections::HashMap<_, _> = held
+            let mut holder: std::collections::HashMap<_, _> = claimed
                 .into_iter()
                 .map(|(t, s, ty, e)| ((t, s, ty), e))
                 .collect();
+            // Who holds each window this statement did not claim.
+            let missing: Vec<_> = seen
+                .iter()
+                .filter(|(t, s, ty)| !holder.contains_key(&(*t, s.clone(), (*ty).to_owned())))
+                .collect();
+            if !missing.is_empty() {
+                let mut q = sqlx::QueryBuilder::<Db>::new(
+                    "SELECT tenant_id, subject_hash, signal_type, event_id FROM alert_windows \
+                     WHERE (tenant_id, subject_hash, signal_type) IN (VALUES ",
+                );
+                let mut list = q.separated(", ");
+                for (tenant, subject, signal_type) in missing {
+                    list.push("(");
+                    list.push_bind_unseparated(*tenant);
+                    list.push_unseparated(", ");
+                    list.push_bind_unseparated(subject.clone());
+                    list.push_unseparated(", ");
+                    list.push_bind_unseparated(*signal_type);
+                    list.push_unseparated(")");
+                }
+                q.push(")");
+                let held: Vec<(uuid::Uuid, Vec<u8>, String, uuid::Uuid)> =
+                    q.build_query_as().fetch_all(&mut *conn).await?;
+                holder.extend(held.into_iter().map(|(t, s, ty, e)| ((t, s, ty), e)));
+            }
             let ours: Vec<bool> = targets
                 .iter()
                 .map(|t| {
