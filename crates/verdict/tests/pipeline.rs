@@ -47,6 +47,23 @@ fn assert_fresh_decision(reply: &common::Reply) {
     assert_eq!(actions, expected);
 }
 
+/// Sends a keyed signal without waiting for its answer.
+fn send_in_background(
+    server: &Server,
+    tenant: &common::Tenant,
+    key: &str,
+    body: &str,
+) -> tokio::task::JoinHandle<common::Reply> {
+    let req = common::signed(
+        server.client.post(format!("{}/v1/signals", server.base)),
+        tenant,
+        Some(key),
+        body,
+        common::now(),
+    );
+    tokio::spawn(async move { common::Reply::from(req.send().await.unwrap()).await })
+}
+
 /// Retries a keyed signal until it is no longer in progress.
 async fn send_until_decided(
     server: &Server,
@@ -181,16 +198,7 @@ async fn a_holder_that_overruns_its_lock_finishes_once_and_the_taker_gets_its_an
     );
     let key = new_key();
     let body = sim_swap("+447700900304");
-    let holder = {
-        let req = common::signed(
-            server.client.post(format!("{}/v1/signals", server.base)),
-            &tenant,
-            Some(&key),
-            &body,
-            common::now(),
-        );
-        tokio::spawn(async move { common::Reply::from(req.send().await.unwrap()).await })
-    };
+    let holder = send_in_background(&server, &tenant, &key, &body);
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let taker = send_until_decided(&server, &tenant, &key, &body).await;
     let holder = holder.await.unwrap();
@@ -227,16 +235,7 @@ async fn a_keyed_callback_names_an_event_that_is_already_stored(backend: Backend
     let server = Server::start(&db, &[("VERDICT_ALLOW_PRIVATE_DESTINATIONS", "1")]);
     let key = new_key();
     let body = sim_swap("+447700900305");
-    let request = {
-        let req = common::signed(
-            server.client.post(format!("{}/v1/signals", server.base)),
-            &tenant,
-            Some(&key),
-            &body,
-            common::now(),
-        );
-        tokio::spawn(async move { common::Reply::from(req.send().await.unwrap()).await })
-    };
+    let request = send_in_background(&server, &tenant, &key, &body);
     for _ in 0..100 {
         if !receiver.received().is_empty() {
             break;

@@ -120,6 +120,10 @@ pub trait DeliveryStore {
     async fn queue_depth(&self, now: i64) -> Result<i64, StoreError>;
 }
 
+/// The columns of [`DeliveryRecord`].
+pub(crate) const DELIVERY_COLUMNS: &str = "id, event_id, webhook_id, status, attempts, \
+     next_attempt_at, last_error, created_at, updated_at";
+
 /// A delivery to record for an event, as the group commit inserts it.
 pub(crate) struct OutboxRow<'a> {
     pub target: &'a crate::store::ActionTarget,
@@ -129,13 +133,6 @@ pub(crate) struct OutboxRow<'a> {
 /// Implements [`DeliveryStore`] and the batched outbox insert for a backend.
 macro_rules! deliveries_sql {
     ($store:ty, $conn:ty, $lease_due:expr) => {
-        fn delivery_from_row(row: &Row) -> Result<$crate::store::DeliveryRecord, sqlx::Error> {
-            sqlx::FromRow::from_row(row)
-        }
-
-        fn due_from_row(row: &Row) -> Result<$crate::store::DueDelivery, sqlx::Error> {
-            sqlx::FromRow::from_row(row)
-        }
 
         /// An effect held once per subject (a lock, a deny): `insert` takes (tenant, subject,
 
@@ -270,19 +267,15 @@ macro_rules! deliveries_sql {
                 tenant_id: uuid::Uuid,
                 event_id: uuid::Uuid,
             ) -> Result<Vec<$crate::store::DeliveryRecord>, $crate::store::StoreError> {
-                let rows = sqlx::query(
-                    "SELECT id, event_id, webhook_id, status, attempts, next_attempt_at, \
-                     last_error, created_at, updated_at FROM deliveries \
-                     WHERE tenant_id = $1 AND event_id = $2 ORDER BY id",
-                )
-                .bind(tenant_id)
-                .bind(event_id)
-                .fetch_all(self.read())
-                .await?;
-                rows.iter()
-                    .map(delivery_from_row)
-                    .collect::<Result<_, sqlx::Error>>()
-                    .map_err(Into::into)
+                let sql = format!(
+                    "SELECT {} FROM deliveries WHERE tenant_id = $1 AND event_id = $2 ORDER BY id",
+                    $crate::store::deliveries::DELIVERY_COLUMNS
+                );
+                Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                    .bind(tenant_id)
+                    .bind(event_id)
+                    .fetch_all(self.read())
+                    .await?)
             }
 
             async fn lease_due(
@@ -292,17 +285,13 @@ macro_rules! deliveries_sql {
                 lease_until: i64,
                 limit: i64,
             ) -> Result<Vec<$crate::store::DueDelivery>, $crate::store::StoreError> {
-                let rows = sqlx::query($lease_due)
+                Ok(sqlx::query_as($lease_due)
                     .bind(now)
                     .bind(lease_until)
                     .bind(limit)
                     .bind(since)
                     .fetch_all(self.write())
-                    .await?;
-                rows.iter()
-                    .map(due_from_row)
-                    .collect::<Result<_, sqlx::Error>>()
-                    .map_err(Into::into)
+                    .await?)
             }
 
             async fn record_attempt(
@@ -323,7 +312,7 @@ macro_rules! deliveries_sql {
                 lease_until: i64,
                 retries: i64,
             ) -> Result<Option<$crate::store::DueDelivery>, $crate::store::StoreError> {
-                let row = sqlx::query(
+                let row = sqlx::query_as(
                     "UPDATE deliveries SET status = 'pending', retries_left = $5, \
                      next_attempt_at = $3, leased_until = $4, updated_at = $3 \
                      WHERE tenant_id = $1 AND id = $2 AND leased_until <= $3 \
@@ -338,7 +327,7 @@ macro_rules! deliveries_sql {
                 .bind(retries)
                 .fetch_optional(self.write())
                 .await?;
-                Ok(row.as_ref().map(due_from_row).transpose()?)
+                Ok(row)
             }
 
             async fn deliveries(
@@ -350,22 +339,18 @@ macro_rules! deliveries_sql {
             ) -> Result<Vec<$crate::store::DeliveryRecord>, $crate::store::StoreError> {
                 // A nil UUID cursor sorts before every v7 id, so "no cursor" is the max UUID.
                 let cursor = before.unwrap_or(uuid::Uuid::max());
-                let rows = sqlx::query(
-                    "SELECT id, event_id, webhook_id, status, attempts, next_attempt_at, \
-                     last_error, created_at, updated_at FROM deliveries \
-                     WHERE tenant_id = $1 AND ($2 = '' OR status = $2) AND id < $3 \
-                     ORDER BY id DESC LIMIT $4",
-                )
-                .bind(tenant_id)
-                .bind(status.map_or("", |s| s.as_str()))
-                .bind(cursor)
-                .bind(limit)
-                .fetch_all(self.read())
-                .await?;
-                rows.iter()
-                    .map(delivery_from_row)
-                    .collect::<Result<_, sqlx::Error>>()
-                    .map_err(Into::into)
+                let sql = format!(
+                    "SELECT {} FROM deliveries WHERE tenant_id = $1 \
+                     AND ($2 = '' OR status = $2) AND id < $3 ORDER BY id DESC LIMIT $4",
+                    $crate::store::deliveries::DELIVERY_COLUMNS
+                );
+                Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                    .bind(tenant_id)
+                    .bind(status.map_or("", |s| s.as_str()))
+                    .bind(cursor)
+                    .bind(limit)
+                    .fetch_all(self.read())
+                    .await?)
             }
 
             async fn delivery(
@@ -373,16 +358,15 @@ macro_rules! deliveries_sql {
                 tenant_id: uuid::Uuid,
                 id: uuid::Uuid,
             ) -> Result<Option<$crate::store::DeliveryRecord>, $crate::store::StoreError> {
-                let row = sqlx::query(
-                    "SELECT id, event_id, webhook_id, status, attempts, next_attempt_at, \
-                     last_error, created_at, updated_at FROM deliveries \
-                     WHERE tenant_id = $1 AND id = $2",
-                )
-                .bind(tenant_id)
-                .bind(id)
-                .fetch_optional(self.read())
-                .await?;
-                Ok(row.as_ref().map(delivery_from_row).transpose()?)
+                let sql = format!(
+                    "SELECT {} FROM deliveries WHERE tenant_id = $1 AND id = $2",
+                    $crate::store::deliveries::DELIVERY_COLUMNS
+                );
+                Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                    .bind(tenant_id)
+                    .bind(id)
+                    .fetch_optional(self.read())
+                    .await?)
             }
 
             async fn delivery_attempts(

@@ -44,6 +44,10 @@ pub struct EventRecord {
     pub facts: String,
 }
 
+/// The columns of [`EventRecord`].
+pub(crate) const EVENT_COLUMNS: &str = "id, signal_type, subject_hash, observed_at, attributes, \
+     metadata, decision, playbook_version, rule, actions, created_at, evaluated_at, facts";
+
 /// Reads of events.
 #[async_trait]
 pub trait EventStore {
@@ -105,11 +109,12 @@ macro_rules! events_sql {
             ) -> Result<Vec<$crate::store::EventRecord>, $crate::store::StoreError> {
                 // UUIDv7 ids sort by creation time, so the id is the pagination cursor; "no
                 // cursor" is the max UUID.
-                Ok(sqlx::query_as(
-                    "SELECT id, signal_type, subject_hash, observed_at, attributes, metadata, \
-                     decision, playbook_version, rule, actions, created_at, evaluated_at, facts \
-                     FROM events WHERE tenant_id = $1 AND id < $2 ORDER BY id DESC LIMIT $3",
-                )
+                let sql = format!(
+                    "SELECT {} FROM events WHERE tenant_id = $1 AND id < $2 \
+                     ORDER BY id DESC LIMIT $3",
+                    $crate::store::events::EVENT_COLUMNS
+                );
+                Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
                 .bind(tenant_id)
                 .bind(before.unwrap_or(uuid::Uuid::max()))
                 .bind(limit)
@@ -122,11 +127,11 @@ macro_rules! events_sql {
                 tenant_id: uuid::Uuid,
                 id: uuid::Uuid,
             ) -> Result<Option<$crate::store::EventRecord>, $crate::store::StoreError> {
-                Ok(sqlx::query_as(
-                    "SELECT id, signal_type, subject_hash, observed_at, attributes, metadata, \
-                     decision, playbook_version, rule, actions, created_at, evaluated_at, facts \
-                     FROM events WHERE tenant_id = $1 AND id = $2",
-                )
+                let sql = format!(
+                    "SELECT {} FROM events WHERE tenant_id = $1 AND id = $2",
+                    $crate::store::events::EVENT_COLUMNS
+                );
+                Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
                 .bind(tenant_id)
                 .bind(id)
                 .fetch_optional(self.read())
