@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use crate::config::{Config, DatabaseArgs, DeliveryArgs, ServeArgs, ServeConfig};
 use crate::playbook::{self, Format};
-use crate::store::{self, SecretPurpose};
+use crate::store::{self, Scope, SecretPurpose};
 use crate::tenant::{self, TenantSpec};
 
 /// verdict: exactly-once trust decisions for identity-risk signals.
@@ -164,6 +164,44 @@ pub enum TenantCommand {
         #[arg(long, default_value_t = 24 * 60 * 60)]
         grace_secs: u64,
         /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Issue, list and revoke the tenant's API keys.
+    #[command(subcommand)]
+    Key(KeyCommand),
+}
+
+/// `verdict tenant key …`.
+#[derive(Debug, Subcommand)]
+pub enum KeyCommand {
+    /// Issue a key and print it (shown once).
+    Create {
+        /// The tenant's id.
+        #[arg(long)]
+        tenant: Uuid,
+        /// ingest (send signals), read (the GET endpoints) or admin (everything).
+        #[arg(long)]
+        scope: Scope,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke a key: every instance refuses it within 5 seconds.
+    Revoke {
+        /// The tenant's id.
+        #[arg(long)]
+        tenant: Uuid,
+        /// The key's id (from `create` or `list`).
+        #[arg(long)]
+        key_id: Uuid,
+    },
+    /// List the tenant's keys (never the keys themselves), oldest first.
+    List {
+        /// The tenant's id.
+        #[arg(long)]
+        tenant: Uuid,
+        /// Print one JSON array.
         #[arg(long)]
         json: bool,
     },
@@ -385,6 +423,58 @@ async fn run_tenant(config: &Config, cmd: TenantCommand) -> anyhow::Result<()> {
                 println!("{out}");
             } else {
                 println!("{}", secret.to_whsec());
+            }
+        }
+        TenantCommand::Key(cmd) => run_key(&*store, cmd).await?,
+    }
+    Ok(())
+}
+
+async fn run_key(store: &dyn store::Store, cmd: KeyCommand) -> anyhow::Result<()> {
+    match cmd {
+        KeyCommand::Create {
+            tenant,
+            scope,
+            json,
+        } => {
+            let issued = tenant::issue_key(store, tenant, scope).await?;
+            if json {
+                println!("{}", serde_json::to_string(&issued)?);
+            } else {
+                println!("key_id   {}", issued.key_id);
+                println!("api_key  {}", issued.api_key);
+                println!("scope    {}", issued.scope);
+                println!("(the key is shown once; store it now)");
+            }
+        }
+        KeyCommand::Revoke { tenant, key_id } => {
+            tenant::revoke_key(store, tenant, key_id).await?;
+            println!("key {key_id} revoked; every instance refuses it within 5 seconds");
+        }
+        KeyCommand::List { tenant, json } => {
+            let keys: Vec<crate::http::KeyView> = tenant::list_keys(store, tenant)
+                .await?
+                .into_iter()
+                .map(Into::into)
+                .collect();
+            if json {
+                println!("{}", serde_json::to_string(&keys)?);
+            } else {
+                println!(
+                    "{:<36}  {:<6}  {:<25}  {:<25}  revoked",
+                    "key_id", "scope", "created", "last used"
+                );
+                for k in keys {
+                    let or_dash = |t: Option<String>| t.unwrap_or_else(|| "-".into());
+                    println!(
+                        "{:<36}  {:<6}  {:<25}  {:<25}  {}",
+                        k.key_id,
+                        k.scope.as_str(),
+                        k.created_at,
+                        or_dash(k.last_used_at),
+                        or_dash(k.revoked_at)
+                    );
+                }
             }
         }
     }

@@ -1,5 +1,5 @@
-//! Tenants: creation with fresh credentials, secret rotation, and the per-request lookups that
-//! authenticate a signal.
+//! Tenants: creation with fresh credentials, API keys and their scopes, secret rotation, and the
+//! per-request lookups that authenticate a request.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,7 +13,10 @@ use verdict_webhooks::Secret;
 
 use crate::clock::now_ms;
 use crate::secrets::{Keyring, SecretsError, api_key_hash};
-use crate::store::{NewTenant, SealedSecret, SecretPurpose, Store, StoreError, TenantRecord};
+use crate::store::{
+    ApiKeyRecord, KeyGrant, NewApiKey, NewTenant, Scope, SealedSecret, SecretPurpose, Store,
+    StoreError,
+};
 
 /// Prefix of every API key, so leaked keys are recognisable by scanners.
 const API_KEY_PREFIX: &str = "vk_";
@@ -29,6 +32,8 @@ pub enum TenantError {
     NotFound(Uuid),
     #[error("the callback URL is not an http(s) URL")]
     InvalidCallbackUrl,
+    #[error("tenant {tenant_id} has no API key {key_id}")]
+    KeyNotFound { tenant_id: Uuid, key_id: Uuid },
 }
 
 /// What `tenant create` prints; the secrets are shown this once and never again.
@@ -72,7 +77,20 @@ fn generate_api_key() -> String {
     format!("{API_KEY_PREFIX}{}", URL_SAFE_NO_PAD.encode(bytes))
 }
 
-/// Creates a tenant with a fresh API key, inbound signing secret and webhook secret.
+/// A fresh key of `scope` for a tenant: the key to show once, and the row holding its hash.
+fn new_api_key(tenant_id: Uuid, scope: Scope) -> (String, NewApiKey) {
+    let api_key = generate_api_key();
+    let row = NewApiKey {
+        id: Uuid::now_v7(),
+        tenant_id,
+        key_hash: api_key_hash(&api_key),
+        scope,
+        created_at: now_ms(),
+    };
+    (api_key, row)
+}
+
+/// Creates a tenant with a fresh admin API key, inbound signing secret and webhook secret.
 pub async fn create(
     store: &dyn Store,
     keys: &Keyring,
@@ -82,13 +100,13 @@ pub async fn create(
         validate_callback_url(url)?;
     }
     let id = Uuid::now_v7();
-    let api_key = generate_api_key();
+    let (api_key, admin_key) = new_api_key(id, Scope::Admin);
     let inbound = Secret::generate();
     let webhook = Secret::generate();
     let tenant = NewTenant {
         id,
         name: spec.name.clone(),
-        api_key_hash: api_key_hash(&api_key).to_vec(),
+        admin_key,
         inbound_signature_required: spec.inbound_signature_required,
         callback_url: spec.callback_url.clone(),
         created_at: now_ms(),
@@ -107,6 +125,58 @@ pub async fn create(
         inbound_signature_required: spec.inbound_signature_required,
         callback_url: spec.callback_url,
     })
+}
+
+/// What issuing a key prints or answers; the key is shown this once and never again.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct IssuedKey {
+    pub key_id: Uuid,
+    pub api_key: String,
+    pub scope: Scope,
+}
+
+/// Issues a new API key of `scope` to a tenant.
+pub async fn issue_key(
+    store: &dyn Store,
+    tenant_id: Uuid,
+    scope: Scope,
+) -> Result<IssuedKey, TenantError> {
+    store
+        .tenant(tenant_id)
+        .await?
+        .ok_or(TenantError::NotFound(tenant_id))?;
+    let (api_key, row) = new_api_key(tenant_id, scope);
+    store.insert_api_key(&row).await?;
+    Ok(IssuedKey {
+        key_id: row.id,
+        api_key,
+        scope,
+    })
+}
+
+/// A tenant's keys (never the keys themselves), oldest first.
+pub async fn list_keys(
+    store: &dyn Store,
+    tenant_id: Uuid,
+) -> Result<Vec<ApiKeyRecord>, TenantError> {
+    store
+        .tenant(tenant_id)
+        .await?
+        .ok_or(TenantError::NotFound(tenant_id))?;
+    Ok(store.api_keys(tenant_id).await?)
+}
+
+/// Revokes one of a tenant's keys. Every instance refuses it within [`CREDENTIALS_TTL`].
+pub async fn revoke_key(
+    store: &dyn Store,
+    tenant_id: Uuid,
+    key_id: Uuid,
+) -> Result<(), TenantError> {
+    if store.revoke_api_key(tenant_id, key_id, now_ms()).await? {
+        Ok(())
+    } else {
+        Err(TenantError::KeyNotFound { tenant_id, key_id })
+    }
 }
 
 /// A callback URL must be an absolute http(s) URL.
@@ -186,20 +256,26 @@ async fn opened_secrets(
         .collect()
 }
 
-/// How long a cached tenant or secret list may be used: a revoked key or a rotated secret
+/// How long a cached key or secret list may be used: a revoked key or a rotated secret
 /// stops working within this time on every instance.
 pub const CREDENTIALS_TTL: Duration = Duration::from_secs(5);
+
+/// A key's `last_used_at` is written at most once per this interval per instance, off the
+/// request's path.
+pub const LAST_USED_PRECISION: Duration = Duration::from_secs(60);
 
 /// An opened secret and when it retires.
 type Retiring = (Secret, Option<i64>);
 
-/// Tenants by API key and their opened secrets, cached for at most [`CREDENTIALS_TTL`] so an
-/// authenticated request costs no database round trip.
+/// What API keys grant (tenant, scope, key id) and tenants' opened secrets, cached for at most
+/// [`CREDENTIALS_TTL`] so an authenticated request costs no database round trip.
 pub struct Credentials {
     store: Arc<dyn Store>,
     keys: Arc<Keyring>,
-    tenants: moka::future::Cache<[u8; 32], TenantRecord>,
+    grants: moka::future::Cache<[u8; 32], KeyGrant>,
     secrets: moka::future::Cache<(Uuid, SecretPurpose), Arc<Vec<Retiring>>>,
+    /// Keys whose use this instance recorded within [`LAST_USED_PRECISION`].
+    used: moka::future::Cache<Uuid, ()>,
 }
 
 impl Credentials {
@@ -208,34 +284,70 @@ impl Credentials {
         Self {
             store,
             keys,
-            tenants: moka::future::Cache::builder()
+            grants: moka::future::Cache::builder()
                 .max_capacity(100_000)
                 .time_to_live(CREDENTIALS_TTL)
+                .support_invalidation_closures()
                 .build(),
             secrets: moka::future::Cache::builder()
                 .max_capacity(100_000)
                 .time_to_live(CREDENTIALS_TTL)
                 .build(),
+            used: moka::future::Cache::builder()
+                .max_capacity(100_000)
+                .time_to_live(LAST_USED_PRECISION)
+                .build(),
         }
     }
 
-    /// The tenant an API key belongs to, if any. Unknown keys are not cached: a guesser
-    /// must not be able to evict real tenants.
-    pub async fn tenant(&self, api_key: &str) -> Result<Option<TenantRecord>, StoreError> {
+    /// What an API key grants, if it is a live key. Unknown and revoked keys are not cached: a
+    /// guesser must not be able to evict real tenants.
+    pub async fn grant(&self, api_key: &str) -> Result<Option<KeyGrant>, StoreError> {
         let hash = api_key_hash(api_key);
-        if let Some(tenant) = self.tenants.get(&hash).await {
-            return Ok(Some(tenant));
-        }
-        let found = self.store.tenant_by_api_key(&hash).await?;
-        if let Some(tenant) = &found {
-            self.tenants.insert(hash, tenant.clone()).await;
-        }
-        Ok(found)
+        let grant = match self.grants.get(&hash).await {
+            Some(grant) => grant,
+            None => match self.store.grant_by_key_hash(&hash).await? {
+                Some(grant) => {
+                    self.grants.insert(hash, grant.clone()).await;
+                    grant
+                }
+                None => return Ok(None),
+            },
+        };
+        self.note_use(grant.key_id).await;
+        Ok(Some(grant))
     }
 
-    /// The tenant of an API key if this instance has it cached; never a database read.
-    pub async fn cached_tenant(&self, api_key: &str) -> Option<TenantRecord> {
-        self.tenants.get(&api_key_hash(api_key)).await
+    /// What an API key grants if this instance has it cached; never a database read.
+    pub async fn cached_grant(&self, api_key: &str) -> Option<KeyGrant> {
+        let grant = self.grants.get(&api_key_hash(api_key)).await?;
+        self.note_use(grant.key_id).await;
+        Some(grant)
+    }
+
+    /// Drops a key from this instance's cache at once (it was just revoked here; other
+    /// instances drop it within [`CREDENTIALS_TTL`]).
+    pub fn forget_key(&self, key_id: Uuid) {
+        if let Err(err) = self
+            .grants
+            .invalidate_entries_if(move |_, grant| grant.key_id == key_id)
+        {
+            tracing::warn!(error = %err, "could not drop a revoked key from the cache");
+        }
+    }
+
+    /// Records a key's use in the background, at most once per [`LAST_USED_PRECISION`]: the
+    /// request never waits for, or fails by, this write.
+    async fn note_use(&self, key_id: Uuid) {
+        if !self.used.entry(key_id).or_insert(()).await.is_fresh() {
+            return;
+        }
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            if let Err(err) = store.touch_api_key(key_id, now_ms()).await {
+                tracing::debug!(error = %err, %key_id, "recording an API key's last use failed");
+            }
+        });
     }
 
     /// The tenant's live secrets of `purpose` if cached; never a database read.

@@ -13,6 +13,7 @@ use super::events::{DeliveryView, rfc3339};
 use super::problem::Problem;
 use crate::delivery::DeliveryStatus;
 use crate::store::AttemptRow;
+use crate::store::Scope;
 
 /// Query of `GET /v1/deliveries`.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -36,9 +37,10 @@ pub struct DeliveryPage {
     responses((status = 200, body = DeliveryPage, description = "OK"), (status = 400, body = Problem, description = "Invalid request")))]
 pub async fn list(
     State(app): State<AppState>,
-    Authenticated(tenant): Authenticated,
+    auth: Authenticated,
     Query(q): Query<ListQuery>,
 ) -> Result<Json<DeliveryPage>, ApiError> {
+    let tenant = auth.require(Scope::Read)?;
     let status = q
         .status
         .as_deref()
@@ -100,9 +102,10 @@ pub struct DeliveryDetail {
     responses((status = 200, body = DeliveryDetail, description = "OK"), (status = 404, body = Problem, description = "Not found")))]
 pub async fn show(
     State(app): State<AppState>,
-    Authenticated(tenant): Authenticated,
+    auth: Authenticated,
     Path(id): Path<String>,
 ) -> Result<Json<DeliveryDetail>, ApiError> {
+    let tenant = auth.require(Scope::Read)?;
     let id = Uuid::parse_str(&id).map_err(|_| ApiError::NotFound)?;
     detail(&app, tenant.id, id).await.map(Json)
 }
@@ -128,9 +131,10 @@ async fn detail(app: &AppState, tenant_id: Uuid, id: Uuid) -> Result<DeliveryDet
         (status = 409, body = Problem, description = "An attempt is in progress or the endpoint is disabled")))]
 pub async fn redeliver(
     State(app): State<AppState>,
-    Authenticated(tenant): Authenticated,
+    auth: Authenticated,
     Path(id): Path<String>,
 ) -> Result<(StatusCode, Json<DeliveryDetail>), ApiError> {
+    let tenant = auth.require(Scope::Admin)?;
     let id = Uuid::parse_str(&id).map_err(|_| ApiError::NotFound)?;
     // Distinguish "no such delivery" from "busy or endpoint disabled".
     app.store

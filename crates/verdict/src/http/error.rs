@@ -8,7 +8,7 @@ use crate::idempotency::KeyError;
 use crate::ingest::IngestError;
 use crate::playbook::PlaybookStoreError;
 use crate::signal::SignalError;
-use crate::store::StoreError;
+use crate::store::{Scope, StoreError};
 use crate::tenant::TenantError;
 
 /// Why authentication failed. The messages never repeat what the client sent.
@@ -43,6 +43,8 @@ pub enum ApiError {
     UnreadableBody,
     #[error(transparent)]
     Auth(#[from] AuthError),
+    #[error("the API key's scope ({has}) does not allow this request, which needs {needed}")]
+    InsufficientScope { needed: Scope, has: Scope },
     #[error(transparent)]
     Ingest(#[from] IngestError),
     #[error(transparent)]
@@ -86,6 +88,14 @@ impl ApiError {
                 };
                 Problem::unauthorized(slug, e.to_string())
             }
+            Self::InsufficientScope { needed, .. } => Problem::new(
+                "insufficient-scope",
+                "The API key's scope does not allow this request",
+                StatusCode::FORBIDDEN,
+            )
+            .detail(format!(
+                "This request needs a key with the `{needed}` scope, or an `admin` key."
+            )),
             Self::Ingest(IngestError::InProgress) => Problem::new(
                 "request-in-progress",
                 "A request with this Idempotency-Key is in progress",
@@ -111,7 +121,10 @@ impl ApiError {
             Self::Ingest(IngestError::Unavailable(_)) => Problem::unavailable(),
             Self::Store(e) if e.is_transient() => Problem::unavailable(),
             Self::Tenant(TenantError::Store(e)) if e.is_transient() => Problem::unavailable(),
-            Self::NotFound | Self::Tenant(TenantError::NotFound(_)) => Problem::not_found(),
+            Self::NotFound
+            | Self::Tenant(TenantError::NotFound(_) | TenantError::KeyNotFound { .. }) => {
+                Problem::not_found()
+            }
             Self::Invalid(detail) => Problem::invalid_request(detail.clone()),
             Self::Conflict(problem) => problem.clone(),
             Self::Ingest(IngestError::Store(_))

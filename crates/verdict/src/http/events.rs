@@ -13,6 +13,7 @@ use super::error::ApiError;
 use super::problem::Problem;
 use crate::delivery::DeliveryStatus;
 use crate::secrets::hex;
+use crate::store::Scope;
 use crate::store::{DeliveryRecord, EventRecord};
 
 /// Largest page of events.
@@ -129,9 +130,10 @@ pub struct EventPage {
     responses((status = 200, body = EventPage, description = "OK"), (status = 401, body = Problem, description = "Not authenticated")))]
 pub async fn list(
     State(app): State<AppState>,
-    Authenticated(tenant): Authenticated,
+    auth: Authenticated,
     Query(q): Query<ListQuery>,
 ) -> Result<Json<EventPage>, ApiError> {
+    let tenant = auth.require(Scope::Read)?;
     let limit = q.limit.unwrap_or(20).clamp(1, MAX_PAGE);
     let events = app.store.events(tenant.id, q.before, limit).await?;
     let next_cursor = (events.len() as i64 == limit)
@@ -149,9 +151,10 @@ pub async fn list(
     responses((status = 200, body = EventView, description = "OK"), (status = 404, body = Problem, description = "Not found")))]
 pub async fn show(
     State(app): State<AppState>,
-    Authenticated(tenant): Authenticated,
+    auth: Authenticated,
     Path(id): Path<String>,
 ) -> Result<Json<EventView>, ApiError> {
+    let tenant = auth.require(Scope::Read)?;
     let id = Uuid::parse_str(&id).map_err(|_| ApiError::NotFound)?;
     let event = app
         .store
@@ -194,9 +197,10 @@ pub struct CaseView {
     responses((status = 200, body = SubjectView, description = "OK"), (status = 404, body = Problem, description = "Not found")))]
 pub async fn subject(
     State(app): State<AppState>,
-    Authenticated(tenant): Authenticated,
+    auth: Authenticated,
     Path(subject_hash): Path<String>,
 ) -> Result<Json<SubjectView>, ApiError> {
+    let tenant = auth.require(Scope::Read)?;
     let digest = decode_hex(&subject_hash).ok_or(ApiError::NotFound)?;
     let state = app
         .store

@@ -4,6 +4,7 @@ mod auth;
 mod deliveries;
 pub mod error;
 mod events;
+mod keys;
 mod openapi;
 mod playbook;
 pub mod problem;
@@ -15,7 +16,7 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderName, Request, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
@@ -27,6 +28,7 @@ use crate::secrets::Keyring;
 use crate::store::Store;
 use crate::tenant::Credentials;
 
+pub use keys::KeyView;
 pub use signals::MAX_BODY_BYTES;
 
 /// What handlers share.
@@ -36,7 +38,7 @@ pub struct AppState {
     pub keys: Arc<Keyring>,
     pub ingest: Arc<Ingest>,
     pub deliverer: Arc<Deliverer>,
-    /// Tenants by API key and their secrets, cached for at most 5 s.
+    /// What API keys grant and tenants' secrets, cached for at most 5 s.
     pub credentials: Arc<Credentials>,
     pub metrics: Option<PrometheusHandle>,
 }
@@ -54,6 +56,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/deliveries/{id}", get(deliveries::show))
         .route("/v1/deliveries/{id}/redeliver", post(deliveries::redeliver))
         .route("/v1/playbook", get(playbook::show).put(playbook::replace))
+        .route("/v1/keys", get(keys::list).post(keys::create))
+        .route("/v1/keys/{key_id}", delete(keys::revoke))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))

@@ -2,6 +2,7 @@
 
 use axum::Json;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{Content, Ref, RefOr, Response, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
 /// The OpenAPI document of the tenant API.
@@ -22,13 +23,17 @@ use utoipa::{Modify, OpenApi};
         super::deliveries::list,
         super::deliveries::show,
         super::deliveries::redeliver,
+        super::keys::create,
+        super::keys::list,
+        super::keys::revoke,
     ),
     modifiers(&ApiKey),
     security(("api_key" = []))
 )]
 pub struct ApiDoc;
 
-/// Every `/v1` endpoint takes the tenant's API key as a bearer token.
+/// Every `/v1` endpoint takes the tenant's API key as a bearer token, and may answer 401 and 403
+/// (the key's scope does not allow it).
 struct ApiKey;
 
 impl Modify for ApiKey {
@@ -36,9 +41,52 @@ impl Modify for ApiKey {
         let components = openapi.components.get_or_insert_with(Default::default);
         components.add_security_scheme(
             "api_key",
-            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(
+                        "A tenant API key. Its scope decides what it may do: `ingest` sends \
+                         signals, `read` the GET endpoints, `admin` everything.",
+                    ))
+                    .build(),
+            ),
         );
+        let refusals: [(&str, Response); 2] = [
+            ("401", problem_response("Not authenticated").build()),
+            (
+                "403",
+                problem_response("The API key's scope does not allow this request").build(),
+            ),
+        ];
+        for (path, item) in openapi.paths.paths.iter_mut() {
+            if !path.starts_with("/v1/") {
+                continue;
+            }
+            let operations = [
+                &mut item.get,
+                &mut item.put,
+                &mut item.post,
+                &mut item.delete,
+            ];
+            for operation in operations.into_iter().flatten() {
+                for (status, response) in &refusals {
+                    operation
+                        .responses
+                        .responses
+                        .entry((*status).to_owned())
+                        .or_insert_with(|| RefOr::T(response.clone()));
+                }
+            }
+        }
     }
+}
+
+/// A problem+json response.
+fn problem_response(description: &str) -> ResponseBuilder {
+    ResponseBuilder::new().description(description).content(
+        super::problem::PROBLEM_JSON,
+        Content::new(Some(Ref::from_schema_name("Problem"))),
+    )
 }
 
 /// Serves the document.

@@ -11,6 +11,7 @@ use super::error::ApiError;
 use super::events::rfc3339;
 use super::problem::Problem;
 use crate::playbook::{self, Format};
+use crate::store::Scope;
 
 /// A playbook version as the API shows it.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -26,8 +27,9 @@ pub struct PlaybookView {
     responses((status = 200, body = PlaybookView, description = "OK"), (status = 401, body = Problem, description = "Not authenticated")))]
 pub async fn show(
     State(app): State<AppState>,
-    Authenticated(tenant): Authenticated,
+    auth: Authenticated,
 ) -> Result<Json<PlaybookView>, ApiError> {
+    let tenant = auth.require(Scope::Read)?;
     let stored = playbook::current_source(&*app.store, tenant.id).await?;
     Ok(Json(PlaybookView {
         version: stored.version,
@@ -49,10 +51,11 @@ pub struct Uploaded {
     responses((status = 201, body = Uploaded, description = "Created"), (status = 400, body = Problem, description = "Invalid playbook; the one in force stays")))]
 pub async fn replace(
     State(app): State<AppState>,
-    Authenticated(tenant): Authenticated,
+    auth: Authenticated,
     headers: HeaderMap,
     body: String,
 ) -> Result<(StatusCode, Json<Uploaded>), ApiError> {
+    let tenant = auth.require(Scope::Admin)?;
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())

@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 use crate::idempotency::{Fingerprint, IdempotencyKey, KeyError};
 use crate::ingest::{Inbound, Reply};
 use crate::signal::{Signal, SignalError};
-use crate::store::{SecretPurpose, StoredResponse, TenantRecord};
+use crate::store::{KeyGrant, Scope, SecretPurpose, StoredResponse};
 
 /// Largest body accepted.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -31,7 +31,8 @@ const TIMESTAMP_TOLERANCE_SECS: i64 = 300;
     ),
     responses(
         (status = 200, body = crate::ingest::SignalResponse, description = "The decision; with `Idempotent-Replayed: true` when replayed"),
-        (status = 400, body = Problem, description = "Invalid request"), (status = 401, body = Problem, description = "Not authenticated"), (status = 409, body = Problem, description = "In progress; retry after `Retry-After`"),
+        (status = 400, body = Problem, description = "Invalid request"), (status = 401, body = Problem, description = "Not authenticated"),
+        (status = 403, body = Problem, description = "The API key's scope is not `ingest` or `admin`"), (status = 409, body = Problem, description = "In progress; retry after `Retry-After`"),
         (status = 413, body = Problem, description = "Payload too large"), (status = 415, body = Problem, description = "Unsupported media type"),
         (status = 422, body = Problem, description = "The key was used with another payload"),
         (status = 503, body = Problem, description = "Transient; retry with the same key"),
@@ -55,8 +56,8 @@ pub async fn post_signal(
     let (signal, value) = Signal::parse(&body)?;
     let fingerprint = Fingerprint::of(&value).map_err(|e| SignalError::Schema(e.to_string()))?;
 
-    // 2. Authenticate.
-    let tenant = authenticate(&app, &headers, &body).await?;
+    // 2. Authenticate: nothing before this point claimed or wrote anything.
+    let tenant = authenticate(&app, &headers, &body).await?.tenant;
 
     // 3–5. Claim, act, persist.
     metrics::counter!("verdict_signals_total").increment(1);
@@ -88,9 +89,10 @@ pub async fn post_signal(
 }
 
 /// A retry with the very bytes of a completed request (what a well-behaved client sends):
-/// authenticated from in-memory credentials alone, then replayed from the cache with no
-/// parsing and no database round trip. Anything else (an uncached tenant, a failed check)
-/// takes the full path, so its answers and their order are unchanged.
+/// authenticated from in-memory credentials alone (a cached, unrevoked key with a scope that
+/// allows ingest), then replayed from the cache with no parsing and no database round trip.
+/// Anything else (an uncached key, a failed check) takes the
+/// full path, so its answers and their order are unchanged.
 async fn replay_same_bytes(
     app: &AppState,
     headers: &HeaderMap,
@@ -98,10 +100,14 @@ async fn replay_same_bytes(
     key: &IdempotencyKey,
     raw_body: &[u8; 32],
 ) -> Option<Response> {
-    let tenant = app
+    let grant = app
         .credentials
-        .cached_tenant(super::auth::bearer(headers)?)
+        .cached_grant(super::auth::bearer(headers)?)
         .await?;
+    if !grant.scope.allows(Scope::Ingest) {
+        return None;
+    }
+    let tenant = &grant.tenant;
     if tenant.inbound_signature_required {
         let secrets = app
             .credentials
@@ -172,20 +178,22 @@ async fn read_body(headers: &HeaderMap, body: Body) -> Result<axum::body::Bytes,
         })
 }
 
-/// The API key, then the signature over the exact bytes.
+/// The API key and its scope, then the signature over the exact bytes.
 async fn authenticate(
     app: &AppState,
     headers: &HeaderMap,
     body: &[u8],
-) -> Result<TenantRecord, ApiError> {
+) -> Result<KeyGrant, ApiError> {
     let api_key = super::auth::bearer(headers).ok_or(AuthError::MissingApiKey)?;
-    let tenant = app
+    let grant = app
         .credentials
-        .tenant(api_key)
+        .grant(api_key)
         .await?
         .ok_or(AuthError::InvalidApiKey)?;
+    super::auth::require_scope(&grant, Scope::Ingest)?;
+    let tenant = &grant.tenant;
     if !tenant.inbound_signature_required {
-        return Ok(tenant);
+        return Ok(grant);
     }
     let Some((timestamp, signature)) = signature_headers(headers) else {
         return Err(AuthError::MissingSignature.into());
@@ -207,7 +215,7 @@ async fn authenticate(
             .secrets(tenant.id, SecretPurpose::Inbound, fresh)
             .await?;
         if verdict_webhooks::signature_matches(&secrets, &content, signature) {
-            return Ok(tenant);
+            return Ok(grant);
         }
     }
     Err(AuthError::BadSignature.into())

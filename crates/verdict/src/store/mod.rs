@@ -7,7 +7,8 @@
 //!
 //! Each aggregate file holds its types, its trait and its SQL (written once, for both
 //! backends, in a macro the backend files expand):
-//! - [`tenants`]: tenants, their API keys and sealed secrets;
+//! - [`tenants`]: tenants, their rate limits and sealed secrets;
+//! - [`api_keys`]: tenants' API keys and their scopes;
 //! - [`keys`]: idempotency keys and the state table's judgement;
 //! - [`playbooks`]: playbook versions and what a decision reads;
 //! - [`actions`]: the idempotent effects (locks, cases, alerts, ledger, denies);
@@ -18,6 +19,8 @@
 // The aggregate files first: their macros are expanded by the backends declared after them.
 #[macro_use]
 pub mod tenants;
+#[macro_use]
+pub mod api_keys;
 #[macro_use]
 pub mod keys;
 #[macro_use]
@@ -36,6 +39,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 pub use actions::{ActionStore, ActionTarget, SubjectState};
+pub use api_keys::{ApiKeyRecord, ApiKeyStore, KeyGrant, NewApiKey, Scope, UnknownScope};
 pub use deliveries::{
     AttemptRecord, AttemptRow, DeliveryRecord, DeliveryStore, DueDelivery, NewDelivery,
 };
@@ -106,6 +110,7 @@ impl From<sqlx::Error> for StoreError {
 #[async_trait]
 pub trait Store:
     TenantStore
+    + ApiKeyStore
     + KeyStore
     + PlaybookStore
     + ActionStore
@@ -157,6 +162,7 @@ macro_rules! sql_store {
         type Db = <$conn as sqlx::Connection>::Database;
 
         tenants_sql!($store, $conn);
+        api_keys_sql!($store, $conn);
         keys_sql!($store, $conn);
         playbooks_sql!($store, $conn);
         actions_sql!($store, $conn);

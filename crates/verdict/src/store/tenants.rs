@@ -1,4 +1,5 @@
-//! Tenants, the hashes of their API keys, and their signing secrets sealed under the master key.
+//! Tenants, their rate limits, and their signing secrets sealed under the master key (their API
+//! keys are in [`super::api_keys`]).
 
 use async_trait::async_trait;
 use uuid::Uuid;
@@ -29,7 +30,8 @@ impl SecretPurpose {
 pub struct NewTenant {
     pub id: Uuid,
     pub name: String,
-    pub api_key_hash: Vec<u8>,
+    /// The tenant's first key, an admin one, inserted with it.
+    pub admin_key: super::NewApiKey,
     pub inbound_signature_required: bool,
     pub callback_url: Option<String>,
     pub created_at: i64,
@@ -43,6 +45,8 @@ pub struct TenantRecord {
     pub inbound_signature_required: bool,
     pub callback_url: Option<String>,
     pub callback_disabled: bool,
+    /// Requests per second (and burst) for this tenant, over the server's setting.
+    pub rate_limit_per_second: Option<i64>,
 }
 
 /// A signing secret sealed under the master key.
@@ -59,14 +63,12 @@ pub struct SealedSecret {
 /// Tenants and their credentials.
 #[async_trait]
 pub trait TenantStore {
-    /// Inserts a tenant and its first secrets in one transaction.
+    /// Inserts a tenant, its admin key and its first secrets in one transaction.
     async fn create_tenant(
         &self,
         tenant: &NewTenant,
         secrets: &[SealedSecret],
     ) -> Result<(), StoreError>;
-    /// The tenant whose API key hashes to `hash`.
-    async fn tenant_by_api_key(&self, hash: &[u8]) -> Result<Option<TenantRecord>, StoreError>;
     /// A tenant by id.
     async fn tenant(&self, id: Uuid) -> Result<Option<TenantRecord>, StoreError>;
     /// Secrets of a purpose that are valid at `now`, newest first.
@@ -85,11 +87,17 @@ pub trait TenantStore {
     ) -> Result<(), StoreError>;
     /// Sets the tenant's callback URL and re-enables its endpoint; false if no such tenant.
     async fn set_callback(&self, tenant_id: Uuid, url: Option<&str>) -> Result<bool, StoreError>;
+    /// Sets (or, with `None`, removes) the tenant's own rate limit; false if no such tenant.
+    async fn set_rate_limit(
+        &self,
+        tenant_id: Uuid,
+        per_second: Option<i64>,
+    ) -> Result<bool, StoreError>;
 }
 
 /// The columns of [`TenantRecord`].
 pub(crate) const TENANT_COLUMNS: &str =
-    "id, name, inbound_signature_required, callback_url, callback_disabled";
+    "id, name, inbound_signature_required, callback_url, callback_disabled, rate_limit_per_second";
 
 /// Implements [`TenantStore`] for a backend.
 macro_rules! tenants_sql {
@@ -122,36 +130,22 @@ macro_rules! tenants_sql {
             ) -> Result<(), $crate::store::StoreError> {
                 let mut tx = self.begin().await?;
                 sqlx::query(
-                    "INSERT INTO tenants (id, name, api_key_hash, inbound_signature_required, \
-                     callback_url, created_at) VALUES ($1, $2, $3, $4, $5, $6)",
+                    "INSERT INTO tenants (id, name, inbound_signature_required, callback_url, \
+                     created_at) VALUES ($1, $2, $3, $4, $5)",
                 )
                 .bind(tenant.id)
                 .bind(&tenant.name)
-                .bind(&tenant.api_key_hash)
                 .bind(tenant.inbound_signature_required)
                 .bind(&tenant.callback_url)
                 .bind(tenant.created_at)
                 .execute(&mut *tx)
                 .await?;
+                insert_api_key_row(&mut tx, &tenant.admin_key).await?;
                 for secret in secrets {
                     insert_secret(&mut tx, tenant.id, secret).await?;
                 }
                 tx.commit().await?;
                 Ok(())
-            }
-
-            async fn tenant_by_api_key(
-                &self,
-                hash: &[u8],
-            ) -> Result<Option<$crate::store::TenantRecord>, $crate::store::StoreError> {
-                let sql = format!(
-                    "SELECT {} FROM tenants WHERE api_key_hash = $1",
-                    $crate::store::tenants::TENANT_COLUMNS
-                );
-                Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
-                    .bind(hash)
-                    .fetch_optional(self.read())
-                    .await?)
             }
 
             async fn tenant(
@@ -231,6 +225,20 @@ macro_rules! tenants_sql {
                 .bind(url)
                 .execute(self.write())
                 .await?;
+                Ok(done.rows_affected() == 1)
+            }
+
+            async fn set_rate_limit(
+                &self,
+                tenant_id: uuid::Uuid,
+                per_second: Option<i64>,
+            ) -> Result<bool, $crate::store::StoreError> {
+                let done =
+                    sqlx::query("UPDATE tenants SET rate_limit_per_second = $2 WHERE id = $1")
+                        .bind(tenant_id)
+                        .bind(per_second)
+                        .execute(self.write())
+                        .await?;
                 Ok(done.rows_affected() == 1)
             }
         }

@@ -265,6 +265,23 @@ impl TestDb {
     }
 }
 
+impl TestDb {
+    /// Issues the tenant another API key of `scope` with the real CLI; returns the key's id and
+    /// the tenant's credentials with that key in place of its admin key.
+    pub fn issue_key(&self, tenant: &Tenant, scope: &str) -> (String, Tenant) {
+        let out = self.cli(&[
+            "tenant", "key", "create", "--tenant", &tenant.id, "--scope", scope, "--json",
+        ]);
+        let json: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(json["scope"], scope);
+        let keyed = Tenant {
+            api_key: json["api_key"].as_str().unwrap().to_owned(),
+            ..tenant.clone()
+        };
+        (json["key_id"].as_str().unwrap().to_owned(), keyed)
+    }
+}
+
 impl Drop for TestDb {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);

@@ -1,0 +1,107 @@
+//! `POST /v1/keys`, `GET /v1/keys` and `DELETE /v1/keys/{key_id}`: an admin key issues, lists
+//! and revokes its tenant's API keys. Another tenant's key ids are 404.
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::AppState;
+use super::auth::Authenticated;
+use super::error::ApiError;
+use super::events::rfc3339;
+use super::problem::Problem;
+use crate::store::{ApiKeyRecord, Scope};
+use crate::tenant::{self, IssuedKey};
+
+/// Body of `POST /v1/keys`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewKey {
+    /// What the key may do: `ingest` (send signals), `read` (the GET endpoints) or `admin`.
+    scope: Scope,
+}
+
+/// `POST /v1/keys`: a new key, shown this once.
+#[utoipa::path(post, path = "/v1/keys", operation_id = "create_key", tag = "keys",
+    request_body(content = NewKey, content_type = "application/json"),
+    responses((status = 201, body = IssuedKey, description = "Created; the key is shown this once"),
+        (status = 400, body = Problem, description = "Invalid request")))]
+pub async fn create(
+    State(app): State<AppState>,
+    auth: Authenticated,
+    body: Bytes,
+) -> Result<(StatusCode, Json<IssuedKey>), ApiError> {
+    let tenant = auth.require(Scope::Admin)?;
+    let NewKey { scope } = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::Invalid(format!(
+            "the body must be {{\"scope\": \"ingest\"|\"read\"|\"admin\"}}: {e}"
+        ))
+    })?;
+    let issued = tenant::issue_key(&*app.store, tenant.id, scope).await?;
+    tracing::info!(tenant_id = %tenant.id, key_id = %issued.key_id, %scope, "API key issued");
+    Ok((StatusCode::CREATED, Json(issued)))
+}
+
+/// An API key as listed: never the key itself.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct KeyView {
+    pub key_id: Uuid,
+    pub scope: Scope,
+    pub created_at: String,
+    /// To within a minute.
+    pub last_used_at: Option<String>,
+    pub revoked_at: Option<String>,
+}
+
+impl From<ApiKeyRecord> for KeyView {
+    fn from(k: ApiKeyRecord) -> Self {
+        Self {
+            key_id: k.id,
+            scope: k.scope,
+            created_at: rfc3339(k.created_at),
+            last_used_at: k.last_used_at.map(rfc3339),
+            revoked_at: k.revoked_at.map(rfc3339),
+        }
+    }
+}
+
+/// The tenant's keys, oldest first.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct KeyList {
+    data: Vec<KeyView>,
+}
+
+/// `GET /v1/keys`: the tenant's keys, revoked ones included.
+#[utoipa::path(get, path = "/v1/keys", operation_id = "list_keys", tag = "keys",
+    responses((status = 200, body = KeyList, description = "OK")))]
+pub async fn list(
+    State(app): State<AppState>,
+    auth: Authenticated,
+) -> Result<Json<KeyList>, ApiError> {
+    let tenant = auth.require(Scope::Admin)?;
+    let keys = tenant::list_keys(&*app.store, tenant.id).await?;
+    Ok(Json(KeyList {
+        data: keys.into_iter().map(KeyView::from).collect(),
+    }))
+}
+
+/// `DELETE /v1/keys/{key_id}`: revokes a key at once on this instance and within 5 s on every
+/// other. Revoking a revoked key is a no-op.
+#[utoipa::path(delete, path = "/v1/keys/{key_id}", operation_id = "revoke_key", tag = "keys",
+    params(("key_id" = Uuid, Path, description = "The key's id")),
+    responses((status = 204, description = "Revoked"), (status = 404, body = Problem, description = "Not found")))]
+pub async fn revoke(
+    State(app): State<AppState>,
+    auth: Authenticated,
+    Path(key_id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    let tenant = auth.require(Scope::Admin)?;
+    let key_id = Uuid::parse_str(&key_id).map_err(|_| ApiError::NotFound)?;
+    tenant::revoke_key(&*app.store, tenant.id, key_id).await?;
+    app.credentials.forget_key(key_id);
+    tracing::info!(tenant_id = %tenant.id, %key_id, by_key = %auth.key_id(), "API key revoked");
+    Ok(StatusCode::NO_CONTENT)
+}

@@ -1,0 +1,286 @@
+//! API keys: each belongs to one tenant, carries one scope, and is stored only as its SHA-256.
+
+use std::fmt;
+use std::str::FromStr;
+
+use async_trait::async_trait;
+use uuid::Uuid;
+
+use super::{StoreError, TenantRecord};
+
+/// What a key may do.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize, utoipa::ToSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    /// `POST /v1/signals` only.
+    Ingest,
+    /// The read endpoints only.
+    Read,
+    /// Everything, including the playbook, redeliveries and keys.
+    Admin,
+}
+
+impl Scope {
+    /// The stored and shown name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ingest => "ingest",
+            Self::Read => "read",
+            Self::Admin => "admin",
+        }
+    }
+
+    /// Whether a key of this scope may do what `needed` names.
+    pub fn allows(self, needed: Scope) -> bool {
+        self == Self::Admin || self == needed
+    }
+}
+
+impl fmt::Display for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A scope name that is not one of `ingest`, `read`, `admin`.
+#[derive(Debug, thiserror::Error)]
+#[error("the scope must be one of ingest, read, admin")]
+pub struct UnknownScope;
+
+impl FromStr for Scope {
+    type Err = UnknownScope;
+
+    fn from_str(s: &str) -> Result<Self, UnknownScope> {
+        match s {
+            "ingest" => Ok(Self::Ingest),
+            "read" => Ok(Self::Read),
+            "admin" => Ok(Self::Admin),
+            _ => Err(UnknownScope),
+        }
+    }
+}
+
+/// A key to insert.
+#[derive(Clone, Debug)]
+pub struct NewApiKey {
+    pub id: Uuid,
+    pub tenant_id: Uuid,
+    /// SHA-256 of the key ([`crate::secrets::api_key_hash`]); the key itself is never stored.
+    pub key_hash: [u8; 32],
+    pub scope: Scope,
+    pub created_at: i64,
+}
+
+/// A key as listed: everything but its hash.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiKeyRecord {
+    pub id: Uuid,
+    pub scope: Scope,
+    pub created_at: i64,
+    /// Updated at most once a minute per key and instance, so it is that precise.
+    pub last_used_at: Option<i64>,
+    pub revoked_at: Option<i64>,
+}
+
+/// What a live key grants: its tenant, its scope, and which key it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyGrant {
+    pub key_id: Uuid,
+    pub scope: Scope,
+    pub tenant: TenantRecord,
+}
+
+/// API keys.
+#[async_trait]
+pub trait ApiKeyStore {
+    /// Adds a key to its tenant.
+    async fn insert_api_key(&self, key: &NewApiKey) -> Result<(), StoreError>;
+    /// The tenant and scope of the unrevoked key whose hash is `key_hash`.
+    async fn grant_by_key_hash(&self, key_hash: &[u8]) -> Result<Option<KeyGrant>, StoreError>;
+    /// A tenant's keys, oldest first, revoked ones included.
+    async fn api_keys(&self, tenant_id: Uuid) -> Result<Vec<ApiKeyRecord>, StoreError>;
+    /// Revokes one of the tenant's keys at `now` (a revoked key keeps its first revocation
+    /// time); false if the tenant has no such key.
+    async fn revoke_api_key(
+        &self,
+        tenant_id: Uuid,
+        key_id: Uuid,
+        now: i64,
+    ) -> Result<bool, StoreError>;
+    /// Records that a key was used at `at` (never moving the time backwards).
+    async fn touch_api_key(&self, key_id: Uuid, at: i64) -> Result<(), StoreError>;
+}
+
+/// Decodes a stored scope.
+pub(crate) fn stored_scope(name: &str) -> Result<Scope, StoreError> {
+    name.parse()
+        .map_err(|_| StoreError::Corrupt(format!("unknown API key scope {name:?}")))
+}
+
+/// A [`KeyGrant`] as read: the tenant's columns beside the key's.
+#[derive(sqlx::FromRow)]
+pub(crate) struct GrantRow {
+    #[sqlx(flatten)]
+    pub tenant: TenantRecord,
+    pub key_id: Uuid,
+    pub key_scope: String,
+}
+
+/// Implements [`ApiKeyStore`] for a backend.
+macro_rules! api_keys_sql {
+    ($store:ty, $conn:ty) => {
+        /// Inserts a key row (also used by tenant creation, in its transaction).
+        async fn insert_api_key_row(
+            conn: &mut $conn,
+            key: &$crate::store::NewApiKey,
+        ) -> Result<(), sqlx::Error> {
+            sqlx::query(
+                "INSERT INTO api_keys (id, tenant_id, key_hash, scope, created_at) \
+                 VALUES ($1, $2, $3, $4, $5)",
+            )
+            .bind(key.id)
+            .bind(key.tenant_id)
+            .bind(&key.key_hash[..])
+            .bind(key.scope.as_str())
+            .bind(key.created_at)
+            .execute(conn)
+            .await?;
+            Ok(())
+        }
+
+        #[async_trait::async_trait]
+        impl $crate::store::ApiKeyStore for $store {
+            async fn insert_api_key(
+                &self,
+                key: &$crate::store::NewApiKey,
+            ) -> Result<(), $crate::store::StoreError> {
+                let mut conn = self.write().acquire().await?;
+                insert_api_key_row(&mut *conn, key).await?;
+                Ok(())
+            }
+
+            async fn grant_by_key_hash(
+                &self,
+                key_hash: &[u8],
+            ) -> Result<Option<$crate::store::KeyGrant>, $crate::store::StoreError> {
+                // The key's columns are renamed in a subquery so the tenant's stay unqualified.
+                let sql = format!(
+                    "SELECT {}, key_id, key_scope FROM tenants JOIN ( \
+                     SELECT id AS key_id, tenant_id AS key_tenant, scope AS key_scope \
+                     FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL \
+                     ) k ON k.key_tenant = tenants.id",
+                    $crate::store::tenants::TENANT_COLUMNS
+                );
+                let row: Option<$crate::store::api_keys::GrantRow> =
+                    sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                        .bind(key_hash)
+                        .fetch_optional(self.read())
+                        .await?;
+                row.map(|row| {
+                    Ok($crate::store::KeyGrant {
+                        key_id: row.key_id,
+                        scope: $crate::store::api_keys::stored_scope(&row.key_scope)?,
+                        tenant: row.tenant,
+                    })
+                })
+                .transpose()
+            }
+
+            async fn api_keys(
+                &self,
+                tenant_id: uuid::Uuid,
+            ) -> Result<Vec<$crate::store::ApiKeyRecord>, $crate::store::StoreError> {
+                let rows: Vec<(uuid::Uuid, String, i64, Option<i64>, Option<i64>)> =
+                    sqlx::query_as(
+                        "SELECT id, scope, created_at, last_used_at, revoked_at FROM api_keys \
+                         WHERE tenant_id = $1 ORDER BY created_at, id",
+                    )
+                    .bind(tenant_id)
+                    .fetch_all(self.read())
+                    .await?;
+                rows.into_iter()
+                    .map(|(id, scope, created_at, last_used_at, revoked_at)| {
+                        Ok($crate::store::ApiKeyRecord {
+                            id,
+                            scope: $crate::store::api_keys::stored_scope(&scope)?,
+                            created_at,
+                            last_used_at,
+                            revoked_at,
+                        })
+                    })
+                    .collect()
+            }
+
+            async fn revoke_api_key(
+                &self,
+                tenant_id: uuid::Uuid,
+                key_id: uuid::Uuid,
+                now: i64,
+            ) -> Result<bool, $crate::store::StoreError> {
+                let done = sqlx::query(
+                    "UPDATE api_keys SET revoked_at = COALESCE(revoked_at, $3) \
+                     WHERE id = $2 AND tenant_id = $1",
+                )
+                .bind(tenant_id)
+                .bind(key_id)
+                .bind(now)
+                .execute(self.write())
+                .await?;
+                Ok(done.rows_affected() == 1)
+            }
+
+            async fn touch_api_key(
+                &self,
+                key_id: uuid::Uuid,
+                at: i64,
+            ) -> Result<(), $crate::store::StoreError> {
+                sqlx::query(
+                    "UPDATE api_keys SET last_used_at = $2 \
+                     WHERE id = $1 AND (last_used_at IS NULL OR last_used_at < $2)",
+                )
+                .bind(key_id)
+                .bind(at)
+                .execute(self.write())
+                .await?;
+                Ok(())
+            }
+        }
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ALL: [Scope; 3] = [Scope::Ingest, Scope::Read, Scope::Admin];
+
+    #[test]
+    fn admin_allows_everything_and_the_others_only_themselves() {
+        for needed in ALL {
+            assert!(Scope::Admin.allows(needed));
+            for scope in [Scope::Ingest, Scope::Read] {
+                assert_eq!(
+                    scope.allows(needed),
+                    scope == needed,
+                    "{scope} for {needed}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn scopes_round_trip_through_their_names_and_nothing_else_parses() {
+        for scope in ALL {
+            assert_eq!(scope.as_str().parse::<Scope>().unwrap(), scope);
+            assert_eq!(
+                serde_json::to_value(scope).unwrap(),
+                serde_json::json!(scope.as_str())
+            );
+        }
+        for bad in ["", "Admin", "write", "admin "] {
+            assert!(bad.parse::<Scope>().is_err(), "{bad:?}");
+        }
+    }
+}
