@@ -170,6 +170,18 @@ pub enum TenantCommand {
     /// Issue, list and revoke the tenant's API keys.
     #[command(subcommand)]
     Key(KeyCommand),
+    /// Set the tenant's own rate limit, which wins over the server's setting.
+    SetRateLimit {
+        /// The tenant's id.
+        #[arg(long)]
+        tenant: Uuid,
+        /// Requests per second, with an equal burst; 0 removes the tenant's own limit.
+        #[arg(long, required_unless_present = "clear", conflicts_with = "clear")]
+        per_second: Option<u32>,
+        /// Remove the tenant's own limit: the server's setting applies again.
+        #[arg(long)]
+        clear: bool,
+    },
 }
 
 /// `verdict tenant key …`.
@@ -426,6 +438,19 @@ async fn run_tenant(config: &Config, cmd: TenantCommand) -> anyhow::Result<()> {
             }
         }
         TenantCommand::Key(cmd) => run_key(&*store, cmd).await?,
+        TenantCommand::SetRateLimit {
+            tenant,
+            per_second,
+            clear: _,
+        } => {
+            // `--clear` and `--per-second 0` both leave `None`.
+            let per_second = per_second.and_then(std::num::NonZeroU32::new);
+            tenant::set_rate_limit(&*store, tenant, per_second).await?;
+            match per_second {
+                Some(n) => println!("rate limit set to {n} requests per second (burst {n})"),
+                None => println!("the tenant's own rate limit is removed; the server's applies"),
+            }
+        }
     }
     Ok(())
 }

@@ -2,6 +2,7 @@
 //! environment variables and command-line flags (clap reads both; a flag wins).
 
 use std::net::SocketAddr;
+use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -76,6 +77,7 @@ pub struct FileConfig {
     pub inline_deadline_ms: Option<u64>,
     pub allow_private_destinations: Option<bool>,
     pub master_key_file: Option<PathBuf>,
+    pub rate_limit_per_tenant: Option<u32>,
 }
 
 impl FileConfig {
@@ -174,6 +176,27 @@ pub struct ServeArgs {
     /// At most one customer alert per subject and signal type within this many seconds.
     #[arg(long, env = "VERDICT_ALERT_WINDOW_SECS")]
     pub alert_window_secs: Option<u64>,
+    #[command(flatten)]
+    pub rate_limit: RateLimitArgs,
+}
+
+/// The rate limit of tenants that have none of their own (`verdict tenant set-rate-limit`).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct RateLimitArgs {
+    /// Requests per second, with an equal burst, per tenant and instance; 0 or unset: unlimited.
+    #[arg(long, env = "VERDICT_RATE_LIMIT_PER_TENANT")]
+    pub rate_limit_per_tenant: Option<u32>,
+}
+
+impl RateLimitArgs {
+    /// The flag or environment, else the file; `None` when unset or 0 (unlimited).
+    pub fn resolve(&self, file: &FileConfig) -> Option<NonZeroU32> {
+        NonZeroU32::new(
+            self.rate_limit_per_tenant
+                .or(file.rate_limit_per_tenant)
+                .unwrap_or(0),
+        )
+    }
 }
 
 /// The resolved settings for database access and secrets.
@@ -230,6 +253,8 @@ pub struct ServeConfig {
     pub delivery: DeliverySettings,
     pub run_worker: bool,
     pub prune_interval_secs: u64,
+    /// Requests per second per tenant without its own limit; `None`: unlimited.
+    pub rate_limit_per_tenant: Option<NonZeroU32>,
 }
 
 impl ServeConfig {
@@ -274,6 +299,7 @@ impl ServeConfig {
                 DEFAULT_PRUNE_INTERVAL_SECS,
             )
             .max(1),
+            rate_limit_per_tenant: args.rate_limit.resolve(file),
         })
     }
 }
@@ -295,6 +321,7 @@ mod tests {
             lock_timeout_secs: None,
             prune_interval_secs: None,
             alert_window_secs: None,
+            rate_limit: RateLimitArgs::default(),
         }
     }
 
@@ -352,6 +379,22 @@ mod tests {
         // The file is held to the same bound.
         let file: FileConfig = toml::from_str("inline_deadline_ms = 45000").unwrap();
         assert!(serve_args().delivery.resolve(&file).is_err());
+    }
+
+    #[test]
+    fn the_rate_limit_is_unlimited_unless_set_and_zero_means_unlimited() {
+        let none = ServeConfig::resolve(&serve_args(), &FileConfig::default()).unwrap();
+        assert_eq!(none.rate_limit_per_tenant, None);
+        let file: FileConfig = toml::from_str("rate_limit_per_tenant = 7").unwrap();
+        let from_file = ServeConfig::resolve(&serve_args(), &file).unwrap();
+        assert_eq!(from_file.rate_limit_per_tenant, NonZeroU32::new(7));
+        let mut args = serve_args();
+        args.rate_limit.rate_limit_per_tenant = Some(0);
+        let zero = ServeConfig::resolve(&args, &file).unwrap();
+        assert_eq!(
+            zero.rate_limit_per_tenant, None,
+            "0 from the environment wins: unlimited"
+        );
     }
 
     #[test]

@@ -12,6 +12,7 @@ use crate::config::{Config, ServeConfig};
 use crate::delivery::{Deliverer, DeliverySettings, worker};
 use crate::http::{AppState, router};
 use crate::ingest::Ingest;
+use crate::rate_limit::RateLimits;
 use crate::store::{self, Store};
 use crate::tenant::Credentials;
 
@@ -40,6 +41,7 @@ pub async fn serve(config: &Config, serve: ServeConfig) -> anyhow::Result<()> {
         )),
         deliverer: deliverer.clone(),
         credentials: Arc::new(Credentials::new(store.clone(), keys.clone())),
+        rate_limits: Arc::new(RateLimits::new(serve.rate_limit_per_tenant)),
         store: store.clone(),
         keys,
         metrics,

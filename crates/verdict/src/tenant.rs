@@ -1,5 +1,5 @@
-//! Tenants: creation with fresh credentials, API keys and their scopes, secret rotation, and the
-//! per-request lookups that authenticate a request.
+//! Tenants: creation with fresh credentials, API keys and their scopes, secret rotation, rate
+//! limits, and the per-request lookups that authenticate a request.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -176,6 +176,21 @@ pub async fn revoke_key(
         Ok(())
     } else {
         Err(TenantError::KeyNotFound { tenant_id, key_id })
+    }
+}
+
+/// Sets the tenant's own rate limit in requests per second, or removes it (`None`) so the
+/// server's setting applies. Every instance applies it within [`CREDENTIALS_TTL`].
+pub async fn set_rate_limit(
+    store: &dyn Store,
+    tenant_id: Uuid,
+    per_second: Option<std::num::NonZeroU32>,
+) -> Result<(), TenantError> {
+    let per_second = per_second.map(|n| i64::from(n.get()));
+    if store.set_rate_limit(tenant_id, per_second).await? {
+        Ok(())
+    } else {
+        Err(TenantError::NotFound(tenant_id))
     }
 }
 

@@ -536,13 +536,14 @@ async fn the_openapi_document_describes_keys_and_refusals(backend: Backend) {
         ("/v1/playbook", "put"),
     ] {
         let responses = &paths[path][method]["responses"];
-        for status in ["401", "403"] {
+        for status in ["401", "403", "429"] {
             assert!(
                 responses[status].is_object(),
                 "{method} {path} lacks {status}"
             );
         }
     }
+    assert!(paths["/v1/events"]["get"]["responses"]["429"]["headers"]["Retry-After"].is_object());
 }
 
 on_both_backends!(

@@ -1,5 +1,7 @@
 //! The API key behind a request, as an extractor for the read and admin endpoints.
 
+use std::sync::Arc;
+
 use axum::extract::FromRequestParts;
 use axum::http::header;
 use axum::http::request::Parts;
@@ -7,20 +9,22 @@ use uuid::Uuid;
 
 use super::AppState;
 use super::error::{ApiError, AuthError};
+use crate::rate_limit::RateLimits;
 use crate::store::{KeyGrant, Scope, TenantRecord};
 
 /// A live API key (`Authorization: Bearer <api key>`). Its tenant is reached only through
-/// [`Authenticated::require`], which checks the scope, so every handler states the scope it
-/// needs.
+/// [`Authenticated::require`], which checks the scope and the tenant's rate limit, so every
+/// handler states the scope it needs.
 pub struct Authenticated {
     grant: KeyGrant,
+    limits: Arc<RateLimits>,
 }
 
 impl Authenticated {
-    /// The tenant, if the key's scope allows `needed` (403 otherwise).
+    /// The tenant, if the key's scope allows `needed` (403 otherwise) and the tenant is within
+    /// its rate limit (429 otherwise).
     pub fn require(&self, needed: Scope) -> Result<&TenantRecord, ApiError> {
-        require_scope(&self.grant, needed)?;
-        Ok(&self.grant.tenant)
+        admit(&self.grant, needed, &self.limits)
     }
 
     /// The key's id.
@@ -39,8 +43,23 @@ impl FromRequestParts<AppState> for Authenticated {
             .grant(api_key)
             .await?
             .ok_or(AuthError::InvalidApiKey)?;
-        Ok(Self { grant })
+        Ok(Self {
+            grant,
+            limits: app.rate_limits.clone(),
+        })
     }
+}
+
+/// The scope check, then the tenant's rate limit: what a request passes after its key is
+/// known and before it does anything.
+pub fn admit<'g>(
+    grant: &'g KeyGrant,
+    needed: Scope,
+    limits: &RateLimits,
+) -> Result<&'g TenantRecord, ApiError> {
+    require_scope(grant, needed)?;
+    limits.admit(&grant.tenant)?;
+    Ok(&grant.tenant)
 }
 
 /// 403 unless the key's scope allows `needed`.

@@ -7,6 +7,7 @@ use super::problem::Problem;
 use crate::idempotency::KeyError;
 use crate::ingest::IngestError;
 use crate::playbook::PlaybookStoreError;
+use crate::rate_limit::RateLimited;
 use crate::signal::SignalError;
 use crate::store::{Scope, StoreError};
 use crate::tenant::TenantError;
@@ -45,6 +46,8 @@ pub enum ApiError {
     Auth(#[from] AuthError),
     #[error("the API key's scope ({has}) does not allow this request, which needs {needed}")]
     InsufficientScope { needed: Scope, has: Scope },
+    #[error(transparent)]
+    RateLimited(#[from] RateLimited),
     #[error(transparent)]
     Ingest(#[from] IngestError),
     #[error(transparent)]
@@ -96,6 +99,13 @@ impl ApiError {
             .detail(format!(
                 "This request needs a key with the `{needed}` scope, or an `admin` key."
             )),
+            Self::RateLimited(limited) => Problem::new(
+                "rate-limited",
+                "Too many requests",
+                StatusCode::TOO_MANY_REQUESTS,
+            )
+            .detail("The tenant's rate limit is exceeded; retry after the Retry-After interval.")
+            .retry_after(limited.retry_after_secs),
             Self::Ingest(IngestError::InProgress) => Problem::new(
                 "request-in-progress",
                 "A request with this Idempotency-Key is in progress",

@@ -24,6 +24,7 @@ use tracing::Level;
 
 use crate::delivery::Deliverer;
 use crate::ingest::Ingest;
+use crate::rate_limit::RateLimits;
 use crate::secrets::Keyring;
 use crate::store::Store;
 use crate::tenant::Credentials;
@@ -40,6 +41,8 @@ pub struct AppState {
     pub deliverer: Arc<Deliverer>,
     /// What API keys grant and tenants' secrets, cached for at most 5 s.
     pub credentials: Arc<Credentials>,
+    /// Each tenant's rate limiter.
+    pub rate_limits: Arc<RateLimits>,
     pub metrics: Option<PrometheusHandle>,
 }
 

@@ -1,8 +1,9 @@
 //! `GET /openapi.json`: the API described from the handlers' own annotations.
 
 use axum::Json;
+use utoipa::openapi::header::Header;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-use utoipa::openapi::{Content, Ref, RefOr, Response, ResponseBuilder};
+use utoipa::openapi::{Content, ObjectBuilder, Ref, RefOr, Response, ResponseBuilder, Type};
 use utoipa::{Modify, OpenApi};
 
 /// The OpenAPI document of the tenant API.
@@ -32,8 +33,8 @@ use utoipa::{Modify, OpenApi};
 )]
 pub struct ApiDoc;
 
-/// Every `/v1` endpoint takes the tenant's API key as a bearer token, and may answer 401 and 403
-/// (the key's scope does not allow it).
+/// Every `/v1` endpoint takes the tenant's API key as a bearer token, and may answer 401, 403
+/// (the key's scope does not allow it) and 429 (the tenant's rate limit).
 struct ApiKey;
 
 impl Modify for ApiKey {
@@ -51,11 +52,20 @@ impl Modify for ApiKey {
                     .build(),
             ),
         );
-        let refusals: [(&str, Response); 2] = [
+        let refusals: [(&str, Response); 3] = [
             ("401", problem_response("Not authenticated").build()),
             (
                 "403",
                 problem_response("The API key's scope does not allow this request").build(),
+            ),
+            (
+                "429",
+                problem_response("Over the tenant's rate limit; retry after `Retry-After`")
+                    .header(
+                        "Retry-After",
+                        Header::new(ObjectBuilder::new().schema_type(Type::Integer)),
+                    )
+                    .build(),
             ),
         ];
         for (path, item) in openapi.paths.paths.iter_mut() {

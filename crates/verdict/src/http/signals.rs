@@ -35,6 +35,7 @@ const TIMESTAMP_TOLERANCE_SECS: i64 = 300;
         (status = 403, body = Problem, description = "The API key's scope is not `ingest` or `admin`"), (status = 409, body = Problem, description = "In progress; retry after `Retry-After`"),
         (status = 413, body = Problem, description = "Payload too large"), (status = 415, body = Problem, description = "Unsupported media type"),
         (status = 422, body = Problem, description = "The key was used with another payload"),
+        (status = 429, body = Problem, description = "Over the tenant's rate limit; retry after `Retry-After`"),
         (status = 503, body = Problem, description = "Transient; retry with the same key"),
     ))]
 #[tracing::instrument(skip_all)]
@@ -56,8 +57,10 @@ pub async fn post_signal(
     let (signal, value) = Signal::parse(&body)?;
     let fingerprint = Fingerprint::of(&value).map_err(|e| SignalError::Schema(e.to_string()))?;
 
-    // 2. Authenticate: nothing before this point claimed or wrote anything.
-    let tenant = authenticate(&app, &headers, &body).await?.tenant;
+    // 2. Authenticate and admit: nothing before this point claimed or wrote anything.
+    let grant = authenticate(&app, &headers, &body).await?;
+    app.rate_limits.admit(&grant.tenant)?;
+    let tenant = grant.tenant;
 
     // 3–5. Claim, act, persist.
     metrics::counter!("verdict_signals_total").increment(1);
@@ -90,8 +93,8 @@ pub async fn post_signal(
 
 /// A retry with the very bytes of a completed request (what a well-behaved client sends):
 /// authenticated from in-memory credentials alone (a cached, unrevoked key with a scope that
-/// allows ingest), then replayed from the cache with no parsing and no database round trip.
-/// Anything else (an uncached key, a failed check) takes the
+/// allows ingest), then replayed from the cache with no parsing and no database round trip,
+/// within the tenant's rate limit. Anything else (an uncached key, a failed check) takes the
 /// full path, so its answers and their order are unchanged.
 async fn replay_same_bytes(
     app: &AppState,
@@ -125,6 +128,9 @@ async fn replay_same_bytes(
         }
     }
     let stored = app.ingest.replay_same_bytes(tenant.id, key, raw_body)?;
+    if let Err(limited) = app.rate_limits.admit(tenant) {
+        return Some(ApiError::from(limited).into_response());
+    }
     metrics::counter!("verdict_signals_total").increment(1);
     metrics::counter!("verdict_replays_total").increment(1);
     Some(stored_response(stored, true))
