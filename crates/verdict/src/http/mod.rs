@@ -1,6 +1,7 @@
 //! The HTTP API: routes, shared state, and the layers every request passes through.
 
 mod auth;
+mod body;
 mod deliveries;
 pub mod error;
 mod events;
