@@ -316,18 +316,17 @@ impl Rule {
                 "an attribute name is longer than {MAX_ATTRIBUTE_NAME_CHARS} characters"
             )));
         }
-        if let Some(within) = &w.attribute_in {
-            if within.values.len() > MAX_ATTRIBUTE_VALUES
+        if let Some(within) = &w.attribute_in
+            && (within.values.len() > MAX_ATTRIBUTE_VALUES
                 || within
                     .values
                     .iter()
-                    .any(|v| too_long(v, MAX_ATTRIBUTE_VALUE_CHARS))
-            {
-                return Err(over(format!(
-                    "`when.attribute_in.values` may list at most {MAX_ATTRIBUTE_VALUES} values \
-                     of at most {MAX_ATTRIBUTE_VALUE_CHARS} characters"
-                )));
-            }
+                    .any(|v| too_long(v, MAX_ATTRIBUTE_VALUE_CHARS)))
+        {
+            return Err(over(format!(
+                "`when.attribute_in.values` may list at most {MAX_ATTRIBUTE_VALUES} values \
+                 of at most {MAX_ATTRIBUTE_VALUE_CHARS} characters"
+            )));
         }
         for (field, value) in w.windows() {
             if value.is_some_and(|h| h > MAX_HOURS) {

@@ -31,8 +31,9 @@ pub enum TenantError {
     InvalidCallbackUrl,
 }
 
-/// What `tenant create` prints; the secrets are shown this once and never again.
-#[derive(Debug, Serialize)]
+/// What `tenant create` prints; the secrets are shown this once and never again. Its `Debug`
+/// leaves them out.
+#[derive(Serialize)]
 pub struct CreatedTenant {
     pub tenant_id: Uuid,
     pub name: String,
@@ -41,6 +42,23 @@ pub struct CreatedTenant {
     pub webhook_secret: String,
     pub inbound_signature_required: bool,
     pub callback_url: Option<String>,
+}
+
+impl std::fmt::Debug for CreatedTenant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CreatedTenant")
+            .field("tenant_id", &self.tenant_id)
+            .field("name", &self.name)
+            .field("api_key", &"<redacted>")
+            .field("signing_secret", &"<redacted>")
+            .field("webhook_secret", &"<redacted>")
+            .field(
+                "inbound_signature_required",
+                &self.inbound_signature_required,
+            )
+            .field("callback_url", &self.callback_url.as_ref().map(|_| "<set>"))
+            .finish()
+    }
 }
 
 /// Options for a new tenant.
