@@ -188,12 +188,27 @@ impl Playbook {
         if source.len() > MAX_PLAYBOOK_BYTES {
             return Err(PlaybookError::TooLarge(source.len()));
         }
+        let playbook = Self::deserialize(source, format)?;
+        // Limits first: the validation messages quote rule names.
+        playbook.check_limits()?;
+        playbook.validate()?;
+        Ok(playbook)
+    }
+
+    /// Parses and validates a stored version. The limits are not applied: a version accepted
+    /// before they existed must keep deciding, not fail every signal after an upgrade.
+    fn parse_stored(source: &str, format: Format) -> Result<Self, PlaybookError> {
+        let playbook = Self::deserialize(source, format)?;
+        playbook.validate()?;
+        Ok(playbook)
+    }
+
+    fn deserialize(source: &str, format: Format) -> Result<Self, PlaybookError> {
         let invalid = |e: &dyn std::fmt::Display| PlaybookError::Invalid(e.to_string());
         let playbook: Playbook = match format {
             Format::Toml => toml::from_str(source).map_err(|e| invalid(&e))?,
             Format::Json => serde_json::from_str(source).map_err(|e| invalid(&e))?,
         };
-        playbook.validate()?;
         Ok(playbook)
     }
 
@@ -212,15 +227,8 @@ impl Playbook {
                 "a playbook needs at least one [[rule]]".into(),
             ));
         }
-        if self.rules.len() > MAX_RULES {
-            return Err(PlaybookError::OverLimit(format!(
-                "it has {} rules; at most {MAX_RULES} are accepted",
-                self.rules.len()
-            )));
-        }
         let mut names = std::collections::HashSet::new();
         for (i, rule) in self.rules.iter().enumerate() {
-            rule.check_limits(i + 1)?;
             let at = |msg: String| {
                 PlaybookError::Invalid(format!("rule {} (`{}`): {msg}", i + 1, rule.name))
             };
@@ -259,6 +267,20 @@ impl Playbook {
             if w.attribute_in.as_ref().is_some_and(|a| a.values.is_empty()) {
                 return Err(at("`when.attribute_in.values` must not be empty".into()));
             }
+        }
+        Ok(())
+    }
+
+    /// The size limits on what a tenant may upload.
+    fn check_limits(&self) -> Result<(), PlaybookError> {
+        if self.rules.len() > MAX_RULES {
+            return Err(PlaybookError::OverLimit(format!(
+                "it has {} rules; at most {MAX_RULES} are accepted",
+                self.rules.len()
+            )));
+        }
+        for (i, rule) in self.rules.iter().enumerate() {
+            rule.check_limits(i + 1)?;
         }
         Ok(())
     }
@@ -455,7 +477,7 @@ impl Library {
         // Uploads are validated, so a stored playbook that no longer parses means the row was
         // changed behind our back: a final error, not something a retry fixes.
         let playbook = Arc::new(
-            Playbook::parse(&stored.source, format)
+            Playbook::parse_stored(&stored.source, format)
                 .map_err(|e| StoreError::Corrupt(e.to_string()))?,
         );
         self.parsed.insert((tenant_id, version), playbook.clone());
@@ -676,6 +698,21 @@ mod tests {
             Err(PlaybookError::TooLarge(_))
         ));
         assert!(Playbook::parse(&rule("a", "observed_within_hours = 87600"), Format::Toml).is_ok());
+    }
+
+    #[test]
+    fn a_stored_version_from_before_the_limits_still_decides() {
+        let many: String = (0..=MAX_RULES)
+            .map(|i| format!("[[rule]]\nname = \"r{i}\"\ndecision = \"allow\"\n"))
+            .collect();
+        assert!(Playbook::parse(&many, Format::Toml).is_err());
+        assert_eq!(
+            Playbook::parse_stored(&many, Format::Toml)
+                .unwrap()
+                .rules
+                .len(),
+            101
+        );
     }
 
     #[test]

@@ -300,3 +300,33 @@ impl Credentials {
             .collect())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn created_tenant_debug_prints_no_secret() {
+        let created = CreatedTenant {
+            tenant_id: Uuid::now_v7(),
+            name: "acme".into(),
+            api_key: generate_api_key(),
+            signing_secret: Secret::generate().to_whsec(),
+            webhook_secret: Secret::generate().to_whsec(),
+            inbound_signature_required: true,
+            callback_url: Some("https://hooks.example/cb?token=t0ken".into()),
+        };
+        let printed = format!("{created:?}");
+        for secret in [
+            &created.api_key,
+            &created.signing_secret,
+            &created.webhook_secret,
+        ] {
+            assert!(!printed.contains(secret.as_str()), "{printed}");
+        }
+        assert!(
+            !printed.contains("t0ken") && printed.contains("acme"),
+            "{printed}"
+        );
+    }
+}
