@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::delivery::{DeliverySettings, MAX_DEADLINE};
+use crate::http::connections::InboundLimits;
 use crate::ingest::IngestSettings;
 use crate::secrets::{MasterKey, SecretsError};
 use crate::store;
@@ -57,6 +58,24 @@ pub enum ConfigError {
     #[error(transparent)]
     Secrets(#[from] SecretsError),
     #[error(
+        "{setting} must be between {min} and {max} (got {got}): it bounds what one client can \
+         hold open"
+    )]
+    InboundLimit {
+        setting: &'static str,
+        got: u64,
+        min: u64,
+        max: u64,
+    },
+    #[error(
+        "the request timeout ({request_secs} s) must be longer than the delivery attempt \
+         deadline ({deadline_ms} ms), or every signal with a slow receiver would time out"
+    )]
+    RequestTimeoutTooShort {
+        request_secs: u64,
+        deadline_ms: u128,
+    },
+    #[error(
         "the idempotency lock timeout must be at least 1 second (got {0} s): a shorter lock \
          lets a second request take over a key its holder is still working on"
     )]
@@ -77,6 +96,10 @@ pub struct FileConfig {
     pub inline_deadline_ms: Option<u64>,
     pub allow_private_destinations: Option<bool>,
     pub master_key_file: Option<PathBuf>,
+    pub header_timeout_secs: Option<u64>,
+    pub body_timeout_secs: Option<u64>,
+    pub request_timeout_secs: Option<u64>,
+    pub max_connections: Option<usize>,
     pub rate_limit_per_tenant: Option<u32>,
 }
 
@@ -177,7 +200,86 @@ pub struct ServeArgs {
     #[arg(long, env = "VERDICT_ALERT_WINDOW_SECS")]
     pub alert_window_secs: Option<u64>,
     #[command(flatten)]
+    pub inbound: InboundArgs,
+    #[command(flatten)]
     pub rate_limit: RateLimitArgs,
+}
+
+/// Bounds on inbound connections and requests.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct InboundArgs {
+    /// Seconds a client has to send a request's headers (1 to 300; default 30).
+    #[arg(long, env = "VERDICT_HEADER_TIMEOUT_SECS")]
+    pub header_timeout_secs: Option<u64>,
+    /// Seconds a client has to send a request's body (1 to 300; default 30).
+    #[arg(long, env = "VERDICT_BODY_TIMEOUT_SECS")]
+    pub body_timeout_secs: Option<u64>,
+    /// Seconds after which a request is answered 503 (1 to 600; default 60).
+    #[arg(long, env = "VERDICT_REQUEST_TIMEOUT_SECS")]
+    pub request_timeout_secs: Option<u64>,
+    /// Connections held at once (1 to 100000; default 1024).
+    #[arg(long, env = "VERDICT_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
+}
+
+impl InboundArgs {
+    /// Flags and environment first, then the file, then defaults; each within its bounds,
+    /// and the request timeout longer than the inline delivery attempt.
+    pub fn resolve(
+        &self,
+        file: &FileConfig,
+        delivery: &DeliverySettings,
+    ) -> Result<InboundLimits, ConfigError> {
+        let defaults = InboundLimits::default();
+        let bounded = |setting, got: Option<u64>, default: u64, max: u64| match got {
+            Some(got) if !(1..=max).contains(&got) => Err(ConfigError::InboundLimit {
+                setting,
+                got,
+                min: 1,
+                max,
+            }),
+            got => Ok(got.unwrap_or(default)),
+        };
+        let header = bounded(
+            "VERDICT_HEADER_TIMEOUT_SECS",
+            self.header_timeout_secs.or(file.header_timeout_secs),
+            defaults.header_timeout.as_secs(),
+            300,
+        )?;
+        let body = bounded(
+            "VERDICT_BODY_TIMEOUT_SECS",
+            self.body_timeout_secs.or(file.body_timeout_secs),
+            defaults.body_timeout.as_secs(),
+            300,
+        )?;
+        let request = bounded(
+            "VERDICT_REQUEST_TIMEOUT_SECS",
+            self.request_timeout_secs.or(file.request_timeout_secs),
+            defaults.request_timeout.as_secs(),
+            600,
+        )?;
+        let connections = bounded(
+            "VERDICT_MAX_CONNECTIONS",
+            self.max_connections
+                .or(file.max_connections)
+                .map(|n| n as u64),
+            defaults.max_connections as u64,
+            100_000,
+        )?;
+        let request_timeout = Duration::from_secs(request);
+        if request_timeout <= delivery.deadline {
+            return Err(ConfigError::RequestTimeoutTooShort {
+                request_secs: request,
+                deadline_ms: delivery.deadline.as_millis(),
+            });
+        }
+        Ok(InboundLimits {
+            header_timeout: Duration::from_secs(header),
+            body_timeout: Duration::from_secs(body),
+            request_timeout,
+            max_connections: usize::try_from(connections).unwrap_or(usize::MAX),
+        })
+    }
 }
 
 /// The rate limit of tenants that have none of their own (`verdict tenant set-rate-limit`).
@@ -253,6 +355,7 @@ pub struct ServeConfig {
     pub delivery: DeliverySettings,
     pub run_worker: bool,
     pub prune_interval_secs: u64,
+    pub inbound: InboundLimits,
     /// Requests per second per tenant without its own limit; `None`: unlimited.
     pub rate_limit_per_tenant: Option<NonZeroU32>,
 }
@@ -276,9 +379,11 @@ impl ServeConfig {
         if lock_timeout_secs < 1 {
             return Err(ConfigError::LockTimeoutTooShort(lock_timeout_secs));
         }
+        let delivery = args.delivery.resolve(file)?;
         Ok(Self {
             listen: listen.parse().map_err(|_| ConfigError::Listen(listen))?,
-            delivery: args.delivery.resolve(file)?,
+            inbound: args.inbound.resolve(file, &delivery)?,
+            delivery,
             run_worker: !args.no_worker,
             ingest: IngestSettings {
                 key_ttl_ms: ms(secs(
@@ -321,8 +426,38 @@ mod tests {
             lock_timeout_secs: None,
             prune_interval_secs: None,
             alert_window_secs: None,
+            inbound: InboundArgs::default(),
             rate_limit: RateLimitArgs::default(),
         }
+    }
+
+    #[test]
+    fn inbound_limits_are_bounded_and_outlast_the_delivery_deadline() {
+        let c = ServeConfig::resolve(&serve_args(), &FileConfig::default()).unwrap();
+        assert_eq!(c.inbound, InboundLimits::default());
+        let mut args = serve_args();
+        args.inbound.header_timeout_secs = Some(0);
+        assert!(matches!(
+            ServeConfig::resolve(&args, &FileConfig::default()),
+            Err(ConfigError::InboundLimit {
+                setting: "VERDICT_HEADER_TIMEOUT_SECS",
+                ..
+            })
+        ));
+        let mut args = serve_args();
+        args.inbound.max_connections = Some(1_000_000);
+        assert!(ServeConfig::resolve(&args, &FileConfig::default()).is_err());
+        let mut args = serve_args();
+        args.inbound.request_timeout_secs = Some(5);
+        assert!(matches!(
+            ServeConfig::resolve(&args, &FileConfig::default()),
+            Err(ConfigError::RequestTimeoutTooShort { .. })
+        ));
+        let file: FileConfig =
+            toml::from_str("header_timeout_secs = 2\nmax_connections = 10").unwrap();
+        let c = ServeConfig::resolve(&serve_args(), &file).unwrap();
+        assert_eq!(c.inbound.header_timeout, Duration::from_secs(2));
+        assert_eq!(c.inbound.max_connections, 10);
     }
 
     #[test]

@@ -25,7 +25,9 @@ fn init_logging() {
         .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,tower_http=info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        // Colour codes only for a person at a terminal, never in files or collectors.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     if std::env::var("VERDICT_LOG_FORMAT").is_ok_and(|f| f == "json") {
         builder
             .json()

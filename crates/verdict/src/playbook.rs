@@ -140,10 +140,33 @@ pub struct AttributeAtLeast {
     pub value: f64,
 }
 
+/// Largest playbook document accepted, in bytes.
+pub const MAX_PLAYBOOK_BYTES: usize = 64 * 1024;
+/// Most rules a playbook may have.
+pub const MAX_RULES: usize = 100;
+/// Longest rule name, in characters: the name is copied into every response and event.
+pub const MAX_RULE_NAME_CHARS: usize = 64;
+/// Longest attribute name a condition may name, in characters.
+pub const MAX_ATTRIBUTE_NAME_CHARS: usize = 64;
+/// Most values an `attribute_in` condition may list, and the longest of them.
+pub const MAX_ATTRIBUTE_VALUES: usize = 100;
+const MAX_ATTRIBUTE_VALUE_CHARS: usize = 256;
+/// Longest window a condition may name: ten years, in hours.
+pub const MAX_HOURS: f64 = 10.0 * 365.25 * 24.0;
+
 /// Why a playbook document is refused; the message names the line, rule or field.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("invalid playbook: {0}")]
-pub struct PlaybookError(pub String);
+pub enum PlaybookError {
+    /// Not a valid playbook: syntax, unknown names, contradictions.
+    #[error("invalid playbook: {0}")]
+    Invalid(String),
+    /// Larger than [`MAX_PLAYBOOK_BYTES`].
+    #[error("the playbook is {0} bytes; at most {MAX_PLAYBOOK_BYTES} are accepted")]
+    TooLarge(usize),
+    /// Valid, but past one of the limits (rules, name lengths, value ranges).
+    #[error("the playbook is over a limit: {0}")]
+    OverLimit(String),
+}
 
 /// What the playbook decided for one signal: the matching rule, its decision and actions.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -162,13 +185,30 @@ pub struct SubjectFacts {
 impl Playbook {
     /// Parses and validates a document.
     pub fn parse(source: &str, format: Format) -> Result<Self, PlaybookError> {
-        let playbook: Playbook = match format {
-            Format::Toml => toml::from_str(source).map_err(|e| PlaybookError(e.to_string()))?,
-            Format::Json => {
-                serde_json::from_str(source).map_err(|e| PlaybookError(e.to_string()))?
-            }
-        };
+        if source.len() > MAX_PLAYBOOK_BYTES {
+            return Err(PlaybookError::TooLarge(source.len()));
+        }
+        let playbook = Self::deserialize(source, format)?;
+        // Limits first: the validation messages quote rule names.
+        playbook.check_limits()?;
         playbook.validate()?;
+        Ok(playbook)
+    }
+
+    /// Parses and validates a stored version. The limits are not applied: a version accepted
+    /// before they existed must keep deciding, not fail every signal after an upgrade.
+    fn parse_stored(source: &str, format: Format) -> Result<Self, PlaybookError> {
+        let playbook = Self::deserialize(source, format)?;
+        playbook.validate()?;
+        Ok(playbook)
+    }
+
+    fn deserialize(source: &str, format: Format) -> Result<Self, PlaybookError> {
+        let invalid = |e: &dyn std::fmt::Display| PlaybookError::Invalid(e.to_string());
+        let playbook: Playbook = match format {
+            Format::Toml => toml::from_str(source).map_err(|e| invalid(&e))?,
+            Format::Json => serde_json::from_str(source).map_err(|e| invalid(&e))?,
+        };
         Ok(playbook)
     }
 
@@ -183,16 +223,17 @@ impl Playbook {
 
     fn validate(&self) -> Result<(), PlaybookError> {
         if self.rules.is_empty() {
-            return Err(PlaybookError(
+            return Err(PlaybookError::Invalid(
                 "a playbook needs at least one [[rule]]".into(),
             ));
         }
         let mut names = std::collections::HashSet::new();
         for (i, rule) in self.rules.iter().enumerate() {
-            let at =
-                |msg: String| PlaybookError(format!("rule {} (`{}`): {msg}", i + 1, rule.name));
+            let at = |msg: String| {
+                PlaybookError::Invalid(format!("rule {} (`{}`): {msg}", i + 1, rule.name))
+            };
             if rule.name.trim().is_empty() {
-                return Err(PlaybookError(format!(
+                return Err(PlaybookError::Invalid(format!(
                     "rule {}: `name` must not be empty",
                     i + 1
                 )));
@@ -207,17 +248,18 @@ impl Playbook {
                 }
             }
             let w = &rule.when;
-            let hours = [
-                ("when.observed_within_hours", w.observed_within_hours),
-                (
-                    "when.attribute_within_hours.hours",
-                    w.attribute_within_hours.as_ref().map(|a| a.hours),
-                ),
-            ];
-            for (field, value) in hours {
+            for (field, value) in w.windows() {
                 if value.is_some_and(|h| !h.is_finite() || h <= 0.0) {
                     return Err(at(format!("`{field}` must be a positive number")));
                 }
+            }
+            if w.attribute_at_least
+                .as_ref()
+                .is_some_and(|a| !a.value.is_finite())
+            {
+                return Err(at(
+                    "`when.attribute_at_least.value` must be a finite number".into(),
+                ));
             }
             if w.types.as_ref().is_some_and(Vec::is_empty) {
                 return Err(at("`when.type` must list at least one signal type".into()));
@@ -225,6 +267,20 @@ impl Playbook {
             if w.attribute_in.as_ref().is_some_and(|a| a.values.is_empty()) {
                 return Err(at("`when.attribute_in.values` must not be empty".into()));
             }
+        }
+        Ok(())
+    }
+
+    /// The size limits on what a tenant may upload.
+    fn check_limits(&self) -> Result<(), PlaybookError> {
+        if self.rules.len() > MAX_RULES {
+            return Err(PlaybookError::OverLimit(format!(
+                "it has {} rules; at most {MAX_RULES} are accepted",
+                self.rules.len()
+            )));
+        }
+        for (i, rule) in self.rules.iter().enumerate() {
+            rule.check_limits(i + 1)?;
         }
         Ok(())
     }
@@ -252,11 +308,71 @@ impl Playbook {
     }
 }
 
+/// `h` hours; saturating, so a stored window can never panic the decision.
 fn hours(h: f64) -> Duration {
-    Duration::seconds_f64(h * 3600.0)
+    Duration::saturating_seconds_f64(h * 3600.0)
+}
+
+impl Rule {
+    /// The size limits; checked before anything quotes the rule's name.
+    fn check_limits(&self, number: usize) -> Result<(), PlaybookError> {
+        let over = |msg: String| PlaybookError::OverLimit(format!("rule {number}: {msg}"));
+        let too_long = |s: &str, max: usize| s.chars().count() > max;
+        if too_long(&self.name, MAX_RULE_NAME_CHARS) {
+            return Err(over(format!(
+                "`name` is longer than {MAX_RULE_NAME_CHARS} characters"
+            )));
+        }
+        let w = &self.when;
+        let attributes = [
+            w.attribute_within_hours.as_ref().map(|a| &a.attribute),
+            w.attribute_in.as_ref().map(|a| &a.attribute),
+            w.attribute_at_least.as_ref().map(|a| &a.attribute),
+        ];
+        if attributes
+            .into_iter()
+            .flatten()
+            .any(|a| too_long(a, MAX_ATTRIBUTE_NAME_CHARS))
+        {
+            return Err(over(format!(
+                "an attribute name is longer than {MAX_ATTRIBUTE_NAME_CHARS} characters"
+            )));
+        }
+        if let Some(within) = &w.attribute_in
+            && (within.values.len() > MAX_ATTRIBUTE_VALUES
+                || within
+                    .values
+                    .iter()
+                    .any(|v| too_long(v, MAX_ATTRIBUTE_VALUE_CHARS)))
+        {
+            return Err(over(format!(
+                "`when.attribute_in.values` may list at most {MAX_ATTRIBUTE_VALUES} values \
+                 of at most {MAX_ATTRIBUTE_VALUE_CHARS} characters"
+            )));
+        }
+        for (field, value) in w.windows() {
+            if value.is_some_and(|h| h > MAX_HOURS) {
+                return Err(over(format!(
+                    "`{field}` is more than {MAX_HOURS} hours (ten years)"
+                )));
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Conditions {
+    /// The conditions that name a window in hours.
+    fn windows(&self) -> [(&'static str, Option<f64>); 2] {
+        [
+            ("when.observed_within_hours", self.observed_within_hours),
+            (
+                "when.attribute_within_hours.hours",
+                self.attribute_within_hours.as_ref().map(|a| a.hours),
+            ),
+        ]
+    }
+
     fn hold(&self, signal: &Signal, facts: SubjectFacts, now: OffsetDateTime) -> bool {
         let attr = |name: &str| signal.attributes.get(name);
         self.types
@@ -361,7 +477,7 @@ impl Library {
         // Uploads are validated, so a stored playbook that no longer parses means the row was
         // changed behind our back: a final error, not something a retry fixes.
         let playbook = Arc::new(
-            Playbook::parse(&stored.source, format)
+            Playbook::parse_stored(&stored.source, format)
                 .map_err(|e| StoreError::Corrupt(e.to_string()))?,
         );
         self.parsed.insert((tenant_id, version), playbook.clone());
@@ -510,6 +626,7 @@ mod tests {
             let err = Playbook::parse(source, Format::Toml)
                 .unwrap_err()
                 .to_string();
+            assert!(err.starts_with("invalid playbook"), "{err}");
             assert!(
                 err.contains(expected),
                 "{err:?} should mention {expected:?}"
@@ -522,6 +639,90 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("line 4"), "TOML errors name the line: {err}");
+    }
+
+    #[test]
+    fn playbooks_over_a_limit_are_refused_without_quoting_the_offender() {
+        let rule = |name: &str, when: &str| {
+            format!("[[rule]]\nname = \"{name}\"\ndecision = \"deny\"\nwhen = {{ {when} }}\n")
+        };
+        let long_name = "n".repeat(MAX_RULE_NAME_CHARS + 1);
+        let many: String = (0..=MAX_RULES)
+            .map(|i| rule(&format!("r{i}"), ""))
+            .collect();
+        let values: Vec<String> = (0..=MAX_ATTRIBUTE_VALUES)
+            .map(|i| format!("\"v{i}\""))
+            .collect();
+        let cases = [
+            (rule(&long_name, ""), "`name` is longer than 64"),
+            (many, "101 rules"),
+            (rule("a", "observed_within_hours = 1e16"), "ten years"),
+            (
+                rule(
+                    "a",
+                    "attribute_within_hours = { attribute = \"x\", hours = 87700 }",
+                ),
+                "ten years",
+            ),
+            (
+                rule(
+                    "a",
+                    &format!("attribute_in = {{ attribute = \"{long_name}\", values = [\"x\"] }}"),
+                ),
+                "attribute name",
+            ),
+            (
+                rule(
+                    "a",
+                    &format!(
+                        "attribute_in = {{ attribute = \"c\", values = [{}] }}",
+                        values.join(",")
+                    ),
+                ),
+                "at most 100 values",
+            ),
+        ];
+        for (source, expected) in cases {
+            let err = Playbook::parse(&source, Format::Toml).unwrap_err();
+            assert!(matches!(err, PlaybookError::OverLimit(_)), "{err}");
+            let text = err.to_string();
+            assert!(
+                text.contains(expected),
+                "{text:?} should mention {expected:?}"
+            );
+            assert!(!text.contains(&long_name), "the error quotes the long name");
+        }
+        let big = format!("{}# {}\n", rule("a", ""), "x".repeat(MAX_PLAYBOOK_BYTES));
+        assert!(matches!(
+            Playbook::parse(&big, Format::Toml),
+            Err(PlaybookError::TooLarge(_))
+        ));
+        assert!(Playbook::parse(&rule("a", "observed_within_hours = 87600"), Format::Toml).is_ok());
+    }
+
+    #[test]
+    fn a_stored_version_from_before_the_limits_still_decides() {
+        let many: String = (0..=MAX_RULES)
+            .map(|i| format!("[[rule]]\nname = \"r{i}\"\ndecision = \"allow\"\n"))
+            .collect();
+        assert!(Playbook::parse(&many, Format::Toml).is_err());
+        assert_eq!(
+            Playbook::parse_stored(&many, Format::Toml)
+                .unwrap()
+                .rules
+                .len(),
+            101
+        );
+    }
+
+    #[test]
+    fn a_huge_window_decides_without_panicking() {
+        let when = Conditions {
+            observed_within_hours: Some(1e300),
+            ..Conditions::default()
+        };
+        let signal = signal(SignalType::SimSwap, NOW, Value::Null);
+        assert!(when.hold(&signal, SubjectFacts::default(), NOW));
     }
 
     #[test]

@@ -30,6 +30,11 @@ pub enum SecretsError {
     },
     #[error("a sealed secret could not be opened: wrong master key or corrupted row")]
     Unseal,
+    #[error(
+        "the master key file {path} can be read by other users (mode {mode:o}); \
+         run `chmod 600 {path}` and start again"
+    )]
+    KeyFileExposed { path: PathBuf, mode: u32 },
 }
 
 /// The 32-byte root secret, from `VERDICT_MASTER_KEY` or a 0600 file beside the SQLite database.
@@ -61,7 +66,10 @@ impl MasterKey {
             source,
         };
         match std::fs::read_to_string(path) {
-            Ok(text) => Self::from_base64(&text),
+            Ok(text) => {
+                refuse_shared(path).map_err(io_err)??;
+                Self::from_base64(&text)
+            }
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
                 let text = Self::generate_base64();
                 write_private(path, &text).map_err(io_err)?;
@@ -86,6 +94,26 @@ impl MasterKey {
             sealing: SecretBox::new(Box::new(sealing)),
         }
     }
+}
+
+/// A key file that group or others may access is refused, the way ssh refuses a private key.
+#[cfg(unix)]
+fn refuse_shared(path: &Path) -> std::io::Result<Result<(), SecretsError>> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path)?.permissions().mode() & 0o777;
+    Ok(if mode & 0o077 == 0 {
+        Ok(())
+    } else {
+        Err(SecretsError::KeyFileExposed {
+            path: path.to_owned(),
+            mode,
+        })
+    })
+}
+
+#[cfg(not(unix))]
+fn refuse_shared(_path: &Path) -> std::io::Result<Result<(), SecretsError>> {
+    Ok(Ok(()))
 }
 
 #[cfg(unix)]
@@ -240,6 +268,14 @@ mod tests {
         assert_eq!(mode, 0o600);
         let again = MasterKey::load_or_create(&path).unwrap().keyring();
         assert_eq!(first.digest(&[b"x"]), again.digest(&[b"x"]));
+        for shared in [0o644, 0o640, 0o604] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(shared)).unwrap();
+            let err = MasterKey::load_or_create(&path).err().unwrap().to_string();
+            assert!(
+                err.contains(&format!("chmod 600 {}", path.display())),
+                "{err}"
+            );
+        }
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

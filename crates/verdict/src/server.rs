@@ -10,7 +10,7 @@ use tokio_util::task::TaskTracker;
 use crate::clock::now_ms;
 use crate::config::{Config, ServeConfig};
 use crate::delivery::{Deliverer, DeliverySettings, worker};
-use crate::http::{AppState, router};
+use crate::http::{AppState, connections, router};
 use crate::ingest::Ingest;
 use crate::rate_limit::RateLimits;
 use crate::store::{self, Store};
@@ -68,13 +68,11 @@ pub async fn serve(config: &Config, serve: ServeConfig) -> anyhow::Result<()> {
     let addr = listener.local_addr()?;
     tracing::info!("listening on http://{addr}");
     let stop = shutdown.clone();
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(async move {
-            shutdown_signal().await;
-            stop.cancel();
-        })
-        .await?;
-    shutdown.cancel();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        stop.cancel();
+    });
+    connections::serve(listener, router(state), serve.inbound, shutdown.clone()).await;
     background.wait().await;
     tracing::info!("stopped");
     Ok(())

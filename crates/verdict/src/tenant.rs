@@ -36,8 +36,9 @@ pub enum TenantError {
     KeyNotFound { tenant_id: Uuid, key_id: Uuid },
 }
 
-/// What `tenant create` prints; the secrets are shown this once and never again.
-#[derive(Debug, Serialize)]
+/// What `tenant create` prints; the secrets are shown this once and never again. Its `Debug`
+/// leaves them out.
+#[derive(Serialize)]
 pub struct CreatedTenant {
     pub tenant_id: Uuid,
     pub name: String,
@@ -46,6 +47,23 @@ pub struct CreatedTenant {
     pub webhook_secret: String,
     pub inbound_signature_required: bool,
     pub callback_url: Option<String>,
+}
+
+impl std::fmt::Debug for CreatedTenant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CreatedTenant")
+            .field("tenant_id", &self.tenant_id)
+            .field("name", &self.name)
+            .field("api_key", &"<redacted>")
+            .field("signing_secret", &"<redacted>")
+            .field("webhook_secret", &"<redacted>")
+            .field(
+                "inbound_signature_required",
+                &self.inbound_signature_required,
+            )
+            .field("callback_url", &self.callback_url.as_ref().map(|_| "<set>"))
+            .finish()
+    }
 }
 
 /// Options for a new tenant.
@@ -407,5 +425,35 @@ impl Credentials {
             .filter(|(_, retired_at)| retired_at.is_none_or(|at| at > now))
             .map(|(secret, _)| secret.clone())
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn created_tenant_debug_prints_no_secret() {
+        let created = CreatedTenant {
+            tenant_id: Uuid::now_v7(),
+            name: "acme".into(),
+            api_key: generate_api_key(),
+            signing_secret: Secret::generate().to_whsec(),
+            webhook_secret: Secret::generate().to_whsec(),
+            inbound_signature_required: true,
+            callback_url: Some("https://hooks.example/cb?token=t0ken".into()),
+        };
+        let printed = format!("{created:?}");
+        for secret in [
+            &created.api_key,
+            &created.signing_secret,
+            &created.webhook_secret,
+        ] {
+            assert!(!printed.contains(secret.as_str()), "{printed}");
+        }
+        assert!(
+            !printed.contains("t0ken") && printed.contains("acme"),
+            "{printed}"
+        );
     }
 }

@@ -6,7 +6,7 @@ use axum::response::{IntoResponse, Response};
 use super::problem::Problem;
 use crate::idempotency::KeyError;
 use crate::ingest::IngestError;
-use crate::playbook::PlaybookStoreError;
+use crate::playbook::{PlaybookError, PlaybookStoreError};
 use crate::rate_limit::RateLimited;
 use crate::signal::SignalError;
 use crate::store::{Scope, StoreError};
@@ -42,6 +42,8 @@ pub enum ApiError {
     TooLarge(usize),
     #[error("the body could not be read")]
     UnreadableBody,
+    #[error("the body was not received within the body read timeout")]
+    BodyTimeout,
     #[error(transparent)]
     Auth(#[from] AuthError),
     #[error("the API key's scope ({has}) does not allow this request, which needs {needed}")]
@@ -83,6 +85,12 @@ impl ApiError {
             )
             .detail(self.to_string()),
             Self::UnreadableBody => Problem::invalid_request(self.to_string()),
+            Self::BodyTimeout => Problem::new(
+                "request-timeout",
+                "Request timeout",
+                StatusCode::REQUEST_TIMEOUT,
+            )
+            .detail(self.to_string()),
             Self::Auth(e) => {
                 let slug = match e {
                     AuthError::MissingApiKey | AuthError::InvalidApiKey => "invalid-api-key",
@@ -119,11 +127,23 @@ impl ApiError {
                 StatusCode::UNPROCESSABLE_ENTITY,
             )
             .detail("Each distinct signal needs its own key; a retry must send the same payload."),
-            Self::Playbook(PlaybookStoreError::Invalid(e)) => Problem::new(
-                "invalid-playbook",
-                "The playbook is invalid",
-                StatusCode::BAD_REQUEST,
-            )
+            Self::Playbook(PlaybookStoreError::Invalid(e)) => match e {
+                PlaybookError::Invalid(_) => Problem::new(
+                    "invalid-playbook",
+                    "The playbook is invalid",
+                    StatusCode::BAD_REQUEST,
+                ),
+                PlaybookError::TooLarge(_) => Problem::new(
+                    "payload-too-large",
+                    "Payload too large",
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                ),
+                PlaybookError::OverLimit(_) => Problem::new(
+                    "playbook-limit-exceeded",
+                    "The playbook is over a limit",
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                ),
+            }
             .detail(e.to_string()),
             Self::Playbook(PlaybookStoreError::Store(e)) if e.is_transient() => {
                 Problem::unavailable()

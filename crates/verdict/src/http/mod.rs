@@ -1,6 +1,8 @@
 //! The HTTP API: routes, shared state, and the layers every request passes through.
 
 mod auth;
+mod body;
+pub mod connections;
 mod deliveries;
 pub mod error;
 mod events;
@@ -70,6 +72,7 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
         .layer(
             tower::ServiceBuilder::new()
+                .layer(axum::middleware::map_request(keep_safe_request_id))
                 .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
                 .layer(
                     // The span carries the request id; it deliberately records no headers or
@@ -92,6 +95,25 @@ pub fn router(state: AppState) -> Router {
                 )
                 .layer(PropagateRequestIdLayer::new(REQUEST_ID)),
         )
+}
+
+/// Longest client-sent request id kept.
+const MAX_REQUEST_ID_LEN: usize = 64;
+
+/// Drops a client's `x-request-id` unless it is short and made of safe characters, so a fresh
+/// one is made: the id goes into every log line of the request and into callbacks' logs.
+async fn keep_safe_request_id(mut req: Request<axum::body::Body>) -> Request<axum::body::Body> {
+    let safe = req.headers().get(REQUEST_ID).is_none_or(|id| {
+        let id = id.as_bytes();
+        (1..=MAX_REQUEST_ID_LEN).contains(&id.len())
+            && id
+                .iter()
+                .all(|&b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
+    });
+    if !safe {
+        req.headers_mut().remove(REQUEST_ID);
+    }
+    req
 }
 
 /// Records each request's latency by route and status class.

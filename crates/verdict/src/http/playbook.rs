@@ -1,6 +1,7 @@
 //! `GET /v1/playbook` and `PUT /v1/playbook`: a tenant reads and replaces its playbook.
 
 use axum::Json;
+use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use serde::Serialize;
@@ -48,14 +49,17 @@ pub struct Uploaded {
 /// `PUT /v1/playbook`: a TOML (`application/toml`) or JSON (`application/json`) document.
 #[utoipa::path(put, path = "/v1/playbook", operation_id = "put_playbook", tag = "playbook",
     request_body(content = String, content_type = "application/toml", description = "The playbook document"),
-    responses((status = 201, body = Uploaded, description = "Created"), (status = 400, body = Problem, description = "Invalid playbook; the one in force stays")))]
+    responses((status = 201, body = Uploaded, description = "Created"), (status = 400, body = Problem, description = "Invalid playbook; the one in force stays"), (status = 413, body = Problem, description = "Larger than 64 KiB"), (status = 422, body = Problem, description = "Over a limit: rules, name lengths, windows")))]
 pub async fn replace(
     State(app): State<AppState>,
     auth: Authenticated,
     headers: HeaderMap,
-    body: String,
+    body: Body,
 ) -> Result<(StatusCode, Json<Uploaded>), ApiError> {
     let tenant = auth.require(Scope::Admin)?;
+    let body = super::body::read_limited(&headers, body, playbook::MAX_PLAYBOOK_BYTES).await?;
+    let body = std::str::from_utf8(&body)
+        .map_err(|_| ApiError::Invalid("the playbook must be UTF-8 text".into()))?;
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -65,9 +69,9 @@ pub async fn replace(
     } else if content_type.starts_with("application/toml") || content_type.starts_with("text/") {
         Format::Toml
     } else {
-        Format::sniff(&body)
+        Format::sniff(body)
     };
-    let version = playbook::upload(&*app.store, tenant.id, &body, format).await?;
+    let version = playbook::upload(&*app.store, tenant.id, body, format).await?;
     tracing::info!(tenant_id = %tenant.id, version, "playbook replaced");
     Ok((StatusCode::CREATED, Json(Uploaded { version })))
 }

@@ -47,15 +47,18 @@ pub async fn post_signal(
     // 1. Validate without a round trip.
     let key = idempotency_key(&headers)?;
     require_json(&headers)?;
-    let body = read_body(&headers, body).await?;
+    let body = super::body::read_limited(&headers, body, MAX_BODY_BYTES).await?;
     let raw_body: [u8; 32] = Sha256::digest(&body).into();
     if let Some(key) = &key
         && let Some(replay) = replay_same_bytes(&app, &headers, &body, key, &raw_body).await
     {
         return Ok(replay);
     }
-    let (signal, value) = Signal::parse(&body)?;
-    let fingerprint = Fingerprint::of(&value).map_err(|e| SignalError::Schema(e.to_string()))?;
+    let (signal, value) = Signal::parse(&body, time::OffsetDateTime::now_utc())?;
+    let fingerprint = Fingerprint::of(&value).map_err(|err| {
+        tracing::debug!(error = ?err, "a signal could not be canonicalised");
+        SignalError::Schema("the body cannot be put in RFC 8785 canonical form".into())
+    })?;
 
     // 2. Authenticate and admit: nothing before this point claimed or wrote anything.
     let grant = authenticate(&app, &headers, &body).await?;
@@ -161,27 +164,6 @@ fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
         Some(t) if t.eq_ignore_ascii_case("application/json") => Ok(()),
         _ => Err(ApiError::UnsupportedMediaType),
     }
-}
-
-async fn read_body(headers: &HeaderMap, body: Body) -> Result<axum::body::Bytes, ApiError> {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
-        return Err(ApiError::TooLarge(MAX_BODY_BYTES));
-    }
-    axum::body::to_bytes(body, MAX_BODY_BYTES)
-        .await
-        .map_err(|err| {
-            let too_large = std::error::Error::source(&err)
-                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
-            if too_large {
-                ApiError::TooLarge(MAX_BODY_BYTES)
-            } else {
-                ApiError::UnreadableBody
-            }
-        })
 }
 
 /// The API key and its scope, then the signature over the exact bytes.

@@ -159,6 +159,7 @@ impl TestDb {
             "denies" => "SELECT COUNT(*) FROM denies",
             "deliveries" => "SELECT COUNT(*) FROM deliveries",
             "delivery_attempts" => "SELECT COUNT(*) FROM delivery_attempts",
+            "playbooks" => "SELECT COUNT(*) FROM playbooks",
             other => panic!("no count query for {other}"),
         };
         self.scalar(sql).await

@@ -1,5 +1,7 @@
 //! An identity-risk signal as a tenant sends it, validated before anything touches storage.
 
+mod strict_json;
+
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use time::OffsetDateTime;
@@ -64,14 +66,19 @@ pub struct Signal {
     pub metadata: Map<String, Value>,
 }
 
-/// Why a body is not a valid signal; the message is safe to show the sender.
+/// Why a body is not a valid signal. The message names the field and the form it must have,
+/// never the value sent (which may be a phone number).
 #[derive(Debug, thiserror::Error)]
 pub enum SignalError {
     #[error("the body is not valid JSON: {0}")]
-    Json(String),
+    Json(#[source] serde_json::Error),
     #[error("{0}")]
     Schema(String),
 }
+
+/// How far in the future `observed_at` may be: clocks drift, signals do not come from the
+/// future. A later time would count as "recent" for as long as it stays ahead.
+pub const MAX_OBSERVED_AHEAD: time::Duration = time::Duration::minutes(5);
 
 /// The body of `POST /v1/signals`.
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -108,13 +115,17 @@ pub(crate) struct WireSubject {
 const MAX_ACCOUNT_LEN: usize = 256;
 
 impl Signal {
-    /// Parses and validates a JSON body, returning the generic JSON value too (for the
-    /// fingerprint) so the body is parsed once.
-    pub fn parse(body: &[u8]) -> Result<(Signal, Value), SignalError> {
-        let value: Value =
-            serde_json::from_slice(body).map_err(|e| SignalError::Json(e.to_string()))?;
+    /// Parses and validates a JSON body received at `now`, returning the generic JSON value
+    /// too (for the fingerprint) so the body is parsed once.
+    pub fn parse(body: &[u8], now: OffsetDateTime) -> Result<(Signal, Value), SignalError> {
+        let value = strict_json::from_slice(body).map_err(SignalError::Json)?;
         let wire =
-            WireSignal::deserialize(&value).map_err(|e| SignalError::Schema(e.to_string()))?;
+            serde_path_to_error::deserialize::<_, WireSignal>(&value).map_err(schema_error)?;
+        if wire.observed_at > now + MAX_OBSERVED_AHEAD {
+            return Err(SignalError::Schema(
+                "`observed_at` must not be more than 5 minutes ahead of the server's clock".into(),
+            ));
+        }
         let subject = match (wire.subject.phone, wire.subject.account) {
             (Some(phone), None) => Subject::Phone(validate_phone(phone)?),
             (None, Some(account)) => Subject::Account(validate_account(account)?),
@@ -135,6 +146,39 @@ impl Signal {
     }
 }
 
+/// Names the field that failed and the form it must have; serde's own message is kept only
+/// where it names nothing but our schema (a missing field), since it otherwise quotes the value.
+fn schema_error(err: serde_path_to_error::Error<serde_json::Error>) -> SignalError {
+    const FIELDS: &str = "`type`, `subject`, `observed_at`, `attributes` and `metadata`";
+    let path = err.path().to_string();
+    let cause = err.inner().to_string();
+    let message = match path.as_str() {
+        _ if cause.starts_with("missing field `") => {
+            let field = cause.trim_start_matches("missing field ");
+            format!("{field} is required")
+        }
+        "type" => "`type` must be one of `sim_swap`, `port_out` or `credential_breach`".into(),
+        "subject" => "`subject` must be an object with exactly one of `phone` or `account`".into(),
+        "subject.phone" => PHONE_FORM.into(),
+        "subject.account" => ACCOUNT_FORM.into(),
+        "observed_at" => {
+            "`observed_at` must be an RFC 3339 date-time such as 2026-11-30T10:00:00Z".into()
+        }
+        "attributes" | "metadata" => format!("`{path}` must be a JSON object"),
+        _ if path.starts_with("subject.") => "`subject` may only have `phone` or `account`".into(),
+        _ if cause.starts_with("unknown field") => {
+            format!("the body has a field a signal does not have; a signal has {FIELDS}")
+        }
+        _ => format!("the body must be a JSON object with {FIELDS}"),
+    };
+    SignalError::Schema(message)
+}
+
+const PHONE_FORM: &str =
+    "`subject.phone` must be an E.164 number: `+` then 2 to 15 digits, not starting with 0";
+const ACCOUNT_FORM: &str =
+    "`subject.account` must be a string of 1 to 256 characters with no control characters";
+
 /// E.164: a plus sign, then 2 to 15 digits, the first not zero.
 fn validate_phone(phone: String) -> Result<String, SignalError> {
     let digits = phone.strip_prefix('+').unwrap_or("");
@@ -145,10 +189,7 @@ fn validate_phone(phone: String) -> Result<String, SignalError> {
         Ok(phone)
     } else {
         // The message names the rule, never the value.
-        Err(SignalError::Schema(
-            "subject.phone must be an E.164 number: `+` then 2 to 15 digits, not starting with 0"
-                .into(),
-        ))
+        Err(SignalError::Schema(PHONE_FORM.into()))
     }
 }
 
@@ -157,9 +198,7 @@ fn validate_account(account: String) -> Result<String, SignalError> {
         || account.chars().count() > MAX_ACCOUNT_LEN
         || account.chars().any(char::is_control)
     {
-        return Err(SignalError::Schema(format!(
-            "subject.account must be 1 to {MAX_ACCOUNT_LEN} characters with no control characters"
-        )));
+        return Err(SignalError::Schema(ACCOUNT_FORM.into()));
     }
     Ok(account)
 }
@@ -168,9 +207,14 @@ fn validate_account(account: String) -> Result<String, SignalError> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use serde_json::json;
 
     fn parse(text: &str) -> Result<Signal, SignalError> {
-        Signal::parse(text.as_bytes()).map(|(s, _)| s)
+        Signal::parse(
+            text.as_bytes(),
+            time::macros::datetime!(2026-11-30 12:00 UTC),
+        )
+        .map(|(s, _)| s)
     }
 
     #[test]
@@ -213,10 +257,66 @@ mod tests {
         );
     }
 
+    #[test]
+    fn errors_name_the_field_and_never_echo_the_value() {
+        let secret = "+447700900123";
+        let base = json!({"type":"sim_swap","subject":{"phone":"+15551234567"},"observed_at":"2026-11-30T10:00:00Z"});
+        let cases: Vec<(Value, &str)> = vec![
+            (json!({"type": secret}), "`type`"),
+            (json!({"subject": secret}), "`subject`"),
+            (
+                json!({"subject": {"phone": 447700900123u64}}),
+                "`subject.phone`",
+            ),
+            (
+                json!({"subject": {"account": [secret]}}),
+                "`subject.account`",
+            ),
+            (
+                json!({"subject": {"phone": "+15551234567", secret: 1}}),
+                "`subject`",
+            ),
+            (json!({"observed_at": secret}), "`observed_at`"),
+            (json!({"attributes": secret}), "`attributes`"),
+            (json!({"metadata": [secret]}), "`metadata`"),
+            (json!({secret: 1}), "a signal has `type`"),
+        ];
+        for (patch, names) in cases {
+            let mut body = base.clone();
+            for (k, v) in patch.as_object().unwrap() {
+                body[k] = v.clone();
+            }
+            let err = parse(&body.to_string()).unwrap_err().to_string();
+            assert!(err.contains(names), "{body}: {err}");
+            assert!(!err.contains("447700900123"), "{body}: {err}");
+        }
+        let missing = parse(r#"{"type":"sim_swap","subject":{"account":"a"}}"#).unwrap_err();
+        assert_eq!(missing.to_string(), "`observed_at` is required");
+    }
+
+    #[test]
+    fn duplicate_member_names_are_a_json_error() {
+        let body = r#"{"type":"sim_swap","subject":{"phone":"+15551234567","phone":"+15557654321"},"observed_at":"2026-11-30T10:00:00Z"}"#;
+        assert!(matches!(parse(body), Err(SignalError::Json(_))));
+    }
+
+    #[test]
+    fn observed_at_more_than_5_minutes_ahead_is_refused() {
+        let at = |t: &str| {
+            parse(&format!(
+                r#"{{"type":"sim_swap","subject":{{"account":"a"}},"observed_at":"{t}"}}"#
+            ))
+        };
+        assert!(at("2026-11-30T12:04:59Z").is_ok());
+        assert!(at("2026-11-30T12:05:01Z").is_err());
+        let far = at("9999-12-31T23:59:59Z").unwrap_err().to_string();
+        assert!(far.contains("5 minutes"), "{far}");
+    }
+
     proptest! {
         #[test]
         fn arbitrary_bytes_never_panic(body in proptest::collection::vec(any::<u8>(), 0..512)) {
-            let _ = Signal::parse(&body);
+            let _ = Signal::parse(&body, OffsetDateTime::now_utc());
         }
 
         #[test]
