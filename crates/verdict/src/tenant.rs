@@ -145,12 +145,23 @@ pub async fn create(
     })
 }
 
-/// What issuing a key prints or answers; the key is shown this once and never again.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
+/// What issuing a key prints or answers; the key is shown this once and never again. Its
+/// `Debug` leaves it out.
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct IssuedKey {
     pub key_id: Uuid,
     pub api_key: String,
     pub scope: Scope,
+}
+
+impl std::fmt::Debug for IssuedKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IssuedKey")
+            .field("key_id", &self.key_id)
+            .field("api_key", &"<redacted>")
+            .field("scope", &self.scope)
+            .finish()
+    }
 }
 
 /// Issues a new API key of `scope` to a tenant.
@@ -455,5 +466,16 @@ mod tests {
             !printed.contains("t0ken") && printed.contains("acme"),
             "{printed}"
         );
+    }
+    #[test]
+    fn issued_key_debug_prints_no_key() {
+        let issued = IssuedKey {
+            key_id: Uuid::now_v7(),
+            api_key: generate_api_key(),
+            scope: Scope::Ingest,
+        };
+        let printed = format!("{issued:?}");
+        assert!(!printed.contains(&issued.api_key), "{printed}");
+        assert!(printed.contains(&issued.key_id.to_string()) && printed.contains("Ingest"));
     }
 }
