@@ -6,7 +6,8 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use uuid::Uuid;
 
-use crate::config::{Config, DatabaseArgs, DeliveryArgs, ServeArgs, ServeConfig};
+use crate::config::{Config, DatabaseArgs, DeliveryArgs, DestinationArgs, ServeArgs, ServeConfig};
+use crate::delivery::destination::CallbackUrl;
 use crate::playbook::{self, Format};
 use crate::store::{self, SecretPurpose};
 use crate::tenant::{self, TenantSpec};
@@ -136,6 +137,8 @@ pub enum TenantCommand {
         /// Where signed callbacks are sent.
         #[arg(long)]
         callback_url: Option<String>,
+        #[command(flatten)]
+        destinations: DestinationArgs,
         /// Print one JSON object.
         #[arg(long, conflicts_with = "env")]
         json: bool,
@@ -151,6 +154,8 @@ pub enum TenantCommand {
         /// The new callback URL (omit to remove it).
         #[arg(long)]
         url: Option<String>,
+        #[command(flatten)]
+        destinations: DestinationArgs,
     },
     /// Replace a signing secret; the old one stays valid for the grace period.
     RotateSecret {
@@ -202,7 +207,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             println!("migrations applied");
             Ok(())
         }
-        Command::Tenant(cmd) => run_tenant(&config, cmd).await,
+        Command::Tenant(cmd) => run_tenant(&config, &file, cmd).await,
         Command::Playbook(cmd) => run_playbook(&config, cmd).await,
         Command::Worker { delivery, once } => {
             crate::server::work(&config, delivery.resolve(&file)?, once).await
@@ -274,7 +279,7 @@ async fn run_deliveries(
             delivery,
         } => {
             let deliverer =
-                crate::delivery::Deliverer::new(store.clone(), keys, delivery.resolve(file)?);
+                crate::delivery::Deliverer::new(store.clone(), keys, delivery.resolve(file)?)?;
             match deliverer.redeliver(tenant, id).await? {
                 Some(verdict) => {
                     let d = store
@@ -324,7 +329,11 @@ async fn run_playbook(config: &Config, cmd: PlaybookCommand) -> anyhow::Result<(
     Ok(())
 }
 
-async fn run_tenant(config: &Config, cmd: TenantCommand) -> anyhow::Result<()> {
+async fn run_tenant(
+    config: &Config,
+    file: &crate::config::FileConfig,
+    cmd: TenantCommand,
+) -> anyhow::Result<()> {
     let keys = Arc::new(config.master_key()?.keyring());
     let store = store::connect(&config.database_url)
         .await
@@ -334,9 +343,15 @@ async fn run_tenant(config: &Config, cmd: TenantCommand) -> anyhow::Result<()> {
             name,
             no_inbound_signature,
             callback_url,
+            destinations,
             json,
             env,
         } => {
+            // The destination guard judges the URL before anything is created.
+            let policy = destinations.resolve(file);
+            let callback_url = callback_url
+                .map(|url| CallbackUrl::parse(&url, policy))
+                .transpose()?;
             let created = tenant::create(
                 &*store,
                 &keys,
@@ -362,8 +377,16 @@ async fn run_tenant(config: &Config, cmd: TenantCommand) -> anyhow::Result<()> {
                 println!("(secrets are shown once; store them now)");
             }
         }
-        TenantCommand::SetCallback { tenant, url } => {
-            tenant::set_callback(&*store, tenant, url.as_deref()).await?;
+        TenantCommand::SetCallback {
+            tenant,
+            url,
+            destinations,
+        } => {
+            let policy = destinations.resolve(file);
+            let url = url
+                .map(|url| CallbackUrl::parse(&url, policy))
+                .transpose()?;
+            tenant::set_callback(&*store, tenant, url.as_ref()).await?;
             println!("callback endpoint set and enabled");
         }
         TenantCommand::RotateSecret {

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::delivery::destination::DestinationPolicy;
 use crate::delivery::{DeliverySettings, MAX_DEADLINE};
 use crate::ingest::IngestSettings;
 use crate::secrets::{MasterKey, SecretsError};
@@ -75,6 +76,7 @@ pub struct FileConfig {
     pub retry_interval_secs: Option<u64>,
     pub inline_deadline_ms: Option<u64>,
     pub allow_private_destinations: Option<bool>,
+    pub allow_link_local_destinations: Option<bool>,
     pub master_key_file: Option<PathBuf>,
 }
 
@@ -115,9 +117,38 @@ pub struct DeliveryArgs {
     /// Deadline of each delivery attempt, in milliseconds (1 to 30000).
     #[arg(long, env = "VERDICT_INLINE_DEADLINE_MS")]
     pub inline_deadline_ms: Option<u64>,
-    /// Allow callbacks to loopback, private and link-local addresses (tests, private networks).
+    #[command(flatten)]
+    pub destinations: DestinationArgs,
+}
+
+/// Which non-public callback destinations are allowed; read by `serve`, `worker`, `deliveries
+/// redeliver` (at send time) and `tenant create|set-callback` (when a URL is set).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct DestinationArgs {
+    /// Allow callbacks to loopback and private addresses and `localhost` (tests, private
+    /// networks). Link-local and cloud metadata addresses stay refused.
     #[arg(long, env = "VERDICT_ALLOW_PRIVATE_DESTINATIONS", value_parser = clap::builder::BoolishValueParser::new())]
     pub allow_private_destinations: Option<bool>,
+    /// Allow callbacks to link-local addresses, cloud metadata endpoints among them
+    /// (169.254.0.0/16, fe80::/10). Almost never what you want.
+    #[arg(long, env = "VERDICT_ALLOW_LINK_LOCAL_DESTINATIONS", value_parser = clap::builder::BoolishValueParser::new())]
+    pub allow_link_local_destinations: Option<bool>,
+}
+
+impl DestinationArgs {
+    /// Flags and environment first, then the file; everything off by default.
+    pub fn resolve(&self, file: &FileConfig) -> DestinationPolicy {
+        DestinationPolicy {
+            allow_private: self
+                .allow_private_destinations
+                .or(file.allow_private_destinations)
+                .unwrap_or(false),
+            allow_link_local: self
+                .allow_link_local_destinations
+                .or(file.allow_link_local_destinations)
+                .unwrap_or(false),
+        }
+    }
 }
 
 impl DeliveryArgs {
@@ -143,10 +174,7 @@ impl DeliveryArgs {
                     .unwrap_or(DEFAULT_RETRY_INTERVAL_SECS)
                     .max(1),
             ),
-            allow_private: self
-                .allow_private_destinations
-                .or(file.allow_private_destinations)
-                .unwrap_or(false),
+            destinations: self.destinations.resolve(file),
         })
     }
 }
@@ -288,7 +316,7 @@ mod tests {
             delivery: DeliveryArgs {
                 retry_interval_secs: None,
                 inline_deadline_ms: None,
-                allow_private_destinations: None,
+                destinations: DestinationArgs::default(),
             },
             listen: None,
             key_ttl_secs: None,
@@ -306,7 +334,8 @@ mod tests {
         assert_eq!(c.ingest.lock_timeout_ms, 60_000);
         assert_eq!(c.delivery.deadline, Duration::from_millis(5000));
         assert_eq!(c.delivery.retry_interval, Duration::from_secs(300));
-        assert!(!c.delivery.allow_private && c.run_worker);
+        assert_eq!(c.delivery.destinations, DestinationPolicy::default());
+        assert!(c.run_worker);
     }
 
     #[test]
@@ -322,7 +351,20 @@ mod tests {
         assert_eq!(c.listen.to_string(), "127.0.0.1:9999");
         assert_eq!(c.ingest.key_ttl_ms, 20_000, "the flag wins over the file");
         assert_eq!(c.delivery.retry_interval, Duration::from_secs(7));
-        assert!(c.delivery.allow_private);
+        assert!(c.delivery.destinations.allow_private);
+        assert!(!c.delivery.destinations.allow_link_local);
+    }
+
+    #[test]
+    fn link_local_destinations_need_their_own_setting() {
+        let mut args = serve_args();
+        args.delivery.destinations.allow_private_destinations = Some(true);
+        let c = ServeConfig::resolve(&args, &FileConfig::default()).unwrap();
+        assert!(c.delivery.destinations.allow_private);
+        assert!(!c.delivery.destinations.allow_link_local);
+        let file: FileConfig = toml::from_str("allow_link_local_destinations = true").unwrap();
+        let c = ServeConfig::resolve(&args, &file).unwrap();
+        assert!(c.delivery.destinations.allow_link_local);
     }
 
     #[test]

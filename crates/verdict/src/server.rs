@@ -30,7 +30,7 @@ pub async fn serve(config: &Config, serve: ServeConfig) -> anyhow::Result<()> {
         .set_buckets(&LATENCY_BUCKETS)
         .and_then(|b| b.install_recorder())
         .ok();
-    let deliverer = Arc::new(Deliverer::new(store.clone(), keys.clone(), serve.delivery));
+    let deliverer = Arc::new(Deliverer::new(store.clone(), keys.clone(), serve.delivery)?);
     let state = AppState {
         ingest: Arc::new(Ingest::new(
             store.clone(),
@@ -84,7 +84,7 @@ pub async fn work(config: &Config, delivery: DeliverySettings, once: bool) -> an
     let store = store::connect(&config.database_url)
         .await
         .context("connecting to the database")?;
-    let deliverer = Arc::new(Deliverer::new(store, keys, delivery));
+    let deliverer = Arc::new(Deliverer::new(store, keys, delivery)?);
     let stop = CancellationToken::new();
     if once {
         let round = worker::round(&deliverer, &stop).await?;

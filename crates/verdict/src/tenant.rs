@@ -12,6 +12,7 @@ use uuid::Uuid;
 use verdict_webhooks::Secret;
 
 use crate::clock::now_ms;
+use crate::delivery::destination::{CallbackUrl, UrlError};
 use crate::secrets::{Keyring, SecretsError, api_key_hash};
 use crate::store::{NewTenant, SealedSecret, SecretPurpose, Store, StoreError, TenantRecord};
 
@@ -27,8 +28,8 @@ pub enum TenantError {
     Secrets(#[from] SecretsError),
     #[error("no tenant with id {0}")]
     NotFound(Uuid),
-    #[error("the callback URL is not an http(s) URL")]
-    InvalidCallbackUrl,
+    #[error(transparent)]
+    CallbackUrl(#[from] UrlError),
 }
 
 /// What `tenant create` prints; the secrets are shown this once and never again.
@@ -48,7 +49,8 @@ pub struct CreatedTenant {
 pub struct TenantSpec {
     pub name: String,
     pub inbound_signature_required: bool,
-    pub callback_url: Option<String>,
+    /// Checked by the destination guard when it was parsed.
+    pub callback_url: Option<CallbackUrl>,
 }
 
 /// Associated data binding a sealed secret to its tenant and purpose.
@@ -78,9 +80,7 @@ pub async fn create(
     keys: &Keyring,
     spec: TenantSpec,
 ) -> Result<CreatedTenant, TenantError> {
-    if let Some(url) = &spec.callback_url {
-        validate_callback_url(url)?;
-    }
+    let callback_url = spec.callback_url.as_ref().map(|u| u.as_str().to_owned());
     let id = Uuid::now_v7();
     let api_key = generate_api_key();
     let inbound = Secret::generate();
@@ -90,7 +90,7 @@ pub async fn create(
         name: spec.name.clone(),
         api_key_hash: api_key_hash(&api_key).to_vec(),
         inbound_signature_required: spec.inbound_signature_required,
-        callback_url: spec.callback_url.clone(),
+        callback_url: callback_url.clone(),
         created_at: now_ms(),
     };
     let sealed = [
@@ -105,28 +105,20 @@ pub async fn create(
         signing_secret: inbound.to_whsec(),
         webhook_secret: webhook.to_whsec(),
         inbound_signature_required: spec.inbound_signature_required,
-        callback_url: spec.callback_url,
+        callback_url,
     })
-}
-
-/// A callback URL must be an absolute http(s) URL.
-pub fn validate_callback_url(url: &str) -> Result<(), TenantError> {
-    match reqwest::Url::parse(url) {
-        Ok(parsed) if matches!(parsed.scheme(), "http" | "https") && parsed.has_host() => Ok(()),
-        _ => Err(TenantError::InvalidCallbackUrl),
-    }
 }
 
 /// Sets a tenant's callback URL (or removes it) and re-enables its endpoint.
 pub async fn set_callback(
     store: &dyn Store,
     tenant_id: Uuid,
-    url: Option<&str>,
+    url: Option<&CallbackUrl>,
 ) -> Result<(), TenantError> {
-    if let Some(url) = url {
-        validate_callback_url(url)?;
-    }
-    if store.set_callback(tenant_id, url).await? {
+    if store
+        .set_callback(tenant_id, url.map(CallbackUrl::as_str))
+        .await?
+    {
         Ok(())
     } else {
         Err(TenantError::NotFound(tenant_id))

@@ -7,7 +7,7 @@ use reqwest::StatusCode;
 use reqwest::header::{CONTENT_TYPE, RETRY_AFTER};
 use verdict_webhooks::{Secret, signed_headers};
 
-use super::destination::refusal;
+use super::destination::{DestinationPolicy, DestinationRefused, UrlError, check_url};
 use super::schedule::AttemptOutcome;
 
 /// How much of a response body is kept with the attempt.
@@ -31,20 +31,37 @@ pub struct Outgoing<'a> {
     pub secrets: &'a [Secret],
 }
 
-/// Sends `out` once, giving up at `deadline`.
+/// Sends `out` once, giving up at `deadline`, if `policy` allows its destination.
 pub async fn send(
     client: &reqwest::Client,
     out: &Outgoing<'_>,
     deadline: Duration,
-    allow_private: bool,
+    policy: DestinationPolicy,
 ) -> Attempt {
     let started = Instant::now();
-    if let Some(why) = literal_refusal(out.url, allow_private) {
-        return failed(AttemptOutcome::Terminal, started, why);
+    // Checked on the URL exactly as reqwest requests it: reqwest connects to an IP literal
+    // without asking the resolver, so this is the only check an IP literal gets.
+    let url = match reqwest::Url::parse(out.url) {
+        Ok(url) => url,
+        Err(_) => {
+            let why = format!("destination refused: {}", UrlError::NotHttp);
+            return failed(AttemptOutcome::Terminal, started, why);
+        }
+    };
+    match check_url(&url, policy) {
+        Ok(()) => {}
+        Err(UrlError::Refused(refusal)) => {
+            let why = DestinationRefused(refusal).to_string();
+            return failed(AttemptOutcome::Terminal, started, why);
+        }
+        Err(other) => {
+            let why = format!("destination refused: {other}");
+            return failed(AttemptOutcome::Terminal, started, why);
+        }
     }
     let timestamp = time::OffsetDateTime::now_utc().unix_timestamp();
     let mut request = client
-        .post(out.url)
+        .post(url.clone())
         .timeout(deadline)
         .header(CONTENT_TYPE, "application/json")
         .body(out.payload.to_vec());
@@ -54,14 +71,12 @@ pub async fn send(
     let response = match request.send().await {
         Ok(response) => response,
         Err(err) => {
-            let why = error_chain(&err);
             // A refused destination is configuration, not a passing fault: do not retry it.
-            let outcome = if why.contains("destination refused") {
-                AttemptOutcome::Terminal
-            } else {
-                AttemptOutcome::Retryable { retry_after: None }
-            };
-            return failed(outcome, started, why);
+            if let Some(refused) = refused_in(&err) {
+                return failed(AttemptOutcome::Terminal, started, refused.to_string());
+            }
+            let outcome = AttemptOutcome::Retryable { retry_after: None };
+            return failed(outcome, started, error_chain(&err));
         }
     };
     let status = response.status();
@@ -109,21 +124,17 @@ pub fn classify(status: StatusCode, retry_after: Option<Duration>) -> AttemptOut
     }
 }
 
-/// Refuses IP-literal URLs in forbidden ranges (hostnames are checked by the resolver).
-fn literal_refusal(url: &str, allow_private: bool) -> Option<String> {
-    let parsed = match reqwest::Url::parse(url) {
-        Ok(u) if matches!(u.scheme(), "http" | "https") => u,
-        _ => return Some("destination refused: not an http(s) URL".into()),
-    };
-    if allow_private {
-        return None;
+/// The guard's refusal, if that is why the request failed (the resolver's error, among the
+/// sources).
+fn refused_in<'e>(err: &'e (dyn std::error::Error + 'static)) -> Option<&'e DestinationRefused> {
+    let mut source = Some(err);
+    while let Some(cause) = source {
+        if let Some(refused) = cause.downcast_ref::<DestinationRefused>() {
+            return Some(refused);
+        }
+        source = cause.source();
     }
-    let ip = match parsed.host()? {
-        url::Host::Ipv4(v4) => std::net::IpAddr::V4(v4),
-        url::Host::Ipv6(v6) => std::net::IpAddr::V6(v6),
-        url::Host::Domain(_) => return None,
-    };
-    refusal(ip).map(|why| format!("destination refused: {why}"))
+    None
 }
 
 async fn read_excerpt(mut response: reqwest::Response) -> Vec<u8> {
@@ -223,13 +234,29 @@ mod tests {
         }
     }
 
-    #[test]
-    fn ip_literals_in_internal_ranges_are_refused_unless_allowed() {
-        assert!(literal_refusal("http://127.0.0.1:9000/hook", false).is_some());
-        assert!(literal_refusal("http://[::1]/hook", false).is_some());
-        assert!(literal_refusal("http://169.254.169.254/latest", false).is_some());
-        assert!(literal_refusal("http://127.0.0.1:9000/hook", true).is_none());
-        assert!(literal_refusal("http://93.184.216.34/hook", false).is_none());
-        assert!(literal_refusal("ftp://example.com/", true).is_some());
+    #[tokio::test]
+    async fn refused_urls_fail_before_any_request() {
+        let client = reqwest::Client::new();
+        let secret = [verdict_webhooks::Secret::generate()];
+        let deadline = Duration::from_secs(1);
+        for url in [
+            "http://127.1:9/",
+            "http://[::1]:9/",
+            "ftp://example.com/",
+            "nonsense",
+        ] {
+            let out = Outgoing {
+                url,
+                webhook_id: "msg_1",
+                payload: b"{}",
+                secrets: &secret,
+            };
+            let a = send(&client, &out, deadline, DestinationPolicy::default()).await;
+            assert_eq!(a.outcome, AttemptOutcome::Terminal, "{url}");
+            assert!(
+                a.error.unwrap().starts_with("destination refused: "),
+                "{url}"
+            );
+        }
     }
 }

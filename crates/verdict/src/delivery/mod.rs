@@ -31,8 +31,8 @@ pub struct DeliverySettings {
     pub deadline: Duration,
     /// Time between worker attempts.
     pub retry_interval: Duration,
-    /// Whether loopback, private and link-local destinations are allowed.
-    pub allow_private: bool,
+    /// Which non-public destinations are allowed.
+    pub destinations: destination::DestinationPolicy,
 }
 
 /// The longest attempt deadline configuration accepts. Bounding it bounds every lease.
@@ -63,6 +63,26 @@ impl DeliverySettings {
     }
 }
 
+/// The callback HTTP client could not be built.
+#[derive(Debug, thiserror::Error)]
+#[error("could not build the guarded HTTP client for callbacks")]
+pub struct ClientError(#[source] reqwest::Error);
+
+/// The client every attempt goes through: redirects off, proxies off (a proxy would resolve
+/// names where the guard cannot see), and the destination guard as its resolver.
+fn http_client(settings: &DeliverySettings) -> Result<reqwest::Client, ClientError> {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .connect_timeout(settings.deadline)
+        .user_agent(concat!("verdict/", env!("CARGO_PKG_VERSION")))
+        .dns_resolver(Arc::new(destination::GuardedResolver::new(
+            settings.destinations,
+        )))
+        .build()
+        .map_err(ClientError)
+}
+
 /// Makes and records delivery attempts.
 pub struct Deliverer {
     client: reqwest::Client,
@@ -73,24 +93,20 @@ pub struct Deliverer {
 }
 
 impl Deliverer {
-    /// Builds the HTTP client: no redirects, no proxies, guarded DNS unless private
-    /// destinations are allowed.
-    pub fn new(store: Arc<dyn Store>, keys: Arc<Keyring>, settings: DeliverySettings) -> Self {
-        let mut builder = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .no_proxy()
-            .connect_timeout(settings.deadline)
-            .user_agent(concat!("verdict/", env!("CARGO_PKG_VERSION")));
-        if !settings.allow_private {
-            builder = builder.dns_resolver(Arc::new(destination::GuardedResolver));
-        }
-        let client = builder.build().unwrap_or_else(|_| reqwest::Client::new());
-        Self {
-            client,
+    /// Builds the HTTP client: no redirects, no proxies, and the guarded resolver whatever the
+    /// settings (they decide what it lets through). A client that cannot be built this way is
+    /// an error: there is no unguarded fallback.
+    pub fn new(
+        store: Arc<dyn Store>,
+        keys: Arc<Keyring>,
+        settings: DeliverySettings,
+    ) -> Result<Self, ClientError> {
+        Ok(Self {
+            client: http_client(&settings)?,
             credentials: tenant::Credentials::new(store.clone(), keys),
             store,
             settings,
-        }
+        })
     }
 
     /// The settings in force.
@@ -153,7 +169,7 @@ impl Deliverer {
                         secrets: &secrets,
                     },
                     self.settings.deadline,
-                    self.settings.allow_private,
+                    self.settings.destinations,
                 )
                 .await
             }
