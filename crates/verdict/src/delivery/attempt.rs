@@ -31,7 +31,12 @@ pub struct Outgoing<'a> {
     pub secrets: &'a [Secret],
 }
 
-/// Sends `out` once, giving up at `deadline`, if `policy` allows its destination.
+/// Why an attempt is not made when the tenant has no live webhook secret.
+pub const NO_SECRET: &str = "not sent: the tenant has no live webhook secret and callbacks are \
+     never sent unsigned (issue one with `verdict tenant rotate-secret --purpose webhook`)";
+
+/// Sends `out` once, giving up at `deadline`, if `policy` allows its destination and there is a
+/// secret to sign it with.
 pub async fn send(
     client: &reqwest::Client,
     out: &Outgoing<'_>,
@@ -58,6 +63,11 @@ pub async fn send(
             let why = format!("destination refused: {other}");
             return failed(AttemptOutcome::Terminal, started, why);
         }
+    }
+    if out.secrets.is_empty() {
+        // A secret may be issued before the next retry; until then nothing leaves unsigned.
+        let outcome = AttemptOutcome::Retryable { retry_after: None };
+        return failed(outcome, started, NO_SECRET.into());
     }
     let timestamp = time::OffsetDateTime::now_utc().unix_timestamp();
     let mut request = client
@@ -234,10 +244,20 @@ mod tests {
         }
     }
 
+    fn outgoing<'a>(url: &'a str, secrets: &'a [verdict_webhooks::Secret]) -> Outgoing<'a> {
+        Outgoing {
+            url,
+            webhook_id: "msg_1",
+            payload: b"{}",
+            secrets,
+        }
+    }
+
     #[tokio::test]
-    async fn refused_urls_fail_before_any_request() {
+    async fn refused_urls_and_missing_secrets_fail_before_any_request() {
         let client = reqwest::Client::new();
         let secret = [verdict_webhooks::Secret::generate()];
+        let strict = DestinationPolicy::default();
         let deadline = Duration::from_secs(1);
         for url in [
             "http://127.1:9/",
@@ -245,18 +265,26 @@ mod tests {
             "ftp://example.com/",
             "nonsense",
         ] {
-            let out = Outgoing {
-                url,
-                webhook_id: "msg_1",
-                payload: b"{}",
-                secrets: &secret,
-            };
-            let a = send(&client, &out, deadline, DestinationPolicy::default()).await;
+            let a = send(&client, &outgoing(url, &secret), deadline, strict).await;
             assert_eq!(a.outcome, AttemptOutcome::Terminal, "{url}");
             assert!(
                 a.error.unwrap().starts_with("destination refused: "),
                 "{url}"
             );
         }
+        let open = DestinationPolicy {
+            allow_private: true,
+            allow_link_local: true,
+        };
+        let a = send(
+            &client,
+            &outgoing("http://127.0.0.1:9/", &[]),
+            deadline,
+            open,
+        )
+        .await;
+        assert_eq!(a.outcome, AttemptOutcome::Retryable { retry_after: None });
+        assert_eq!(a.error.as_deref(), Some(NO_SECRET));
+        assert_eq!(a.status_code, None);
     }
 }

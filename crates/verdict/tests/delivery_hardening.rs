@@ -1,0 +1,109 @@
+//! Delivery hardening against real receivers on 127.0.0.1: no callback leaves unsigned.
+
+mod common;
+
+use std::time::Duration;
+
+use common::receiver::Receiver;
+use common::{Backend, MANUAL_WORKER, Reply, Server, Tenant, TestDb, new_key, sim_swap};
+
+const RETRY_INTERVAL: [(&str, &str); 1] = [("VERDICT_RETRY_INTERVAL_SECS", "1")];
+
+/// The delivery (with its attempts) of the event a signal reply names.
+async fn delivery_of(server: &Server, tenant: &Tenant, reply: &Reply) -> serde_json::Value {
+    let event_id = reply.json()["event_id"].as_str().unwrap().to_owned();
+    let event = server
+        .get(tenant, &format!("/v1/events/{event_id}"))
+        .await
+        .json();
+    let id = event["deliveries"][0]["id"].as_str().unwrap().to_owned();
+    server
+        .get(tenant, &format!("/v1/deliveries/{id}"))
+        .await
+        .json()
+}
+
+/// The delivery once `n` attempts are recorded (an attempt past the inline deadline records
+/// itself in the background).
+async fn delivery_after(
+    server: &Server,
+    tenant: &Tenant,
+    reply: &Reply,
+    n: usize,
+) -> serde_json::Value {
+    for _ in 0..100 {
+        let d = delivery_of(server, tenant, reply).await;
+        if d["attempts"].as_array().unwrap().len() >= n {
+            return d;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("fewer than {n} attempts were recorded");
+}
+
+async fn wait_for_next_round() {
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+}
+
+async fn with_every_webhook_secret_retired_nothing_goes_out_unsigned(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let receiver = Receiver::start(vec![]).await;
+    let tenant = db.tenant(&["--callback-url", &receiver.url]);
+    db.exec("UPDATE tenant_secrets SET retired_at = 1 WHERE purpose = 'webhook'")
+        .await;
+    let server = Server::start(&db, &MANUAL_WORKER);
+
+    let reply = server
+        .send(&tenant, Some(&new_key()), &sim_swap("+447700900801"))
+        .await;
+    assert_eq!(reply.status, 200);
+    let d = delivery_after(&server, &tenant, &reply, 1).await;
+    let attempt = &d["attempts"][0];
+    assert!(
+        attempt["error"]
+            .as_str()
+            .unwrap()
+            .contains("no live webhook secret"),
+        "{d}"
+    );
+    assert_eq!(attempt["status_code"], serde_json::Value::Null);
+    assert_eq!(
+        d["status"], "pending",
+        "retried: a secret may be issued meanwhile"
+    );
+
+    // The worker's retry finds no secret either, and sends nothing.
+    wait_for_next_round().await;
+    let round = db.worker_once(&RETRY_INTERVAL);
+    assert_eq!(
+        (round["attempted"].as_i64(), round["delivered"].as_i64()),
+        (Some(1), Some(0))
+    );
+    assert!(receiver.received().is_empty(), "nothing left unsigned");
+
+    // Once a secret is issued, the next retry goes out signed with it.
+    let rotated = db.cli(&[
+        "tenant",
+        "rotate-secret",
+        "--tenant",
+        &tenant.id,
+        "--purpose",
+        "webhook",
+        "--json",
+    ]);
+    let secret = serde_json::from_str::<serde_json::Value>(&rotated).unwrap()["secret"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    wait_for_next_round().await;
+    assert_eq!(db.worker_once(&RETRY_INTERVAL)["delivered"], 1);
+    let got = receiver.received();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].header("webhook-signature").split(' ').count(), 1);
+    receiver.verify_all_with_python(&secret);
+    let d = delivery_of(&server, &tenant, &reply).await;
+    assert_eq!(d["status"], "succeeded", "{d}");
+    assert_eq!(d["attempts"].as_array().unwrap().len(), 3);
+}
+
+on_both_backends!(with_every_webhook_secret_retired_nothing_goes_out_unsigned,);
