@@ -1,10 +1,12 @@
-//! Delivery hardening against real receivers on 127.0.0.1: no callback leaves unsigned.
+//! Delivery hardening against real receivers on 127.0.0.1: no callback leaves unsigned, a token
+//! in the callback URL never reaches stored errors or logs, and redelivery is rate limited per
+//! delivery across instances.
 
 mod common;
 
 use std::time::Duration;
 
-use common::receiver::Receiver;
+use common::receiver::{Receiver, Step};
 use common::{Backend, MANUAL_WORKER, Reply, Server, Tenant, TestDb, new_key, sim_swap};
 
 const RETRY_INTERVAL: [(&str, &str); 1] = [("VERDICT_RETRY_INTERVAL_SECS", "1")];
@@ -106,4 +108,76 @@ async fn with_every_webhook_secret_retired_nothing_goes_out_unsigned(backend: Ba
     assert_eq!(d["attempts"].as_array().unwrap().len(), 3);
 }
 
-on_both_backends!(with_every_webhook_secret_retired_nothing_goes_out_unsigned,);
+async fn a_token_in_the_callback_url_never_reaches_stored_errors_or_logs(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    // A receiver slower than the deadline, and a closed port: the two errors that quote the URL.
+    let receiver = Receiver::start(vec![Step::slow(200, Duration::from_secs(5))]).await;
+    let slow = format!("{}?token=s3cret&sig=t0psecret#frag1", receiver.url);
+    let closed = "http://alice:pa55word@127.0.0.1:9/cb?token=s3cret";
+    let tenant = db.tenant(&["--callback-url", &slow]);
+    let mut env = MANUAL_WORKER.to_vec();
+    env.push(("VERDICT_INLINE_DEADLINE_MS", "300"));
+    let server = Server::start(&db, &env);
+
+    let timed_out = server
+        .send(&tenant, Some(&new_key()), &sim_swap("+447700900802"))
+        .await;
+    let d = delivery_after(&server, &tenant, &timed_out, 1).await;
+    let error = d["attempts"][0]["error"].as_str().unwrap().to_owned();
+    assert!(
+        error.contains("/hook"),
+        "the URL without its query: {error}"
+    );
+
+    db.cli(&[
+        "tenant",
+        "set-callback",
+        "--tenant",
+        &tenant.id,
+        "--url",
+        closed,
+    ]);
+    let refused = server
+        .send(&tenant, Some(&new_key()), &sim_swap("+447700900803"))
+        .await;
+    let d = delivery_after(&server, &tenant, &refused, 1).await;
+    let error = d["attempts"][0]["error"].as_str().unwrap().to_owned();
+    assert!(error.contains("127.0.0.1:9/cb"), "{error}");
+
+    for body in [
+        &delivery_of(&server, &tenant, &timed_out).await,
+        &delivery_of(&server, &tenant, &refused).await,
+    ] {
+        let text = body.to_string();
+        for secret in ["s3cret", "t0psecret", "frag1", "pa55word", "alice"] {
+            assert!(!text.contains(secret), "{secret} in {text}");
+        }
+    }
+    assert_eq!(
+        db.scalar(
+            "SELECT COUNT(*) FROM delivery_attempts WHERE error LIKE '%s3cret%' \
+             OR error LIKE '%t0psecret%' OR error LIKE '%frag1%' OR error LIKE '%pa55word%'"
+        )
+        .await,
+        0
+    );
+    assert_eq!(
+        db.scalar(
+            "SELECT COUNT(*) FROM deliveries WHERE last_error LIKE '%s3cret%' \
+             OR last_error LIKE '%pa55word%'"
+        )
+        .await,
+        0
+    );
+    assert_eq!(db.count("delivery_attempts").await, 2);
+    let logs = server.logs();
+    assert!(logs.contains("delivery attempted"), "the logs were read");
+    for secret in ["s3cret", "t0psecret", "pa55word"] {
+        assert!(!logs.contains(secret), "{secret} in the logs");
+    }
+}
+
+on_both_backends!(
+    with_every_webhook_secret_retired_nothing_goes_out_unsigned,
+    a_token_in_the_callback_url_never_reaches_stored_errors_or_logs,
+);

@@ -86,7 +86,7 @@ pub async fn send(
                 return failed(AttemptOutcome::Terminal, started, refused.to_string());
             }
             let outcome = AttemptOutcome::Retryable { retry_after: None };
-            return failed(outcome, started, error_chain(&err));
+            return failed(outcome, started, describe(err, &url));
         }
     };
     let status = response.status();
@@ -145,6 +145,35 @@ fn refused_in<'e>(err: &'e (dyn std::error::Error + 'static)) -> Option<&'e Dest
         source = cause.source();
     }
     None
+}
+
+/// The error as stored and shown: its cause chain, with the URL's query, fragment and userinfo
+/// taken out (a callback URL often carries a token there).
+fn describe(mut err: reqwest::Error, url: &reqwest::Url) -> String {
+    if let Some(shown) = err.url_mut() {
+        redact(shown);
+    }
+    let mut text = error_chain(&err);
+    // And anywhere else a cause might have quoted them.
+    let secrets = [
+        url.query(),
+        url.fragment(),
+        url.password(),
+        Some(url.username()),
+    ];
+    for secret in secrets.into_iter().flatten().filter(|s| !s.is_empty()) {
+        text = text.replace(secret, "[redacted]");
+    }
+    text
+}
+
+/// Drops the parts of a URL that may carry credentials.
+pub fn redact(url: &mut reqwest::Url) {
+    url.set_query(None);
+    url.set_fragment(None);
+    // Only fails for URLs that cannot have userinfo, which then have none.
+    let _ = url.set_username("");
+    let _ = url.set_password(None);
 }
 
 async fn read_excerpt(mut response: reqwest::Response) -> Vec<u8> {
@@ -286,5 +315,13 @@ mod tests {
         assert_eq!(a.outcome, AttemptOutcome::Retryable { retry_after: None });
         assert_eq!(a.error.as_deref(), Some(NO_SECRET));
         assert_eq!(a.status_code, None);
+    }
+
+    #[test]
+    fn redacting_a_url_keeps_where_it_goes_and_drops_what_it_carries() {
+        let mut url =
+            reqwest::Url::parse("https://user:pw@h.example/cb?token=s3cret#frag").unwrap();
+        redact(&mut url);
+        assert_eq!(url.as_str(), "https://h.example/cb");
     }
 }
