@@ -8,6 +8,7 @@ use uuid::Uuid;
 
 use crate::config::{Config, DatabaseArgs, DeliveryArgs, DestinationArgs, ServeArgs, ServeConfig};
 use crate::delivery::destination::CallbackUrl;
+use crate::delivery::{REDELIVER_INTERVAL, Redelivered};
 use crate::playbook::{self, Format};
 use crate::store::{self, SecretPurpose};
 use crate::tenant::{self, TenantSpec};
@@ -281,7 +282,7 @@ async fn run_deliveries(
             let deliverer =
                 crate::delivery::Deliverer::new(store.clone(), keys, delivery.resolve(file)?)?;
             match deliverer.redeliver(tenant, id).await? {
-                Some(verdict) => {
+                Redelivered::Attempted(verdict) => {
                     let d = store
                         .delivery(tenant, id)
                         .await?
@@ -289,7 +290,14 @@ async fn run_deliveries(
                     println!("{}", show(d));
                     tracing::info!(?verdict, "redelivered");
                 }
-                None => anyhow::bail!(
+                Redelivered::TooSoon(wait) => anyhow::bail!(
+                    "delivery {id} was not redelivered: it was redelivered less than {} s ago \
+                     (at most one redelivery per delivery every {} s); retry in {} s",
+                    REDELIVER_INTERVAL.as_secs(),
+                    REDELIVER_INTERVAL.as_secs(),
+                    wait.as_millis().div_ceil(1000)
+                ),
+                Redelivered::Unavailable => anyhow::bail!(
                     "delivery {id} was not redelivered: it does not exist, an attempt is in \
                      progress, or the endpoint is disabled"
                 ),

@@ -1,6 +1,6 @@
 //! Delivery hardening against real receivers on 127.0.0.1: no callback leaves unsigned, a token
 //! in the callback URL never reaches stored errors or logs, and redelivery is rate limited per
-//! delivery across instances.
+//! delivery across instances and the CLI.
 
 mod common;
 
@@ -177,7 +177,97 @@ async fn a_token_in_the_callback_url_never_reaches_stored_errors_or_logs(backend
     }
 }
 
+async fn redeliver(server: &Server, tenant: &Tenant, id: &str) -> Reply {
+    Reply::from(
+        server
+            .client
+            .post(format!("{}/v1/deliveries/{id}/redeliver", server.base))
+            .bearer_auth(&tenant.api_key)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await
+}
+
+async fn redeliver_is_limited_to_once_per_delivery_every_10_s_across_instances(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let receiver = Receiver::start(vec![]).await;
+    let tenant = db.tenant(&["--callback-url", &receiver.url]);
+    let one = Server::start(&db, &MANUAL_WORKER);
+    let other = Server::start(&db, &MANUAL_WORKER);
+    let reply = one
+        .send(&tenant, Some(&new_key()), &sim_swap("+447700900804"))
+        .await;
+    let id = delivery_of(&one, &tenant, &reply).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    assert_eq!(redeliver(&one, &tenant, &id).await.status, 202);
+    // Again at once, on another instance sharing the database: refused, with when to retry.
+    for server in [&other, &one] {
+        let refused = redeliver(server, &tenant, &id).await;
+        assert_eq!(refused.status, 429);
+        assert_eq!(
+            refused.header("content-type"),
+            Some("application/problem+json")
+        );
+        assert_eq!(
+            refused.json()["type"],
+            "https://verdict.dev/problems/rate-limited"
+        );
+        let wait: u64 = refused.header("retry-after").unwrap().parse().unwrap();
+        assert!((1..=10).contains(&wait), "Retry-After: {wait}");
+    }
+    // And from the CLI.
+    let out = db.cli_output(
+        &["deliveries", "redeliver", "--tenant", &tenant.id, &id],
+        &[],
+    );
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("at most one redelivery per delivery every 10 s"),
+        "{stderr}"
+    );
+    assert_eq!(
+        receiver.received().len(),
+        2,
+        "the inline attempt and one redelivery"
+    );
+
+    // Ten seconds later (the recorded redelivery back-dated), it is allowed again, once.
+    db.exec(
+        "UPDATE delivery_attempts SET attempted_at = attempted_at - 10000 \
+         WHERE trigger_kind = 'redeliver'",
+    )
+    .await;
+    db.cli(&["deliveries", "redeliver", "--tenant", &tenant.id, &id]);
+    assert_eq!(receiver.received().len(), 3);
+    assert_eq!(redeliver(&other, &tenant, &id).await.status, 429);
+
+    // The limit is per delivery: another one is redelivered at once.
+    let second = one
+        .send(&tenant, Some(&new_key()), &sim_swap("+447700900805"))
+        .await;
+    let second_id = delivery_of(&one, &tenant, &second).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(redeliver(&other, &tenant, &second_id).await.status, 202);
+    let mut triggers = delivery_of(&one, &tenant, &reply).await["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["trigger"].as_str().unwrap().to_owned())
+        .collect::<Vec<_>>();
+    triggers.sort();
+    assert_eq!(triggers, ["inline", "redeliver", "redeliver"]);
+}
+
 on_both_backends!(
+    redeliver_is_limited_to_once_per_delivery_every_10_s_across_instances,
     with_every_webhook_secret_retired_nothing_goes_out_unsigned,
     a_token_in_the_callback_url_never_reaches_stored_errors_or_logs,
 );

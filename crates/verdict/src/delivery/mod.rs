@@ -18,7 +18,7 @@ use uuid::Uuid;
 
 use crate::clock::now_ms;
 use crate::secrets::Keyring;
-use crate::store::{AttemptRecord, DueDelivery, SecretPurpose, Store, StoreError};
+use crate::store::{AttemptRecord, DueDelivery, Redelivery, SecretPurpose, Store, StoreError};
 use crate::tenant;
 use attempt::Outgoing;
 use schedule::Trigger;
@@ -81,6 +81,22 @@ fn http_client(settings: &DeliverySettings) -> Result<reqwest::Client, ClientErr
         )))
         .build()
         .map_err(ClientError)
+}
+
+/// At most one manual redelivery per delivery within this interval: a receiver is not to be
+/// hammered by hand. Judged from the redeliver attempts recorded in the database, so it holds
+/// across instances.
+pub const REDELIVER_INTERVAL: Duration = Duration::from_secs(10);
+
+/// What a request to redeliver did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Redelivered {
+    /// Attempted now.
+    Attempted(AttemptOutcome),
+    /// Redelivered too recently; allowed again after this wait.
+    TooSoon(Duration),
+    /// An attempt is in progress or the tenant's endpoint is disabled (or no such delivery).
+    Unavailable,
 }
 
 /// Makes and records delivery attempts.
@@ -203,15 +219,13 @@ impl Deliverer {
         Ok((attempt, record))
     }
 
-    /// Resets a delivery for another round and attempts it now, with the same `webhook-id`.
-    pub async fn redeliver(
-        &self,
-        tenant_id: Uuid,
-        id: Uuid,
-    ) -> Result<Option<AttemptOutcome>, StoreError> {
+    /// Resets a delivery for another round and attempts it now, with the same `webhook-id`; at
+    /// most once per [`REDELIVER_INTERVAL`] per delivery.
+    pub async fn redeliver(&self, tenant_id: Uuid, id: Uuid) -> Result<Redelivered, StoreError> {
         let now = now_ms();
         let lease = i64::try_from(self.settings.lease().as_millis()).unwrap_or(i64::MAX);
-        let Some(due) = self
+        let interval = i64::try_from(REDELIVER_INTERVAL.as_millis()).unwrap_or(i64::MAX);
+        let leased = self
             .store
             .lease_for_redelivery(
                 tenant_id,
@@ -219,12 +233,22 @@ impl Deliverer {
                 now,
                 now.saturating_add(lease),
                 schedule::MAX_RETRIES,
+                now.saturating_sub(interval),
             )
-            .await?
-        else {
-            return Ok(None);
-        };
-        self.attempt(&due, Trigger::Redeliver).await.map(Some)
+            .await?;
+        match leased {
+            Redelivery::Leased(due) => self
+                .attempt(&due, Trigger::Redeliver)
+                .await
+                .map(Redelivered::Attempted),
+            Redelivery::TooSoon { last } => {
+                let wait = last.saturating_add(interval).saturating_sub(now).max(1);
+                Ok(Redelivered::TooSoon(Duration::from_millis(
+                    wait.unsigned_abs(),
+                )))
+            }
+            Redelivery::Unavailable => Ok(Redelivered::Unavailable),
+        }
     }
 }
 

@@ -37,7 +37,7 @@ use async_trait::async_trait;
 
 pub use actions::{ActionStore, ActionTarget, SubjectState};
 pub use deliveries::{
-    AttemptRecord, AttemptRow, DeliveryRecord, DeliveryStore, DueDelivery, NewDelivery,
+    AttemptRecord, AttemptRow, DeliveryRecord, DeliveryStore, DueDelivery, NewDelivery, Redelivery,
 };
 pub use events::{EventRecord, EventStore, NewEvent};
 pub use keys::{
