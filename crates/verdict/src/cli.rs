@@ -6,10 +6,13 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use uuid::Uuid;
 
-use crate::config::{Config, DatabaseArgs, DeliveryArgs, DestinationArgs, ServeArgs, ServeConfig};
+use crate::config::{
+    Config, DatabaseArgs, DeliveryArgs, DestinationArgs, RetentionArgs, ServeArgs, ServeConfig,
+};
 use crate::delivery::destination::CallbackUrl;
 use crate::delivery::{REDELIVER_INTERVAL, Redelivered};
 use crate::playbook::{self, Format};
+use crate::retention::RetentionSettings;
 use crate::store::{self, SecretPurpose};
 use crate::tenant::{self, TenantSpec};
 
@@ -47,6 +50,12 @@ pub enum Command {
     /// Inspect and redeliver callbacks.
     #[command(subcommand)]
     Deliveries(DeliveriesCommand),
+    /// Delete expired idempotency keys and everything past retention now, and print what was
+    /// deleted as JSON (`serve` does the same every prune interval).
+    Prune {
+        #[command(flatten)]
+        retention: RetentionArgs,
+    },
     /// Send one signal (JSON from FILE or stdin) and print the decision.
     Send {
         /// The signal; `-` reads standard input.
@@ -214,6 +223,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             crate::server::work(&config, delivery.resolve(&file)?, once).await
         }
         Command::Deliveries(cmd) => run_deliveries(&config, &file, cmd).await,
+        Command::Prune { retention } => run_prune(&config, retention.resolve(&file, 0)?).await,
         Command::Send {
             file,
             url,
@@ -304,6 +314,19 @@ async fn run_deliveries(
             }
         }
     }
+    Ok(())
+}
+
+async fn run_prune(config: &Config, retention: RetentionSettings) -> anyhow::Result<()> {
+    let store = store::connect(&config.database_url)
+        .await
+        .context("connecting to the database")?;
+    let now = crate::clock::now_ms();
+    let keys = store.prune_expired_keys(now).await?;
+    let pruned = crate::retention::prune(&*store, retention, now, usize::MAX).await?;
+    let mut out = serde_json::to_value(pruned)?;
+    out["idempotency_keys"] = keys.into();
+    println!("{out}");
     Ok(())
 }
 

@@ -10,6 +10,7 @@ use serde::Deserialize;
 use crate::delivery::destination::DestinationPolicy;
 use crate::delivery::{DeliverySettings, MAX_DEADLINE};
 use crate::ingest::IngestSettings;
+use crate::retention::RetentionSettings;
 use crate::secrets::{MasterKey, SecretsError};
 use crate::store;
 
@@ -29,6 +30,9 @@ pub const DEFAULT_RETRY_INTERVAL_SECS: u64 = 300;
 pub const DEFAULT_INLINE_DEADLINE_MS: u64 = 5000;
 /// How often expired keys are pruned by default.
 pub const DEFAULT_PRUNE_INTERVAL_SECS: u64 = 60;
+
+/// How long events (with their deliveries and attempts) are kept by default: 90 days.
+pub const DEFAULT_EVENT_RETENTION_DAYS: u64 = 90;
 
 /// Errors assembling configuration.
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +61,12 @@ pub enum ConfigError {
     #[error(transparent)]
     Secrets(#[from] SecretsError),
     #[error(
+        "the event retention (VERDICT_EVENT_RETENTION_DAYS, --event-retention-days or \
+         event_retention_days) must be at least 1 day and at least the idempotency key lifetime \
+         ({key_ttl_secs} s), got {days} days"
+    )]
+    Retention { days: u64, key_ttl_secs: u64 },
+    #[error(
         "the idempotency lock timeout must be at least 1 second (got {0} s): a shorter lock \
          lets a second request take over a key its holder is still working on"
     )]
@@ -77,6 +87,7 @@ pub struct FileConfig {
     pub inline_deadline_ms: Option<u64>,
     pub allow_private_destinations: Option<bool>,
     pub allow_link_local_destinations: Option<bool>,
+    pub event_retention_days: Option<u64>,
     pub master_key_file: Option<PathBuf>,
 }
 
@@ -179,6 +190,39 @@ impl DeliveryArgs {
     }
 }
 
+/// How long events are kept; read by `serve` (its pruner) and `prune`.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct RetentionArgs {
+    /// Days an event, its deliveries and their attempts are kept before they are pruned.
+    #[arg(long, env = "VERDICT_EVENT_RETENTION_DAYS")]
+    pub event_retention_days: Option<u64>,
+}
+
+impl RetentionArgs {
+    /// Flags and environment first, then the file, then [`DEFAULT_EVENT_RETENTION_DAYS`]. At
+    /// least one day, and at least `key_ttl_ms`: an event must outlive every key that can
+    /// still name it.
+    pub fn resolve(
+        &self,
+        file: &FileConfig,
+        key_ttl_ms: i64,
+    ) -> Result<RetentionSettings, ConfigError> {
+        let days = self
+            .event_retention_days
+            .or(file.event_retention_days)
+            .unwrap_or(DEFAULT_EVENT_RETENTION_DAYS);
+        let events = Duration::from_secs(days.saturating_mul(24 * 60 * 60));
+        let key_ttl = Duration::from_millis(key_ttl_ms.max(0).unsigned_abs());
+        if days == 0 || events < key_ttl {
+            return Err(ConfigError::Retention {
+                days,
+                key_ttl_secs: key_ttl.as_secs(),
+            });
+        }
+        Ok(RetentionSettings { events })
+    }
+}
+
 /// Settings of `verdict serve`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServeArgs {
@@ -202,6 +246,8 @@ pub struct ServeArgs {
     /// At most one customer alert per subject and signal type within this many seconds.
     #[arg(long, env = "VERDICT_ALERT_WINDOW_SECS")]
     pub alert_window_secs: Option<u64>,
+    #[command(flatten)]
+    pub retention: RetentionArgs,
 }
 
 /// The resolved settings for database access and secrets.
@@ -258,6 +304,7 @@ pub struct ServeConfig {
     pub delivery: DeliverySettings,
     pub run_worker: bool,
     pub prune_interval_secs: u64,
+    pub retention: RetentionSettings,
 }
 
 impl ServeConfig {
@@ -279,16 +326,18 @@ impl ServeConfig {
         if lock_timeout_secs < 1 {
             return Err(ConfigError::LockTimeoutTooShort(lock_timeout_secs));
         }
+        let key_ttl_ms = ms(secs(
+            args.key_ttl_secs,
+            file.key_ttl_secs,
+            DEFAULT_KEY_TTL_SECS,
+        ));
         Ok(Self {
+            retention: args.retention.resolve(file, key_ttl_ms)?,
             listen: listen.parse().map_err(|_| ConfigError::Listen(listen))?,
             delivery: args.delivery.resolve(file)?,
             run_worker: !args.no_worker,
             ingest: IngestSettings {
-                key_ttl_ms: ms(secs(
-                    args.key_ttl_secs,
-                    file.key_ttl_secs,
-                    DEFAULT_KEY_TTL_SECS,
-                )),
+                key_ttl_ms,
                 lock_timeout_ms: ms(lock_timeout_secs),
                 alert_window_ms: ms(secs(
                     args.alert_window_secs,
@@ -323,6 +372,7 @@ mod tests {
             lock_timeout_secs: None,
             prune_interval_secs: None,
             alert_window_secs: None,
+            retention: RetentionArgs::default(),
         }
     }
 
@@ -365,6 +415,32 @@ mod tests {
         let file: FileConfig = toml::from_str("allow_link_local_destinations = true").unwrap();
         let c = ServeConfig::resolve(&args, &file).unwrap();
         assert!(c.delivery.destinations.allow_link_local);
+    }
+
+    #[test]
+    fn events_are_kept_90_days_unless_configured_and_never_less_than_a_key_lives() {
+        let day = Duration::from_secs(86_400);
+        let c = ServeConfig::resolve(&serve_args(), &FileConfig::default()).unwrap();
+        assert_eq!(c.retention.events, day * 90);
+        let file: FileConfig = toml::from_str("event_retention_days = 30").unwrap();
+        let c = ServeConfig::resolve(&serve_args(), &file).unwrap();
+        assert_eq!(c.retention.events, day * 30);
+        let mut args = serve_args();
+        args.retention.event_retention_days = Some(7);
+        assert_eq!(
+            ServeConfig::resolve(&args, &file).unwrap().retention.events,
+            day * 7,
+            "the environment wins over the file"
+        );
+        args.retention.event_retention_days = Some(0);
+        assert!(matches!(
+            ServeConfig::resolve(&args, &file),
+            Err(ConfigError::Retention { days: 0, .. })
+        ));
+        args.retention.event_retention_days = Some(1);
+        args.key_ttl_secs = Some(2 * 86_400);
+        let err = ServeConfig::resolve(&args, &file).unwrap_err();
+        assert!(err.to_string().contains("key lifetime (172800 s)"), "{err}");
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub mod idempotency;
 pub mod ingest;
 pub mod listen;
 pub mod playbook;
+pub mod retention;
 pub mod secrets;
 pub mod send;
 pub mod server;

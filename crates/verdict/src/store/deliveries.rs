@@ -215,6 +215,27 @@ macro_rules! deliveries_sql {
                 .collect())
         }
 
+        /// Deletes the deliveries of `events` that are settled (not pending), and their
+        /// attempts; returns how many of each.
+        async fn delete_settled_deliveries(
+            conn: &mut $conn,
+            events: &[uuid::Uuid],
+        ) -> Result<(u64, u64), sqlx::Error> {
+            let mut q = sqlx::QueryBuilder::<Db>::new(
+                "DELETE FROM delivery_attempts WHERE delivery_id IN (SELECT id FROM deliveries \
+                 WHERE status <> 'pending' AND event_id IN ",
+            );
+            push_ids(&mut q, events);
+            q.push(")");
+            let attempts = q.build().execute(&mut *conn).await?.rows_affected();
+            let mut q = sqlx::QueryBuilder::<Db>::new(
+                "DELETE FROM deliveries WHERE status <> 'pending' AND event_id IN ",
+            );
+            push_ids(&mut q, events);
+            let deliveries = q.build().execute(&mut *conn).await?.rows_affected();
+            Ok((deliveries, attempts))
+        }
+
         /// Records attempts and moves each delivery to its next state (and disables the
         /// endpoints that answered 410), in three statements whatever the number.
         async fn record_attempts(

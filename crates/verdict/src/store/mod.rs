@@ -39,7 +39,7 @@ pub use actions::{ActionStore, ActionTarget, SubjectState};
 pub use deliveries::{
     AttemptRecord, AttemptRow, DeliveryRecord, DeliveryStore, DueDelivery, NewDelivery, Redelivery,
 };
-pub use events::{EventRecord, EventStore, NewEvent};
+pub use events::{EventRecord, EventStore, NewEvent, PrunedEvents};
 pub use keys::{
     Claim, ClaimOutcome, KeyRef, KeyState, KeyStore, RecoveryPoint, StoredResponse, judge,
 };
