@@ -509,6 +509,10 @@ mod tests {
             "http://[64:ff9b::a9fe:a9fe]/",
             "http://[::127.0.0.1]/",
             "http://[2002:7f00:1::]/",
+            "http://%31%32%37.0.0.1/",
+            "http://hooks.example.com@127.0.0.1/",
+            "http://127.0.0.1#@hooks.example.com/",
+            "http://[0:0:0:0:0:ffff:7f00:1]/",
         ] {
             assert!(
                 matches!(CallbackUrl::parse(url, STRICT), Err(UrlError::Refused(_))),
