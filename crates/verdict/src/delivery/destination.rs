@@ -113,7 +113,7 @@ pub fn classify(ip: IpAddr) -> Option<Refusal> {
 }
 
 fn classify_v4(ip: Ipv4Addr) -> Option<(Range, &'static str)> {
-    let [a, b, c, _] = ip.octets();
+    let [a, b, c, d] = ip.octets();
     let kind = match (a, b, c) {
         _ if ip.is_unspecified() => (Range::Reserved, "an unspecified address"),
         _ if ip.is_broadcast() => (Range::Reserved, "a broadcast address"),
@@ -124,7 +124,7 @@ fn classify_v4(ip: Ipv4Addr) -> Option<(Range, &'static str)> {
         }
         (169, 254, _) => (Range::LinkLocal, "a link-local (cloud metadata) address"),
         // Alibaba Cloud's metadata endpoint sits in the shared range below.
-        (100, 100, 100) if ip.octets()[3] == 200 => (Range::LinkLocal, "a cloud metadata address"),
+        (100, 100, 100) if d == 200 => (Range::LinkLocal, "a cloud metadata address"),
         (100, 64..=127, _) => (Range::Private, "a shared (carrier-grade NAT) address"),
         (192, 0, 0) => (
             Range::Reserved,
