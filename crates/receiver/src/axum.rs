@@ -23,13 +23,17 @@
 //! ```
 //!
 //! Answers: 204 for a new event (the handler runs after the answer) and for a discarded
-//! duplicate; 401 for a missing, wrong or stale signature; 400 for a body that is not an
-//! envelope; 503 when the store is unreachable, so that verdict retries.
+//! duplicate; 401 for a missing, wrong or stale signature, or more than
+//! [`MAX_SIGNATURES`](verdict_webhooks::MAX_SIGNATURES) of them; 400 for a body that is not an
+//! envelope; 413 for a body over the size limit (1 MiB by default); 503 when the store is
+//! unreachable, so that verdict retries.
 
 use std::sync::{Arc, Weak};
 
 use ::axum::Router;
 use ::axum::body::Bytes;
+use ::axum::extract::DefaultBodyLimit;
+use ::axum::extract::rejection::BytesRejection;
 use ::axum::http::{HeaderMap, StatusCode};
 use ::axum::response::{IntoResponse, Response};
 use ::axum::routing::{MethodRouter, post};
@@ -51,13 +55,36 @@ pub fn router<H: Handler>(receiver: Receiver, handler: H) -> Router {
 ///
 /// When created inside a Tokio runtime it also starts the recovery pass: once at once, then every
 /// [`recovery_interval`](crate::ReceiverBuilder::recovery_interval), until the endpoint is dropped.
+///
+/// Bodies are read up to the receiver's [`max_body_bytes`](crate::ReceiverBuilder::max_body_bytes)
+/// and no further: a larger one is answered 413 without being buffered whole.
 pub fn endpoint<H: Handler>(receiver: Receiver, handler: H) -> MethodRouter {
+    let limit = receiver.max_body_bytes();
     let state = Arc::new(State { receiver, handler });
     spawn_recovery(Arc::downgrade(&state));
-    post(move |headers: HeaderMap, body: Bytes| {
-        let state = Arc::clone(&state);
-        async move { receive(state, headers, body).await }
-    })
+    post(
+        move |headers: HeaderMap, body: Result<Bytes, BytesRejection>| {
+            let state = Arc::clone(&state);
+            async move {
+                match body {
+                    Ok(body) => receive(state, headers, body).await,
+                    Err(rejection) => refuse_body(&rejection),
+                }
+            }
+        },
+    )
+    .layer(DefaultBodyLimit::max(limit))
+}
+
+/// A body that could not be read: over the limit (413), or cut off (400).
+fn refuse_body(rejection: &BytesRejection) -> Response {
+    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        tracing::info!("webhook refused: body over the size limit");
+        (StatusCode::PAYLOAD_TOO_LARGE, "webhook body too large").into_response()
+    } else {
+        tracing::info!(error = %rejection, "webhook refused: body unreadable");
+        (StatusCode::BAD_REQUEST, "unreadable webhook body").into_response()
+    }
 }
 
 async fn receive<H: Handler>(state: Arc<State<H>>, headers: HeaderMap, body: Bytes) -> Response {
@@ -93,6 +120,7 @@ fn status_of(err: &ReceiveError) -> (StatusCode, &'static str) {
             StatusCode::UNAUTHORIZED,
             "webhook timestamp outside tolerance",
         ),
+        ReceiveError::TooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "webhook body too large"),
         ReceiveError::NotAnEnvelope { .. } => {
             (StatusCode::BAD_REQUEST, "body is not a verdict envelope")
         }

@@ -13,6 +13,12 @@ pub enum ReceiveError {
     /// The signature is missing, malformed or made with another secret.
     #[error("unauthenticated webhook: {0}")]
     Unauthenticated(VerifyError),
+    /// The body is larger than the configured limit; refused before anything else is checked.
+    #[error("webhook body larger than {limit} bytes")]
+    TooLarge {
+        /// The limit in force, in bytes.
+        limit: usize,
+    },
     /// The timestamp is outside the tolerance: refused as a possible replay, whatever its id.
     #[error("stale webhook refused as a possible replay: {0}")]
     Stale(VerifyError),

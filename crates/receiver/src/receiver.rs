@@ -34,6 +34,10 @@ pub const DEFAULT_RECOVERY_INTERVAL: Duration = Duration::from_secs(60);
 /// How often expired records are pruned, opportunistically during `receive`: hourly.
 pub const DEFAULT_PRUNE_INTERVAL: Duration = Duration::from_secs(3600);
 
+/// The largest body accepted by default: 1 MiB. verdict's envelopes are a few KiB; the limit is
+/// what a receiver buffers, verifies and stores for anyone who can reach it.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
+
 /// Records leased per recovery batch; small, so a batch finishes well inside its lease.
 const RECOVERY_BATCH: u32 = 16;
 
@@ -74,6 +78,7 @@ struct Inner {
     recovery_interval: Duration,
     prune_interval_ms: i64,
     last_prune_ms: AtomicI64,
+    max_body_bytes: usize,
 }
 
 /// Configures a [`Receiver`].
@@ -86,6 +91,7 @@ pub struct ReceiverBuilder {
     recovery_interval: Duration,
     prune_interval: Duration,
     allow_unsigned: bool,
+    max_body_bytes: usize,
 }
 
 impl ReceiverBuilder {
@@ -133,6 +139,15 @@ impl ReceiverBuilder {
         self
     }
 
+    /// The largest body accepted, in bytes; default [`DEFAULT_MAX_BODY_BYTES`] (1 MiB).
+    ///
+    /// A larger body is refused before its signature is checked; the axum integration refuses
+    /// it with a 413 without buffering more than the limit.
+    pub fn max_body_bytes(mut self, limit: usize) -> ReceiverBuilder {
+        self.max_body_bytes = limit;
+        self
+    }
+
     /// **Dangerous**: accepts deliveries that carry no `webhook-signature` at all.
     ///
     /// Anyone who can reach the endpoint can then forge events, and replay protection is gone.
@@ -157,6 +172,9 @@ impl ReceiverBuilder {
                 "the horizon must be at least twice the timestamp tolerance",
             ));
         }
+        if self.max_body_bytes == 0 {
+            return Err(ReceiveError::Config("the body size limit must be positive"));
+        }
         if self.lease.is_zero() || self.recovery_interval.is_zero() {
             return Err(ReceiveError::Config(
                 "the handler lease and recovery interval must be positive",
@@ -172,6 +190,7 @@ impl ReceiverBuilder {
                 recovery_interval: self.recovery_interval,
                 prune_interval_ms: millis(self.prune_interval),
                 last_prune_ms: AtomicI64::new(i64::MIN),
+                max_body_bytes: self.max_body_bytes,
             }),
         })
     }
@@ -189,6 +208,7 @@ impl Receiver {
             recovery_interval: DEFAULT_RECOVERY_INTERVAL,
             prune_interval: DEFAULT_PRUNE_INTERVAL,
             allow_unsigned: false,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
         }
     }
 
@@ -203,6 +223,11 @@ impl Receiver {
         body: &[u8],
         now_unix_secs: i64,
     ) -> Result<Received, ReceiveError> {
+        if body.len() > self.inner.max_body_bytes {
+            return Err(ReceiveError::TooLarge {
+                limit: self.inner.max_body_bytes,
+            });
+        }
         let webhook_id = self.authenticate(headers, body, now_unix_secs)?;
         if let Some(id) = &webhook_id {
             tracing::Span::current().record("webhook_id", id.as_str());
@@ -316,6 +341,11 @@ impl Receiver {
     /// How often a recovery pass should run.
     pub fn recovery_interval(&self) -> Duration {
         self.inner.recovery_interval
+    }
+
+    /// The largest body accepted, in bytes.
+    pub fn max_body_bytes(&self) -> usize {
+        self.inner.max_body_bytes
     }
 
     /// The `webhook-id` of a delivery that passed authentication.

@@ -6,8 +6,13 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use uuid::Uuid;
 
-use crate::config::{Config, DatabaseArgs, DeliveryArgs, ServeArgs, ServeConfig};
+use crate::config::{
+    Config, DatabaseArgs, DeliveryArgs, DestinationArgs, RetentionArgs, ServeArgs, ServeConfig,
+};
+use crate::delivery::destination::CallbackUrl;
+use crate::delivery::{REDELIVER_INTERVAL, Redelivered};
 use crate::playbook::{self, Format};
+use crate::retention::RetentionSettings;
 use crate::store::{self, Scope, SecretPurpose};
 use crate::tenant::{self, TenantSpec};
 
@@ -45,6 +50,12 @@ pub enum Command {
     /// Inspect and redeliver callbacks.
     #[command(subcommand)]
     Deliveries(DeliveriesCommand),
+    /// Delete expired idempotency keys and everything past retention now, and print what was
+    /// deleted as JSON (`serve` does the same every prune interval).
+    Prune {
+        #[command(flatten)]
+        retention: RetentionArgs,
+    },
     /// Send one signal (JSON from FILE or stdin) and print the decision.
     Send {
         /// The signal; `-` reads standard input.
@@ -136,6 +147,8 @@ pub enum TenantCommand {
         /// Where signed callbacks are sent.
         #[arg(long)]
         callback_url: Option<String>,
+        #[command(flatten)]
+        destinations: DestinationArgs,
         /// Print one JSON object.
         #[arg(long, conflicts_with = "env")]
         json: bool,
@@ -151,6 +164,8 @@ pub enum TenantCommand {
         /// The new callback URL (omit to remove it).
         #[arg(long)]
         url: Option<String>,
+        #[command(flatten)]
+        destinations: DestinationArgs,
     },
     /// Replace a signing secret; the old one stays valid for the grace period.
     RotateSecret {
@@ -252,12 +267,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             println!("migrations applied");
             Ok(())
         }
-        Command::Tenant(cmd) => run_tenant(&config, cmd).await,
+        Command::Tenant(cmd) => run_tenant(&config, &file, cmd).await,
         Command::Playbook(cmd) => run_playbook(&config, cmd).await,
         Command::Worker { delivery, once } => {
             crate::server::work(&config, delivery.resolve(&file)?, once).await
         }
         Command::Deliveries(cmd) => run_deliveries(&config, &file, cmd).await,
+        Command::Prune { retention } => run_prune(&config, retention.resolve(&file, 0)?).await,
         Command::Send {
             file,
             url,
@@ -324,9 +340,9 @@ async fn run_deliveries(
             delivery,
         } => {
             let deliverer =
-                crate::delivery::Deliverer::new(store.clone(), keys, delivery.resolve(file)?);
+                crate::delivery::Deliverer::new(store.clone(), keys, delivery.resolve(file)?)?;
             match deliverer.redeliver(tenant, id).await? {
-                Some(verdict) => {
+                Redelivered::Attempted(verdict) => {
                     let d = store
                         .delivery(tenant, id)
                         .await?
@@ -334,13 +350,33 @@ async fn run_deliveries(
                     println!("{}", show(d));
                     tracing::info!(?verdict, "redelivered");
                 }
-                None => anyhow::bail!(
+                Redelivered::TooSoon(wait) => anyhow::bail!(
+                    "delivery {id} was not redelivered: it was redelivered less than {} s ago \
+                     (at most one redelivery per delivery every {} s); retry in {} s",
+                    REDELIVER_INTERVAL.as_secs(),
+                    REDELIVER_INTERVAL.as_secs(),
+                    wait.as_millis().div_ceil(1000)
+                ),
+                Redelivered::Unavailable => anyhow::bail!(
                     "delivery {id} was not redelivered: it does not exist, an attempt is in \
                      progress, or the endpoint is disabled"
                 ),
             }
         }
     }
+    Ok(())
+}
+
+async fn run_prune(config: &Config, retention: RetentionSettings) -> anyhow::Result<()> {
+    let store = store::connect(&config.database_url)
+        .await
+        .context("connecting to the database")?;
+    let now = crate::clock::now_ms();
+    let keys = store.prune_expired_keys(now).await?;
+    let pruned = crate::retention::prune(&*store, retention, now, usize::MAX).await?;
+    let mut out = serde_json::to_value(pruned)?;
+    out["idempotency_keys"] = keys.into();
+    println!("{out}");
     Ok(())
 }
 
@@ -374,7 +410,11 @@ async fn run_playbook(config: &Config, cmd: PlaybookCommand) -> anyhow::Result<(
     Ok(())
 }
 
-async fn run_tenant(config: &Config, cmd: TenantCommand) -> anyhow::Result<()> {
+async fn run_tenant(
+    config: &Config,
+    file: &crate::config::FileConfig,
+    cmd: TenantCommand,
+) -> anyhow::Result<()> {
     let keys = Arc::new(config.master_key()?.keyring());
     let store = store::connect(&config.database_url)
         .await
@@ -384,9 +424,15 @@ async fn run_tenant(config: &Config, cmd: TenantCommand) -> anyhow::Result<()> {
             name,
             no_inbound_signature,
             callback_url,
+            destinations,
             json,
             env,
         } => {
+            // The destination guard judges the URL before anything is created.
+            let policy = destinations.resolve(file);
+            let callback_url = callback_url
+                .map(|url| CallbackUrl::parse(&url, policy))
+                .transpose()?;
             let created = tenant::create(
                 &*store,
                 &keys,
@@ -412,8 +458,16 @@ async fn run_tenant(config: &Config, cmd: TenantCommand) -> anyhow::Result<()> {
                 println!("(secrets are shown once; store them now)");
             }
         }
-        TenantCommand::SetCallback { tenant, url } => {
-            tenant::set_callback(&*store, tenant, url.as_deref()).await?;
+        TenantCommand::SetCallback {
+            tenant,
+            url,
+            destinations,
+        } => {
+            let policy = destinations.resolve(file);
+            let url = url
+                .map(|url| CallbackUrl::parse(&url, policy))
+                .transpose()?;
+            tenant::set_callback(&*store, tenant, url.as_ref()).await?;
             println!("callback endpoint set and enabled");
         }
         TenantCommand::RotateSecret {

@@ -8,9 +8,11 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::delivery::destination::DestinationPolicy;
 use crate::delivery::{DeliverySettings, MAX_DEADLINE};
 use crate::http::connections::InboundLimits;
 use crate::ingest::IngestSettings;
+use crate::retention::RetentionSettings;
 use crate::secrets::{MasterKey, SecretsError};
 use crate::store;
 
@@ -30,6 +32,9 @@ pub const DEFAULT_RETRY_INTERVAL_SECS: u64 = 300;
 pub const DEFAULT_INLINE_DEADLINE_MS: u64 = 5000;
 /// How often expired keys are pruned by default.
 pub const DEFAULT_PRUNE_INTERVAL_SECS: u64 = 60;
+
+/// How long events (with their deliveries and attempts) are kept by default: 90 days.
+pub const DEFAULT_EVENT_RETENTION_DAYS: u64 = 90;
 
 /// Errors assembling configuration.
 #[derive(Debug, thiserror::Error)]
@@ -76,6 +81,12 @@ pub enum ConfigError {
         deadline_ms: u128,
     },
     #[error(
+        "the event retention (VERDICT_EVENT_RETENTION_DAYS, --event-retention-days or \
+         event_retention_days) must be at least 1 day and at least the idempotency key lifetime \
+         ({key_ttl_secs} s), got {days} days"
+    )]
+    Retention { days: u64, key_ttl_secs: u64 },
+    #[error(
         "the idempotency lock timeout must be at least 1 second (got {0} s): a shorter lock \
          lets a second request take over a key its holder is still working on"
     )]
@@ -95,6 +106,8 @@ pub struct FileConfig {
     pub retry_interval_secs: Option<u64>,
     pub inline_deadline_ms: Option<u64>,
     pub allow_private_destinations: Option<bool>,
+    pub allow_link_local_destinations: Option<bool>,
+    pub event_retention_days: Option<u64>,
     pub master_key_file: Option<PathBuf>,
     pub header_timeout_secs: Option<u64>,
     pub body_timeout_secs: Option<u64>,
@@ -140,9 +153,38 @@ pub struct DeliveryArgs {
     /// Deadline of each delivery attempt, in milliseconds (1 to 30000).
     #[arg(long, env = "VERDICT_INLINE_DEADLINE_MS")]
     pub inline_deadline_ms: Option<u64>,
-    /// Allow callbacks to loopback, private and link-local addresses (tests, private networks).
+    #[command(flatten)]
+    pub destinations: DestinationArgs,
+}
+
+/// Which non-public callback destinations are allowed; read by `serve`, `worker`, `deliveries
+/// redeliver` (at send time) and `tenant create|set-callback` (when a URL is set).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct DestinationArgs {
+    /// Allow callbacks to loopback and private addresses and `localhost` (tests, private
+    /// networks). Link-local and cloud metadata addresses stay refused.
     #[arg(long, env = "VERDICT_ALLOW_PRIVATE_DESTINATIONS", value_parser = clap::builder::BoolishValueParser::new())]
     pub allow_private_destinations: Option<bool>,
+    /// Allow callbacks to link-local addresses, cloud metadata endpoints among them
+    /// (169.254.0.0/16, fe80::/10). Almost never what you want.
+    #[arg(long, env = "VERDICT_ALLOW_LINK_LOCAL_DESTINATIONS", value_parser = clap::builder::BoolishValueParser::new())]
+    pub allow_link_local_destinations: Option<bool>,
+}
+
+impl DestinationArgs {
+    /// Flags and environment first, then the file; everything off by default.
+    pub fn resolve(&self, file: &FileConfig) -> DestinationPolicy {
+        DestinationPolicy {
+            allow_private: self
+                .allow_private_destinations
+                .or(file.allow_private_destinations)
+                .unwrap_or(false),
+            allow_link_local: self
+                .allow_link_local_destinations
+                .or(file.allow_link_local_destinations)
+                .unwrap_or(false),
+        }
+    }
 }
 
 impl DeliveryArgs {
@@ -168,11 +210,41 @@ impl DeliveryArgs {
                     .unwrap_or(DEFAULT_RETRY_INTERVAL_SECS)
                     .max(1),
             ),
-            allow_private: self
-                .allow_private_destinations
-                .or(file.allow_private_destinations)
-                .unwrap_or(false),
+            destinations: self.destinations.resolve(file),
         })
+    }
+}
+
+/// How long events are kept; read by `serve` (its pruner) and `prune`.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct RetentionArgs {
+    /// Days an event, its deliveries and their attempts are kept before they are pruned.
+    #[arg(long, env = "VERDICT_EVENT_RETENTION_DAYS")]
+    pub event_retention_days: Option<u64>,
+}
+
+impl RetentionArgs {
+    /// Flags and environment first, then the file, then [`DEFAULT_EVENT_RETENTION_DAYS`]. At
+    /// least one day, and at least `key_ttl_ms`: an event must outlive every key that can
+    /// still name it.
+    pub fn resolve(
+        &self,
+        file: &FileConfig,
+        key_ttl_ms: i64,
+    ) -> Result<RetentionSettings, ConfigError> {
+        let days = self
+            .event_retention_days
+            .or(file.event_retention_days)
+            .unwrap_or(DEFAULT_EVENT_RETENTION_DAYS);
+        let events = Duration::from_secs(days.saturating_mul(24 * 60 * 60));
+        let key_ttl = Duration::from_millis(key_ttl_ms.max(0).unsigned_abs());
+        if days == 0 || events < key_ttl {
+            return Err(ConfigError::Retention {
+                days,
+                key_ttl_secs: key_ttl.as_secs(),
+            });
+        }
+        Ok(RetentionSettings { events })
     }
 }
 
@@ -199,6 +271,8 @@ pub struct ServeArgs {
     /// At most one customer alert per subject and signal type within this many seconds.
     #[arg(long, env = "VERDICT_ALERT_WINDOW_SECS")]
     pub alert_window_secs: Option<u64>,
+    #[command(flatten)]
+    pub retention: RetentionArgs,
     #[command(flatten)]
     pub inbound: InboundArgs,
     #[command(flatten)]
@@ -358,6 +432,7 @@ pub struct ServeConfig {
     pub inbound: InboundLimits,
     /// Requests per second per tenant without its own limit; `None`: unlimited.
     pub rate_limit_per_tenant: Option<NonZeroU32>,
+    pub retention: RetentionSettings,
 }
 
 impl ServeConfig {
@@ -380,17 +455,19 @@ impl ServeConfig {
             return Err(ConfigError::LockTimeoutTooShort(lock_timeout_secs));
         }
         let delivery = args.delivery.resolve(file)?;
+        let key_ttl_ms = ms(secs(
+            args.key_ttl_secs,
+            file.key_ttl_secs,
+            DEFAULT_KEY_TTL_SECS,
+        ));
         Ok(Self {
+            retention: args.retention.resolve(file, key_ttl_ms)?,
             listen: listen.parse().map_err(|_| ConfigError::Listen(listen))?,
             inbound: args.inbound.resolve(file, &delivery)?,
             delivery,
             run_worker: !args.no_worker,
             ingest: IngestSettings {
-                key_ttl_ms: ms(secs(
-                    args.key_ttl_secs,
-                    file.key_ttl_secs,
-                    DEFAULT_KEY_TTL_SECS,
-                )),
+                key_ttl_ms,
                 lock_timeout_ms: ms(lock_timeout_secs),
                 alert_window_ms: ms(secs(
                     args.alert_window_secs,
@@ -419,7 +496,7 @@ mod tests {
             delivery: DeliveryArgs {
                 retry_interval_secs: None,
                 inline_deadline_ms: None,
-                allow_private_destinations: None,
+                destinations: DestinationArgs::default(),
             },
             listen: None,
             key_ttl_secs: None,
@@ -428,6 +505,7 @@ mod tests {
             alert_window_secs: None,
             inbound: InboundArgs::default(),
             rate_limit: RateLimitArgs::default(),
+            retention: RetentionArgs::default(),
         }
     }
 
@@ -468,7 +546,8 @@ mod tests {
         assert_eq!(c.ingest.lock_timeout_ms, 60_000);
         assert_eq!(c.delivery.deadline, Duration::from_millis(5000));
         assert_eq!(c.delivery.retry_interval, Duration::from_secs(300));
-        assert!(!c.delivery.allow_private && c.run_worker);
+        assert_eq!(c.delivery.destinations, DestinationPolicy::default());
+        assert!(c.run_worker);
     }
 
     #[test]
@@ -484,7 +563,46 @@ mod tests {
         assert_eq!(c.listen.to_string(), "127.0.0.1:9999");
         assert_eq!(c.ingest.key_ttl_ms, 20_000, "the flag wins over the file");
         assert_eq!(c.delivery.retry_interval, Duration::from_secs(7));
-        assert!(c.delivery.allow_private);
+        assert!(c.delivery.destinations.allow_private);
+        assert!(!c.delivery.destinations.allow_link_local);
+    }
+
+    #[test]
+    fn link_local_destinations_need_their_own_setting() {
+        let mut args = serve_args();
+        args.delivery.destinations.allow_private_destinations = Some(true);
+        let c = ServeConfig::resolve(&args, &FileConfig::default()).unwrap();
+        assert!(c.delivery.destinations.allow_private);
+        assert!(!c.delivery.destinations.allow_link_local);
+        let file: FileConfig = toml::from_str("allow_link_local_destinations = true").unwrap();
+        let c = ServeConfig::resolve(&args, &file).unwrap();
+        assert!(c.delivery.destinations.allow_link_local);
+    }
+
+    #[test]
+    fn events_are_kept_90_days_unless_configured_and_never_less_than_a_key_lives() {
+        let day = Duration::from_secs(86_400);
+        let c = ServeConfig::resolve(&serve_args(), &FileConfig::default()).unwrap();
+        assert_eq!(c.retention.events, day * 90);
+        let file: FileConfig = toml::from_str("event_retention_days = 30").unwrap();
+        let c = ServeConfig::resolve(&serve_args(), &file).unwrap();
+        assert_eq!(c.retention.events, day * 30);
+        let mut args = serve_args();
+        args.retention.event_retention_days = Some(7);
+        assert_eq!(
+            ServeConfig::resolve(&args, &file).unwrap().retention.events,
+            day * 7,
+            "the environment wins over the file"
+        );
+        args.retention.event_retention_days = Some(0);
+        assert!(matches!(
+            ServeConfig::resolve(&args, &file),
+            Err(ConfigError::Retention { days: 0, .. })
+        ));
+        args.retention.event_retention_days = Some(1);
+        args.key_ttl_secs = Some(2 * 86_400);
+        let err = ServeConfig::resolve(&args, &file).unwrap_err();
+        assert!(err.to_string().contains("key lifetime (172800 s)"), "{err}");
     }
 
     #[test]

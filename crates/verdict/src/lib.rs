@@ -18,6 +18,7 @@ pub mod ingest;
 pub mod listen;
 pub mod playbook;
 pub mod rate_limit;
+pub mod retention;
 pub mod secrets;
 pub mod send;
 pub mod server;

@@ -13,6 +13,7 @@ use crate::delivery::{Deliverer, DeliverySettings, worker};
 use crate::http::{AppState, connections, router};
 use crate::ingest::Ingest;
 use crate::rate_limit::RateLimits;
+use crate::retention::{self, RetentionSettings};
 use crate::store::{self, Store};
 use crate::tenant::Credentials;
 
@@ -31,7 +32,7 @@ pub async fn serve(config: &Config, serve: ServeConfig) -> anyhow::Result<()> {
         .set_buckets(&LATENCY_BUCKETS)
         .and_then(|b| b.install_recorder())
         .ok();
-    let deliverer = Arc::new(Deliverer::new(store.clone(), keys.clone(), serve.delivery));
+    let deliverer = Arc::new(Deliverer::new(store.clone(), keys.clone(), serve.delivery)?);
     let state = AppState {
         ingest: Arc::new(Ingest::new(
             store.clone(),
@@ -48,9 +49,10 @@ pub async fn serve(config: &Config, serve: ServeConfig) -> anyhow::Result<()> {
     };
     let shutdown = CancellationToken::new();
     let background = TaskTracker::new();
-    background.spawn(prune_keys(
+    background.spawn(prune(
         store,
         Duration::from_secs(serve.prune_interval_secs),
+        serve.retention,
         shutdown.clone(),
     ));
     if serve.run_worker {
@@ -84,7 +86,7 @@ pub async fn work(config: &Config, delivery: DeliverySettings, once: bool) -> an
     let store = store::connect(&config.database_url)
         .await
         .context("connecting to the database")?;
-    let deliverer = Arc::new(Deliverer::new(store, keys, delivery));
+    let deliverer = Arc::new(Deliverer::new(store, keys, delivery)?);
     let stop = CancellationToken::new();
     if once {
         let round = worker::round(&deliverer, &stop).await?;
@@ -112,17 +114,39 @@ pub async fn work(config: &Config, delivery: DeliverySettings, once: bool) -> an
     Ok(())
 }
 
-/// Deletes expired idempotency keys on a schedule.
-async fn prune_keys(store: Arc<dyn Store>, every: Duration, stop: CancellationToken) {
+/// Batches of each kind a pruning tick deletes at most: a backlog (the first start after a
+/// long retention) is worked off over several ticks instead of holding the database.
+const PRUNE_BATCHES_PER_TICK: usize = 20;
+
+/// Deletes expired idempotency keys and what is past retention, on a schedule.
+async fn prune(
+    store: Arc<dyn Store>,
+    every: Duration,
+    retention: RetentionSettings,
+    stop: CancellationToken,
+) {
     let mut ticker = tokio::time::interval(every);
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
-            _ = ticker.tick() => match store.prune_expired_keys(now_ms()).await {
-                Ok(0) => {}
-                Ok(n) => tracing::info!(pruned = n, "pruned expired idempotency keys"),
-                Err(err) => tracing::warn!(error = %err, "pruning expired keys failed"),
-            },
+            _ = ticker.tick() => {}
+        }
+        match store.prune_expired_keys(now_ms()).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(pruned = n, "pruned expired idempotency keys"),
+            Err(err) => tracing::warn!(error = %err, "pruning expired keys failed"),
+        }
+        match retention::prune(&*store, retention, now_ms(), PRUNE_BATCHES_PER_TICK).await {
+            Ok(p) if p.is_empty() => {}
+            Ok(p) => tracing::info!(
+                events = p.events,
+                deliveries = p.deliveries,
+                delivery_attempts = p.delivery_attempts,
+                alerts = p.alerts,
+                playbook_versions = p.playbook_versions,
+                "pruned past retention"
+            ),
+            Err(err) => tracing::warn!(error = %err, "pruning past retention failed"),
         }
     }
 }

@@ -12,6 +12,7 @@ use uuid::Uuid;
 use verdict_webhooks::Secret;
 
 use crate::clock::now_ms;
+use crate::delivery::destination::{CallbackUrl, UrlError};
 use crate::secrets::{Keyring, SecretsError, api_key_hash};
 use crate::store::{
     ApiKeyRecord, KeyGrant, NewApiKey, NewTenant, Scope, SealedSecret, SecretPurpose, Store,
@@ -34,6 +35,8 @@ pub enum TenantError {
     InvalidCallbackUrl,
     #[error("tenant {tenant_id} has no API key {key_id}")]
     KeyNotFound { tenant_id: Uuid, key_id: Uuid },
+    #[error(transparent)]
+    CallbackUrl(#[from] UrlError),
 }
 
 /// What `tenant create` prints; the secrets are shown this once and never again. Its `Debug`
@@ -71,7 +74,8 @@ impl std::fmt::Debug for CreatedTenant {
 pub struct TenantSpec {
     pub name: String,
     pub inbound_signature_required: bool,
-    pub callback_url: Option<String>,
+    /// Checked by the destination guard when it was parsed.
+    pub callback_url: Option<CallbackUrl>,
 }
 
 /// Associated data binding a sealed secret to its tenant and purpose.
@@ -114,9 +118,7 @@ pub async fn create(
     keys: &Keyring,
     spec: TenantSpec,
 ) -> Result<CreatedTenant, TenantError> {
-    if let Some(url) = &spec.callback_url {
-        validate_callback_url(url)?;
-    }
+    let callback_url = spec.callback_url.as_ref().map(|u| u.as_str().to_owned());
     let id = Uuid::now_v7();
     let (api_key, admin_key) = new_api_key(id, Scope::Admin);
     let inbound = Secret::generate();
@@ -126,7 +128,7 @@ pub async fn create(
         name: spec.name.clone(),
         admin_key,
         inbound_signature_required: spec.inbound_signature_required,
-        callback_url: spec.callback_url.clone(),
+        callback_url: callback_url.clone(),
         created_at: now_ms(),
     };
     let sealed = [
@@ -141,7 +143,7 @@ pub async fn create(
         signing_secret: inbound.to_whsec(),
         webhook_secret: webhook.to_whsec(),
         inbound_signature_required: spec.inbound_signature_required,
-        callback_url: spec.callback_url,
+        callback_url,
     })
 }
 
@@ -235,12 +237,12 @@ pub fn validate_callback_url(url: &str) -> Result<(), TenantError> {
 pub async fn set_callback(
     store: &dyn Store,
     tenant_id: Uuid,
-    url: Option<&str>,
+    url: Option<&CallbackUrl>,
 ) -> Result<(), TenantError> {
-    if let Some(url) = url {
-        validate_callback_url(url)?;
-    }
-    if store.set_callback(tenant_id, url).await? {
+    if store
+        .set_callback(tenant_id, url.map(CallbackUrl::as_str))
+        .await?
+    {
         Ok(())
     } else {
         Err(TenantError::NotFound(tenant_id))

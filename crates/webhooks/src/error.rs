@@ -23,6 +23,9 @@ pub enum VerifyError {
     /// The timestamp is further in the future than the tolerance allows.
     #[error("webhook timestamp too new")]
     TimestampTooNew,
+    /// The signature header carries more entries than [`crate::MAX_SIGNATURES`].
+    #[error("too many webhook signatures")]
+    TooManySignatures,
     /// No `v1` signature in the header matches any of the secrets.
     #[error("no matching webhook signature")]
     NoMatchingSignature,

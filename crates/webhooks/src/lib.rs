@@ -33,7 +33,7 @@ pub use envelope::Envelope;
 pub use error::{Error, VerifyError};
 pub use secret::Secret;
 pub use signature::{signature_matches, signed_headers};
-pub use verify::{DEFAULT_TOLERANCE_SECS, Headers, Verifier};
+pub use verify::{DEFAULT_TOLERANCE_SECS, Headers, MAX_SIGNATURES, Verifier};
 
 /// Header carrying the unique message id.
 pub const HEADER_ID: &str = "webhook-id";

@@ -8,6 +8,11 @@ use crate::{HEADER_ID, HEADER_SIGNATURE, HEADER_TIMESTAMP, Secret, VerifyError};
 /// Tolerance both ways for timestamps: 300 s.
 pub const DEFAULT_TOLERANCE_SECS: i64 = 300;
 
+/// The most entries a `webhook-signature` header may carry. A sender lists one per live
+/// secret (two during a rotation); a header with more is refused before any HMAC is computed,
+/// so a request cannot buy (entries × secrets) HMACs for the price of one.
+pub const MAX_SIGNATURES: usize = 8;
+
 /// The three header values of a Standard Webhooks request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Headers<'a> {
@@ -67,7 +72,8 @@ impl Verifier {
 
     /// Checks timestamp freshness at `now` (unix seconds), then the signature over the raw body; returns the timestamp.
     ///
-    /// Freshness is checked first so stale replays are refused before any HMAC work.
+    /// Freshness and the number of signatures ([`MAX_SIGNATURES`]) are checked first, so stale
+    /// replays and stuffed headers are refused before any HMAC work.
     pub fn verify(&self, headers: &Headers<'_>, body: &[u8], now: i64) -> Result<i64, VerifyError> {
         let timestamp = parse_timestamp(headers.timestamp)?;
         // Compare in i128 so extreme timestamps cannot overflow.
@@ -78,6 +84,15 @@ impl Verifier {
         }
         if -age > tolerance {
             return Err(VerifyError::TimestampTooNew);
+        }
+        if headers
+            .signature
+            .split_ascii_whitespace()
+            .take(MAX_SIGNATURES + 1)
+            .count()
+            > MAX_SIGNATURES
+        {
+            return Err(VerifyError::TooManySignatures);
         }
         let content = signed_content(headers.id, timestamp, body);
         if signature_matches(&self.secrets, &content, headers.signature) {
@@ -252,6 +267,27 @@ mod tests {
         let verifier = Verifier::new(vec![secret()]);
         let result = verifier.verify(&headers("v1,bogus"), BODY, TIMESTAMP + 1000);
         assert_eq!(result, Err(VerifyError::TimestampTooOld));
+    }
+
+    #[test]
+    fn more_than_eight_signatures_are_refused_even_with_a_matching_one() {
+        let verifier = Verifier::new(vec![secret()]);
+        let wrong = other_secret().sign(MSG_ID, TIMESTAMP, BODY);
+        let header = |n: usize| {
+            let mut entries = vec![wrong.as_str(); n - 1];
+            entries.push(SIGNATURE);
+            entries.join(" ")
+        };
+        let eight = header(MAX_SIGNATURES);
+        assert_eq!(
+            verifier.verify(&headers(&eight), BODY, TIMESTAMP),
+            Ok(TIMESTAMP)
+        );
+        let nine = header(MAX_SIGNATURES + 1);
+        assert_eq!(
+            verifier.verify(&headers(&nine), BODY, TIMESTAMP),
+            Err(VerifyError::TooManySignatures)
+        );
     }
 
     #[test]

@@ -7,7 +7,7 @@ use reqwest::StatusCode;
 use reqwest::header::{CONTENT_TYPE, RETRY_AFTER};
 use verdict_webhooks::{Secret, signed_headers};
 
-use super::destination::refusal;
+use super::destination::{DestinationPolicy, DestinationRefused, UrlError, check_url};
 use super::schedule::AttemptOutcome;
 
 /// How much of a response body is kept with the attempt.
@@ -31,20 +31,47 @@ pub struct Outgoing<'a> {
     pub secrets: &'a [Secret],
 }
 
-/// Sends `out` once, giving up at `deadline`.
+/// Why an attempt is not made when the tenant has no live webhook secret.
+pub const NO_SECRET: &str = "not sent: the tenant has no live webhook secret and callbacks are \
+     never sent unsigned (issue one with `verdict tenant rotate-secret --purpose webhook`)";
+
+/// Sends `out` once, giving up at `deadline`, if `policy` allows its destination and there is a
+/// secret to sign it with.
 pub async fn send(
     client: &reqwest::Client,
     out: &Outgoing<'_>,
     deadline: Duration,
-    allow_private: bool,
+    policy: DestinationPolicy,
 ) -> Attempt {
     let started = Instant::now();
-    if let Some(why) = literal_refusal(out.url, allow_private) {
-        return failed(AttemptOutcome::Terminal, started, why);
+    // Checked on the URL exactly as reqwest requests it: reqwest connects to an IP literal
+    // without asking the resolver, so this is the only check an IP literal gets.
+    let url = match reqwest::Url::parse(out.url) {
+        Ok(url) => url,
+        Err(_) => {
+            let why = format!("destination refused: {}", UrlError::NotHttp);
+            return failed(AttemptOutcome::Terminal, started, why);
+        }
+    };
+    match check_url(&url, policy) {
+        Ok(()) => {}
+        Err(UrlError::Refused(refusal)) => {
+            let why = DestinationRefused(refusal).to_string();
+            return failed(AttemptOutcome::Terminal, started, why);
+        }
+        Err(other) => {
+            let why = format!("destination refused: {other}");
+            return failed(AttemptOutcome::Terminal, started, why);
+        }
+    }
+    if out.secrets.is_empty() {
+        // A secret may be issued before the next retry; until then nothing leaves unsigned.
+        let outcome = AttemptOutcome::Retryable { retry_after: None };
+        return failed(outcome, started, NO_SECRET.into());
     }
     let timestamp = time::OffsetDateTime::now_utc().unix_timestamp();
     let mut request = client
-        .post(out.url)
+        .post(url.clone())
         .timeout(deadline)
         .header(CONTENT_TYPE, "application/json")
         .body(out.payload.to_vec());
@@ -54,14 +81,12 @@ pub async fn send(
     let response = match request.send().await {
         Ok(response) => response,
         Err(err) => {
-            let why = error_chain(&err);
             // A refused destination is configuration, not a passing fault: do not retry it.
-            let outcome = if why.contains("destination refused") {
-                AttemptOutcome::Terminal
-            } else {
-                AttemptOutcome::Retryable { retry_after: None }
-            };
-            return failed(outcome, started, why);
+            if let Some(refused) = refused_in(&err) {
+                return failed(AttemptOutcome::Terminal, started, refused.to_string());
+            }
+            let outcome = AttemptOutcome::Retryable { retry_after: None };
+            return failed(outcome, started, describe(err, &url));
         }
     };
     let status = response.status();
@@ -109,21 +134,46 @@ pub fn classify(status: StatusCode, retry_after: Option<Duration>) -> AttemptOut
     }
 }
 
-/// Refuses IP-literal URLs in forbidden ranges (hostnames are checked by the resolver).
-fn literal_refusal(url: &str, allow_private: bool) -> Option<String> {
-    let parsed = match reqwest::Url::parse(url) {
-        Ok(u) if matches!(u.scheme(), "http" | "https") => u,
-        _ => return Some("destination refused: not an http(s) URL".into()),
-    };
-    if allow_private {
-        return None;
+/// The guard's refusal, if that is why the request failed (the resolver's error, among the
+/// sources).
+fn refused_in<'e>(err: &'e (dyn std::error::Error + 'static)) -> Option<&'e DestinationRefused> {
+    let mut source = Some(err);
+    while let Some(cause) = source {
+        if let Some(refused) = cause.downcast_ref::<DestinationRefused>() {
+            return Some(refused);
+        }
+        source = cause.source();
     }
-    let ip = match parsed.host()? {
-        url::Host::Ipv4(v4) => std::net::IpAddr::V4(v4),
-        url::Host::Ipv6(v6) => std::net::IpAddr::V6(v6),
-        url::Host::Domain(_) => return None,
-    };
-    refusal(ip).map(|why| format!("destination refused: {why}"))
+    None
+}
+
+/// The error as stored and shown: its cause chain, with the URL's query, fragment and userinfo
+/// taken out (a callback URL often carries a token there).
+fn describe(mut err: reqwest::Error, url: &reqwest::Url) -> String {
+    if let Some(shown) = err.url_mut() {
+        redact(shown);
+    }
+    let mut text = error_chain(&err);
+    // And anywhere else a cause might have quoted them.
+    let secrets = [
+        url.query(),
+        url.fragment(),
+        url.password(),
+        Some(url.username()),
+    ];
+    for secret in secrets.into_iter().flatten().filter(|s| !s.is_empty()) {
+        text = text.replace(secret, "[redacted]");
+    }
+    text
+}
+
+/// Drops the parts of a URL that may carry credentials.
+pub fn redact(url: &mut reqwest::Url) {
+    url.set_query(None);
+    url.set_fragment(None);
+    // Only fails for URLs that cannot have userinfo, which then have none.
+    let _ = url.set_username("");
+    let _ = url.set_password(None);
 }
 
 async fn read_excerpt(mut response: reqwest::Response) -> Vec<u8> {
@@ -223,13 +273,55 @@ mod tests {
         }
     }
 
+    fn outgoing<'a>(url: &'a str, secrets: &'a [verdict_webhooks::Secret]) -> Outgoing<'a> {
+        Outgoing {
+            url,
+            webhook_id: "msg_1",
+            payload: b"{}",
+            secrets,
+        }
+    }
+
+    #[tokio::test]
+    async fn refused_urls_and_missing_secrets_fail_before_any_request() {
+        let client = reqwest::Client::new();
+        let secret = [verdict_webhooks::Secret::generate()];
+        let strict = DestinationPolicy::default();
+        let deadline = Duration::from_secs(1);
+        for url in [
+            "http://127.1:9/",
+            "http://[::1]:9/",
+            "ftp://example.com/",
+            "nonsense",
+        ] {
+            let a = send(&client, &outgoing(url, &secret), deadline, strict).await;
+            assert_eq!(a.outcome, AttemptOutcome::Terminal, "{url}");
+            assert!(
+                a.error.unwrap().starts_with("destination refused: "),
+                "{url}"
+            );
+        }
+        let open = DestinationPolicy {
+            allow_private: true,
+            allow_link_local: true,
+        };
+        let a = send(
+            &client,
+            &outgoing("http://127.0.0.1:9/", &[]),
+            deadline,
+            open,
+        )
+        .await;
+        assert_eq!(a.outcome, AttemptOutcome::Retryable { retry_after: None });
+        assert_eq!(a.error.as_deref(), Some(NO_SECRET));
+        assert_eq!(a.status_code, None);
+    }
+
     #[test]
-    fn ip_literals_in_internal_ranges_are_refused_unless_allowed() {
-        assert!(literal_refusal("http://127.0.0.1:9000/hook", false).is_some());
-        assert!(literal_refusal("http://[::1]/hook", false).is_some());
-        assert!(literal_refusal("http://169.254.169.254/latest", false).is_some());
-        assert!(literal_refusal("http://127.0.0.1:9000/hook", true).is_none());
-        assert!(literal_refusal("http://93.184.216.34/hook", false).is_none());
-        assert!(literal_refusal("ftp://example.com/", true).is_some());
+    fn redacting_a_url_keeps_where_it_goes_and_drops_what_it_carries() {
+        let mut url =
+            reqwest::Url::parse("https://user:pw@h.example/cb?token=s3cret#frag").unwrap();
+        redact(&mut url);
+        assert_eq!(url.as_str(), "https://h.example/cb");
     }
 }

@@ -18,7 +18,7 @@ use uuid::Uuid;
 
 use crate::clock::now_ms;
 use crate::secrets::Keyring;
-use crate::store::{AttemptRecord, DueDelivery, SecretPurpose, Store, StoreError};
+use crate::store::{AttemptRecord, DueDelivery, Redelivery, SecretPurpose, Store, StoreError};
 use crate::tenant;
 use attempt::Outgoing;
 use schedule::Trigger;
@@ -31,8 +31,8 @@ pub struct DeliverySettings {
     pub deadline: Duration,
     /// Time between worker attempts.
     pub retry_interval: Duration,
-    /// Whether loopback, private and link-local destinations are allowed.
-    pub allow_private: bool,
+    /// Which non-public destinations are allowed.
+    pub destinations: destination::DestinationPolicy,
 }
 
 /// The longest attempt deadline configuration accepts. Bounding it bounds every lease.
@@ -63,6 +63,42 @@ impl DeliverySettings {
     }
 }
 
+/// The callback HTTP client could not be built.
+#[derive(Debug, thiserror::Error)]
+#[error("could not build the guarded HTTP client for callbacks")]
+pub struct ClientError(#[source] reqwest::Error);
+
+/// The client every attempt goes through: redirects off, proxies off (a proxy would resolve
+/// names where the guard cannot see), and the destination guard as its resolver.
+fn http_client(settings: &DeliverySettings) -> Result<reqwest::Client, ClientError> {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .connect_timeout(settings.deadline)
+        .user_agent(concat!("verdict/", env!("CARGO_PKG_VERSION")))
+        .dns_resolver(Arc::new(destination::GuardedResolver::new(
+            settings.destinations,
+        )))
+        .build()
+        .map_err(ClientError)
+}
+
+/// At most one manual redelivery per delivery within this interval: a receiver is not to be
+/// hammered by hand. Judged from the redeliver attempts recorded in the database, so it holds
+/// across instances.
+pub const REDELIVER_INTERVAL: Duration = Duration::from_secs(10);
+
+/// What a request to redeliver did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Redelivered {
+    /// Attempted now.
+    Attempted(AttemptOutcome),
+    /// Redelivered too recently; allowed again after this wait.
+    TooSoon(Duration),
+    /// An attempt is in progress or the tenant's endpoint is disabled (or no such delivery).
+    Unavailable,
+}
+
 /// Makes and records delivery attempts.
 pub struct Deliverer {
     client: reqwest::Client,
@@ -73,24 +109,20 @@ pub struct Deliverer {
 }
 
 impl Deliverer {
-    /// Builds the HTTP client: no redirects, no proxies, guarded DNS unless private
-    /// destinations are allowed.
-    pub fn new(store: Arc<dyn Store>, keys: Arc<Keyring>, settings: DeliverySettings) -> Self {
-        let mut builder = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .no_proxy()
-            .connect_timeout(settings.deadline)
-            .user_agent(concat!("verdict/", env!("CARGO_PKG_VERSION")));
-        if !settings.allow_private {
-            builder = builder.dns_resolver(Arc::new(destination::GuardedResolver));
-        }
-        let client = builder.build().unwrap_or_else(|_| reqwest::Client::new());
-        Self {
-            client,
+    /// Builds the HTTP client: no redirects, no proxies, and the guarded resolver whatever the
+    /// settings (they decide what it lets through). A client that cannot be built this way is
+    /// an error: there is no unguarded fallback.
+    pub fn new(
+        store: Arc<dyn Store>,
+        keys: Arc<Keyring>,
+        settings: DeliverySettings,
+    ) -> Result<Self, ClientError> {
+        Ok(Self {
+            client: http_client(&settings)?,
             credentials: tenant::Credentials::new(store.clone(), keys),
             store,
             settings,
-        }
+        })
     }
 
     /// The settings in force.
@@ -153,7 +185,7 @@ impl Deliverer {
                         secrets: &secrets,
                     },
                     self.settings.deadline,
-                    self.settings.allow_private,
+                    self.settings.destinations,
                 )
                 .await
             }
@@ -187,15 +219,13 @@ impl Deliverer {
         Ok((attempt, record))
     }
 
-    /// Resets a delivery for another round and attempts it now, with the same `webhook-id`.
-    pub async fn redeliver(
-        &self,
-        tenant_id: Uuid,
-        id: Uuid,
-    ) -> Result<Option<AttemptOutcome>, StoreError> {
+    /// Resets a delivery for another round and attempts it now, with the same `webhook-id`; at
+    /// most once per [`REDELIVER_INTERVAL`] per delivery.
+    pub async fn redeliver(&self, tenant_id: Uuid, id: Uuid) -> Result<Redelivered, StoreError> {
         let now = now_ms();
         let lease = i64::try_from(self.settings.lease().as_millis()).unwrap_or(i64::MAX);
-        let Some(due) = self
+        let interval = i64::try_from(REDELIVER_INTERVAL.as_millis()).unwrap_or(i64::MAX);
+        let leased = self
             .store
             .lease_for_redelivery(
                 tenant_id,
@@ -203,12 +233,22 @@ impl Deliverer {
                 now,
                 now.saturating_add(lease),
                 schedule::MAX_RETRIES,
+                now.saturating_sub(interval),
             )
-            .await?
-        else {
-            return Ok(None);
-        };
-        self.attempt(&due, Trigger::Redeliver).await.map(Some)
+            .await?;
+        match leased {
+            Redelivery::Leased(due) => self
+                .attempt(&due, Trigger::Redeliver)
+                .await
+                .map(Redelivered::Attempted),
+            Redelivery::TooSoon { last } => {
+                let wait = last.saturating_add(interval).saturating_sub(now).max(1);
+                Ok(Redelivered::TooSoon(Duration::from_millis(
+                    wait.unsigned_abs(),
+                )))
+            }
+            Redelivery::Unavailable => Ok(Redelivered::Unavailable),
+        }
     }
 }
 

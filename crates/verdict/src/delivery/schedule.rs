@@ -75,7 +75,10 @@ impl FromStr for DeliveryStatus {
 pub enum AttemptOutcome {
     /// 2xx.
     Delivered,
-    /// 5xx, 429, a network error or the deadline; `retry_after` from a 429/503.
+    /// 5xx, 429, a network error or the deadline; `retry_after` from a 429/503. Also an attempt
+    /// not made because the tenant has no live webhook secret (callbacks never go out
+    /// unsigned): a secret may be issued before the retries run out, and a dead delivery can be
+    /// redelivered once one is.
     Retryable { retry_after: Option<Duration> },
     /// Any other 4xx, a redirect (not followed), or a refused destination.
     Terminal,

@@ -3,6 +3,7 @@
 use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -11,7 +12,7 @@ use super::auth::Authenticated;
 use super::error::ApiError;
 use super::events::{DeliveryView, rfc3339};
 use super::problem::Problem;
-use crate::delivery::DeliveryStatus;
+use crate::delivery::{DeliveryStatus, REDELIVER_INTERVAL, Redelivered};
 use crate::store::AttemptRow;
 use crate::store::Scope;
 
@@ -124,16 +125,17 @@ async fn detail(app: &AppState, tenant_id: Uuid, id: Uuid) -> Result<DeliveryDet
 }
 
 /// `POST /v1/deliveries/{id}/redeliver`: another round of attempts, starting now, with the same
-/// `webhook-id`.
+/// `webhook-id`; at most one per delivery every [`REDELIVER_INTERVAL`].
 #[utoipa::path(post, path = "/v1/deliveries/{id}/redeliver", operation_id = "redeliver_delivery", tag = "deliveries",
     params(("id" = Uuid, Path, description = "The delivery id")),
     responses((status = 202, body = DeliveryDetail, description = "Accepted: attempted now"), (status = 404, body = Problem, description = "Not found"),
-        (status = 409, body = Problem, description = "An attempt is in progress or the endpoint is disabled")))]
+        (status = 409, body = Problem, description = "An attempt is in progress or the endpoint is disabled"),
+        (status = 429, body = Problem, description = "Redelivered too recently; `Retry-After` says when it may be again")))]
 pub async fn redeliver(
     State(app): State<AppState>,
     auth: Authenticated,
     Path(id): Path<String>,
-) -> Result<(StatusCode, Json<DeliveryDetail>), ApiError> {
+) -> Result<Response, ApiError> {
     let tenant = auth.require(Scope::Admin)?;
     let id = Uuid::parse_str(&id).map_err(|_| ApiError::NotFound)?;
     // Distinguish "no such delivery" from "busy or endpoint disabled".
@@ -142,11 +144,27 @@ pub async fn redeliver(
         .await?
         .ok_or(ApiError::NotFound)?;
     match app.deliverer.redeliver(tenant.id, id).await? {
-        Some(_) => Ok((
+        Redelivered::Attempted(_) => Ok((
             StatusCode::ACCEPTED,
             Json(detail(&app, tenant.id, id).await?),
-        )),
-        None => Err(ApiError::Conflict(
+        )
+            .into_response()),
+        Redelivered::TooSoon(wait) => {
+            let secs = u32::try_from(wait.as_millis().div_ceil(1000)).unwrap_or(u32::MAX);
+            tracing::info!(delivery_id = %id, retry_after_secs = secs, "redelivery refused: too soon");
+            Ok(Problem::new(
+                "rate-limited",
+                "Too many redeliveries of this delivery",
+                StatusCode::TOO_MANY_REQUESTS,
+            )
+            .detail(format!(
+                "A delivery is redelivered at most once every {} seconds; retry after {secs} s.",
+                REDELIVER_INTERVAL.as_secs()
+            ))
+            .retry_after(secs)
+            .into_response())
+        }
+        Redelivered::Unavailable => Err(ApiError::Conflict(
             Problem::new(
                 "delivery-unavailable",
                 "The delivery cannot be redelivered now",

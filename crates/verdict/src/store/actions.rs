@@ -367,6 +367,17 @@ macro_rules! actions_sql {
             Ok(ours.into_iter().map(applied).collect())
         }
 
+        /// Deletes the record of the alerts `events` sent: history, not state (the window
+        /// guard is `alert_windows`, which stays).
+        async fn delete_sent_alerts(
+            conn: &mut $conn,
+            events: &[uuid::Uuid],
+        ) -> Result<u64, sqlx::Error> {
+            let mut q = sqlx::QueryBuilder::<Db>::new("DELETE FROM alerts WHERE event_id IN ");
+            push_ids(&mut q, events);
+            Ok(q.build().execute(&mut *conn).await?.rows_affected())
+        }
+
         #[async_trait::async_trait]
         impl $crate::store::ActionStore for $store {
             async fn subject(

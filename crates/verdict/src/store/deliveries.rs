@@ -27,6 +27,17 @@ pub struct DueDelivery {
     pub callback_url: Option<String>,
 }
 
+/// What asking to redeliver found.
+#[derive(Clone, Debug)]
+pub enum Redelivery {
+    /// Leased for an attempt now, with a fresh retry budget.
+    Leased(DueDelivery),
+    /// Redelivered at `last` (unix ms), too recently to be again.
+    TooSoon { last: i64 },
+    /// Leased by another attempt now, its endpoint disabled, or no such delivery.
+    Unavailable,
+}
+
 /// One attempt and the delivery's state after it, recorded together.
 #[derive(Clone, Debug)]
 pub struct AttemptRecord {
@@ -91,7 +102,8 @@ pub trait DeliveryStore {
     /// disables the tenant's endpoint after a 410).
     async fn record_attempt(&self, attempt: &AttemptRecord) -> Result<(), StoreError>;
     /// Gives one of the tenant's deliveries a fresh retry budget and leases it, unless it is
-    /// leased now or the endpoint is disabled.
+    /// leased now, the endpoint is disabled, or it was redelivered after `redelivered_since`
+    /// (the rate limit, judged from the attempts recorded, so it holds across instances).
     async fn lease_for_redelivery(
         &self,
         tenant_id: Uuid,
@@ -99,7 +111,8 @@ pub trait DeliveryStore {
         now: i64,
         lease_until: i64,
         retries: i64,
-    ) -> Result<Option<DueDelivery>, StoreError>;
+        redelivered_since: i64,
+    ) -> Result<Redelivery, StoreError>;
     /// The tenant's deliveries, newest first, optionally of one status.
     async fn deliveries(
         &self,
@@ -200,6 +213,27 @@ macro_rules! deliveries_sql {
                     (applied(ours), fresh)
                 })
                 .collect())
+        }
+
+        /// Deletes the deliveries of `events` that are settled (not pending), and their
+        /// attempts; returns how many of each.
+        async fn delete_settled_deliveries(
+            conn: &mut $conn,
+            events: &[uuid::Uuid],
+        ) -> Result<(u64, u64), sqlx::Error> {
+            let mut q = sqlx::QueryBuilder::<Db>::new(
+                "DELETE FROM delivery_attempts WHERE delivery_id IN (SELECT id FROM deliveries \
+                 WHERE status <> 'pending' AND event_id IN ",
+            );
+            push_ids(&mut q, events);
+            q.push(")");
+            let attempts = q.build().execute(&mut *conn).await?.rows_affected();
+            let mut q = sqlx::QueryBuilder::<Db>::new(
+                "DELETE FROM deliveries WHERE status <> 'pending' AND event_id IN ",
+            );
+            push_ids(&mut q, events);
+            let deliveries = q.build().execute(&mut *conn).await?.rows_affected();
+            Ok((deliveries, attempts))
         }
 
         /// Records attempts and moves each delivery to its next state (and disables the
@@ -311,12 +345,19 @@ macro_rules! deliveries_sql {
                 now: i64,
                 lease_until: i64,
                 retries: i64,
-            ) -> Result<Option<$crate::store::DueDelivery>, $crate::store::StoreError> {
+                redelivered_since: i64,
+            ) -> Result<$crate::store::deliveries::Redelivery, $crate::store::StoreError> {
+                use $crate::store::deliveries::Redelivery;
+                // The lease and the attempt's record are one compare-and-set each, and the
+                // attempt row is written in the transaction that ends the lease, so a second
+                // request sees either the lease or the attempt.
                 let row = sqlx::query_as(
                     "UPDATE deliveries SET status = 'pending', retries_left = $5, \
                      next_attempt_at = $3, leased_until = $4, updated_at = $3 \
                      WHERE tenant_id = $1 AND id = $2 AND leased_until <= $3 \
                      AND NOT (SELECT callback_disabled FROM tenants WHERE tenants.id = deliveries.tenant_id) \
+                     AND NOT EXISTS (SELECT 1 FROM delivery_attempts a WHERE a.delivery_id = deliveries.id \
+                     AND a.trigger_kind = 'redeliver' AND a.attempted_at > $6) \
                      RETURNING id, tenant_id, webhook_id, payload, retries_left, \
                      (SELECT callback_url FROM tenants WHERE tenants.id = deliveries.tenant_id) AS callback_url",
                 )
@@ -325,9 +366,25 @@ macro_rules! deliveries_sql {
                 .bind(now)
                 .bind(lease_until)
                 .bind(retries)
+                .bind(redelivered_since)
                 .fetch_optional(self.write())
                 .await?;
-                Ok(row)
+                if let Some(due) = row {
+                    return Ok(Redelivery::Leased(due));
+                }
+                let last: Option<i64> = sqlx::query_scalar(
+                    "SELECT MAX(a.attempted_at) FROM delivery_attempts a \
+                     JOIN deliveries d ON d.id = a.delivery_id \
+                     WHERE d.tenant_id = $1 AND d.id = $2 AND a.trigger_kind = 'redeliver'",
+                )
+                .bind(tenant_id)
+                .bind(id)
+                .fetch_one(self.write())
+                .await?;
+                Ok(match last {
+                    Some(last) if last > redelivered_since => Redelivery::TooSoon { last },
+                    _ => Redelivery::Unavailable,
+                })
             }
 
             async fn deliveries(

@@ -60,11 +60,42 @@ pub trait EventStore {
     ) -> Result<Vec<EventRecord>, StoreError>;
     /// One of the tenant's events.
     async fn event(&self, tenant_id: Uuid, id: Uuid) -> Result<Option<EventRecord>, StoreError>;
+    /// Deletes up to `limit` events created before `created_before`, oldest first, in one
+    /// transaction with their deliveries, the deliveries' attempts and the alerts they sent.
+    /// An event with a delivery still pending (waiting, retrying or leased) is kept, delivery
+    /// and all. The state events produced (locks, denies, cases, alert windows, ledger
+    /// entries) is not theirs to take: it stays.
+    async fn prune_events(
+        &self,
+        created_before: i64,
+        limit: i64,
+    ) -> Result<PrunedEvents, StoreError>;
+}
+
+/// What one pruning batch deleted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PrunedEvents {
+    /// Events examined: fewer than the limit means nothing older is left to prune.
+    pub selected: u64,
+    pub events: u64,
+    pub deliveries: u64,
+    pub attempts: u64,
+    pub alerts: u64,
 }
 
 /// Implements [`EventStore`] and the batched event insert for a backend.
 macro_rules! events_sql {
     ($store:ty, $conn:ty) => {
+        /// Pushes `(a, b, c)` for a list of ids.
+        fn push_ids(q: &mut sqlx::QueryBuilder<Db>, ids: &[uuid::Uuid]) {
+            q.push("(");
+            let mut list = q.separated(", ");
+            for id in ids {
+                list.push_bind(*id);
+            }
+            q.push(")");
+        }
+
         /// Inserts events in one statement; an event already stored (a retry) is left alone.
         async fn insert_events(
             conn: &mut $conn,
@@ -101,6 +132,41 @@ macro_rules! events_sql {
 
         #[async_trait::async_trait]
         impl $crate::store::EventStore for $store {
+            async fn prune_events(
+                &self,
+                created_before: i64,
+                limit: i64,
+            ) -> Result<$crate::store::PrunedEvents, $crate::store::StoreError> {
+                let mut tx = self.begin().await?;
+                let ids: Vec<uuid::Uuid> = sqlx::query_scalar(
+                    "SELECT e.id FROM events e WHERE e.created_at < $1 AND NOT EXISTS \
+                     (SELECT 1 FROM deliveries d WHERE d.event_id = e.id AND d.status = 'pending') \
+                     ORDER BY e.created_at LIMIT $2",
+                )
+                .bind(created_before)
+                .bind(limit)
+                .fetch_all(&mut *tx)
+                .await?;
+                if ids.is_empty() {
+                    return Ok(Default::default());
+                }
+                let (deliveries, attempts) = delete_settled_deliveries(&mut tx, &ids).await?;
+                let alerts = delete_sent_alerts(&mut tx, &ids).await?;
+                // A delivery that became pending since (a redelivery) keeps its event.
+                let mut q = sqlx::QueryBuilder::<Db>::new("DELETE FROM events WHERE id IN ");
+                push_ids(&mut q, &ids);
+                q.push(" AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.event_id = events.id)");
+                let events = q.build().execute(&mut *tx).await?.rows_affected();
+                tx.commit().await?;
+                Ok($crate::store::PrunedEvents {
+                    selected: ids.len() as u64,
+                    events,
+                    deliveries,
+                    attempts,
+                    alerts,
+                })
+            }
+
             async fn events(
                 &self,
                 tenant_id: uuid::Uuid,

@@ -41,9 +41,9 @@ use async_trait::async_trait;
 pub use actions::{ActionStore, ActionTarget, SubjectState};
 pub use api_keys::{ApiKeyRecord, ApiKeyStore, KeyGrant, NewApiKey, Scope, UnknownScope};
 pub use deliveries::{
-    AttemptRecord, AttemptRow, DeliveryRecord, DeliveryStore, DueDelivery, NewDelivery,
+    AttemptRecord, AttemptRow, DeliveryRecord, DeliveryStore, DueDelivery, NewDelivery, Redelivery,
 };
-pub use events::{EventRecord, EventStore, NewEvent};
+pub use events::{EventRecord, EventStore, NewEvent, PrunedEvents};
 pub use keys::{
     Claim, ClaimOutcome, KeyRef, KeyState, KeyStore, RecoveryPoint, StoredResponse, judge,
 };

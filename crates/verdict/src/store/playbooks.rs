@@ -60,6 +60,9 @@ pub trait PlaybookStore {
         source: &str,
         now: i64,
     ) -> Result<i64, StoreError>;
+    /// Deletes up to `limit` playbook versions older than each tenant's newest `keep` that no
+    /// event names; returns how many.
+    async fn prune_playbooks(&self, keep: i64, limit: i64) -> Result<u64, StoreError>;
     /// The version in force, the subject's facts and the callback destination of each
     /// (tenant, subject), in one statement for all of them; unknown tenants are left out.
     async fn decision_inputs(
@@ -122,6 +125,28 @@ macro_rules! playbooks_sql {
                 .fetch_one(self.write())
                 .await?;
                 Ok(version)
+            }
+
+            async fn prune_playbooks(
+                &self,
+                keep: i64,
+                limit: i64,
+            ) -> Result<u64, $crate::store::StoreError> {
+                // Versions are numbered MAX + 1 and the newest `keep` are never deleted, so they
+                // are exactly the ones above MAX - keep.
+                let done = sqlx::query(
+                    "DELETE FROM playbooks WHERE (tenant_id, version) IN ( \
+                     SELECT p.tenant_id, p.version FROM playbooks p \
+                     WHERE p.version <= (SELECT MAX(m.version) FROM playbooks m \
+                     WHERE m.tenant_id = p.tenant_id) - $1 \
+                     AND NOT EXISTS (SELECT 1 FROM events e WHERE e.tenant_id = p.tenant_id \
+                     AND e.playbook_version = p.version) LIMIT $2)",
+                )
+                .bind(keep)
+                .bind(limit)
+                .execute(self.write())
+                .await?;
+                Ok(done.rows_affected())
             }
 
             async fn decision_inputs(

@@ -198,20 +198,50 @@ impl TestDb {
         }
     }
 
-    /// Runs the `verdict` CLI against this database and returns its stdout.
+    /// Runs the `verdict` CLI against this database and returns its stdout. Callback URLs on
+    /// this machine are allowed, as tests' receivers listen on 127.0.0.1.
     pub fn cli(&self, args: &[&str]) -> String {
-        let out = Command::new(env!("CARGO_BIN_EXE_verdict"))
-            .args(args)
-            .env("VERDICT_DATABASE_URL", &self.url)
-            .env("VERDICT_MASTER_KEY", &self.master_key)
-            .output()
-            .unwrap();
+        let out = self.cli_output(args, &[]);
         assert!(
             out.status.success(),
             "verdict {args:?} failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
         String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// Runs the `verdict` CLI with extra environment (which may override the default
+    /// `VERDICT_ALLOW_PRIVATE_DESTINATIONS=1`) and returns its output, failed or not.
+    pub fn cli_output(&self, args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_verdict"));
+        cmd.args(args)
+            .env("VERDICT_DATABASE_URL", &self.url)
+            .env("VERDICT_MASTER_KEY", &self.master_key)
+            .env("VERDICT_ALLOW_PRIVATE_DESTINATIONS", "1");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.output().unwrap()
+    }
+
+    /// Runs a statement (written to work on both backends) against the test database; returns
+    /// the rows it affected.
+    pub async fn exec(&self, sql: impl Into<String>) -> u64 {
+        let sql = sqlx::AssertSqlSafe(sql.into());
+        match self.backend {
+            Backend::Sqlite => {
+                let pool = SqlitePool::connect(&self.url).await.unwrap();
+                let done = sqlx::query(sql).execute(&pool).await.unwrap();
+                pool.close().await;
+                done.rows_affected()
+            }
+            Backend::Postgres => {
+                let pool = PgPool::connect(&self.url).await.unwrap();
+                let done = sqlx::query(sql).execute(&pool).await.unwrap();
+                pool.close().await;
+                done.rows_affected()
+            }
+        }
     }
 
     /// Makes `source` (TOML) the tenant's playbook with the real CLI.
