@@ -71,6 +71,9 @@ pub enum Command {
         #[arg(long, env = "VERDICT_SIGNING_SECRET", hide_env_values = true)]
         signing_secret: Option<String>,
     },
+    /// Register CAMARA SIM Swap subscriptions (for notifications without a phone number).
+    #[command(subcommand)]
+    Camara(CamaraCommand),
     /// Receive callbacks: print each verified, deduplicated one once, as a JSON line.
     Listen {
         /// The tenant's webhook secret (`whsec_…`).
@@ -82,6 +85,41 @@ pub enum Command {
         /// Dedup store that survives restarts: `sqlite://PATH` or `postgres://…` (default: memory).
         #[arg(long)]
         db: Option<String>,
+    },
+}
+
+/// `verdict camara …`.
+#[derive(Debug, Subcommand)]
+pub enum CamaraCommand {
+    /// The tenant's CAMARA SIM Swap subscriptions.
+    #[command(subcommand)]
+    Subscription(CamaraSubscriptionCommand),
+}
+
+/// `verdict camara subscription …`.
+#[derive(Debug, Subcommand)]
+pub enum CamaraSubscriptionCommand {
+    /// Register the phone a subscription is about: its notifications may then leave
+    /// `phoneNumber` out (3-legged subscriptions). Both are stored only as keyed digests.
+    Add {
+        /// The tenant's id.
+        #[arg(long)]
+        tenant: Uuid,
+        /// The `subscriptionId` the carrier returned when the subscription was created.
+        #[arg(long)]
+        subscription_id: String,
+        /// The subscription's phone number, E.164 (`+` and digits).
+        #[arg(long)]
+        phone: String,
+    },
+    /// Forget a registered subscription.
+    Remove {
+        /// The tenant's id.
+        #[arg(long)]
+        tenant: Uuid,
+        /// The subscription's `subscriptionId`.
+        #[arg(long)]
+        subscription_id: String,
     },
 }
 
@@ -185,6 +223,35 @@ pub enum TenantCommand {
     /// Issue, list and revoke the tenant's API keys.
     #[command(subcommand)]
     Key(KeyCommand),
+    /// Set the tenant's Security Event Token transmitter (OpenID Shared Signals): SETs pushed
+    /// to `POST /v1/sets` must carry its issuer and audience and verify with its keys.
+    SetTransmitter {
+        /// The tenant's id.
+        #[arg(long)]
+        tenant: Uuid,
+        /// The transmitter's `iss`.
+        #[arg(long)]
+        issuer: String,
+        /// The `aud` its SETs must name: this receiver, as the transmitter knows it.
+        #[arg(long)]
+        audience: String,
+        /// A JWKS document with the transmitter's public signing keys (stored).
+        #[arg(
+            long,
+            required_unless_present = "jwks_url",
+            conflicts_with = "jwks_url"
+        )]
+        jwks_file: Option<std::path::PathBuf>,
+        /// Where the transmitter publishes its JWKS: fetched through the callbacks'
+        /// destination guard, cached, and fetched again when a SET names an unknown `kid`.
+        #[arg(long)]
+        jwks_url: Option<String>,
+        #[command(flatten)]
+        destinations: DestinationArgs,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// Set the tenant's own rate limit, which wins over the server's setting.
     SetRateLimit {
         /// The tenant's id.
@@ -280,6 +347,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             api_key,
             signing_secret,
         } => crate::send::run(&file, &url, &api_key, signing_secret.as_deref()).await,
+        Command::Camara(CamaraCommand::Subscription(cmd)) => run_camara(&config, cmd).await,
         Command::Listen { secret, listen, db } => {
             crate::listen::run(&secret, listen, db.as_deref()).await
         }
@@ -492,6 +560,42 @@ async fn run_tenant(
             }
         }
         TenantCommand::Key(cmd) => run_key(&*store, cmd).await?,
+        TenantCommand::SetTransmitter {
+            tenant,
+            issuer,
+            audience,
+            jwks_file,
+            jwks_url,
+            destinations,
+            json,
+        } => {
+            let keys = match (jwks_file, jwks_url) {
+                (Some(path), _) => crate::feeds::TransmitterKeys::Document(
+                    std::fs::read_to_string(&path)
+                        .with_context(|| format!("reading {}", path.display()))?,
+                ),
+                (None, Some(url)) => crate::feeds::TransmitterKeys::Url(url),
+                (None, None) => anyhow::bail!("give --jwks-file or --jwks-url"),
+            };
+            let set = crate::feeds::set_transmitter(
+                &*store,
+                tenant,
+                issuer,
+                audience,
+                keys,
+                destinations.resolve(file),
+            )
+            .await?;
+            if json {
+                println!("{}", serde_json::to_string(&set)?);
+            } else {
+                match set.keys {
+                    Some(n) => println!("SET transmitter set: {n} signing key(s) from the file"),
+                    None => println!("SET transmitter set: keys fetched from the JWKS URL"),
+                }
+                println!("(running instances use it within 5 seconds)");
+            }
+        }
         TenantCommand::SetRateLimit {
             tenant,
             per_second,
@@ -503,6 +607,37 @@ async fn run_tenant(
             match per_second {
                 Some(n) => println!("rate limit set to {n} requests per second (burst {n})"),
                 None => println!("the tenant's own rate limit is removed; the server's applies"),
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn run_camara(config: &Config, cmd: CamaraSubscriptionCommand) -> anyhow::Result<()> {
+    let keys = config.master_key()?.keyring();
+    let store = store::connect(&config.database_url)
+        .await
+        .context("connecting to the database")?;
+    match cmd {
+        CamaraSubscriptionCommand::Add {
+            tenant,
+            subscription_id,
+            phone,
+        } => {
+            crate::feeds::add_camara_subscription(&*store, &keys, tenant, subscription_id, phone)
+                .await?;
+            println!("subscription registered");
+        }
+        CamaraSubscriptionCommand::Remove {
+            tenant,
+            subscription_id,
+        } => {
+            if crate::feeds::remove_camara_subscription(&*store, &keys, tenant, &subscription_id)
+                .await?
+            {
+                println!("subscription removed");
+            } else {
+                anyhow::bail!("no such subscription is registered for tenant {tenant}");
             }
         }
     }

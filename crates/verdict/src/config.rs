@@ -10,6 +10,7 @@ use serde::Deserialize;
 
 use crate::delivery::destination::DestinationPolicy;
 use crate::delivery::{DeliverySettings, MAX_DEADLINE};
+use crate::feeds::set::SetWindow;
 use crate::http::connections::InboundLimits;
 use crate::ingest::IngestSettings;
 use crate::retention::RetentionSettings;
@@ -91,6 +92,13 @@ pub enum ConfigError {
          lets a second request take over a key its holder is still working on"
     )]
     LockTimeoutTooShort(u64),
+    #[error("{setting} must be between {min} and {max} seconds (got {got})")]
+    SetSetting {
+        setting: &'static str,
+        got: u64,
+        min: u64,
+        max: u64,
+    },
 }
 
 /// The optional config file's contents; every field may be omitted.
@@ -114,6 +122,9 @@ pub struct FileConfig {
     pub request_timeout_secs: Option<u64>,
     pub max_connections: Option<usize>,
     pub rate_limit_per_tenant: Option<u32>,
+    pub set_max_age_secs: Option<u64>,
+    pub set_max_ahead_secs: Option<u64>,
+    pub set_jwks_refresh_secs: Option<u64>,
 }
 
 impl FileConfig {
@@ -277,6 +288,72 @@ pub struct ServeArgs {
     pub inbound: InboundArgs,
     #[command(flatten)]
     pub rate_limit: RateLimitArgs,
+    #[command(flatten)]
+    pub sets: SetArgs,
+}
+
+/// How Security Event Tokens pushed to `POST /v1/sets` are judged.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct SetArgs {
+    /// Seconds a SET's `iat` may lie in the past (1 to 86400; default 300).
+    #[arg(long, env = "VERDICT_SET_MAX_AGE_SECS")]
+    pub set_max_age_secs: Option<u64>,
+    /// Seconds a SET's `iat` may lie ahead of the server's clock (0 to 3600; default 60).
+    #[arg(long, env = "VERDICT_SET_MAX_AHEAD_SECS")]
+    pub set_max_ahead_secs: Option<u64>,
+    /// Least seconds between two fetches of a transmitter's JWKS URL that SETs with unknown
+    /// `kid`s prompt (1 to 86400; default 60).
+    #[arg(long, env = "VERDICT_SET_JWKS_REFRESH_SECS")]
+    pub set_jwks_refresh_secs: Option<u64>,
+}
+
+/// Resolved SET settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SetSettings {
+    pub window: SetWindow,
+    /// Least time between unknown-`kid` refreshes of one JWKS URL.
+    pub jwks_refresh: Duration,
+}
+
+impl SetArgs {
+    /// Flags and environment first, then the file, then defaults; each within its bounds.
+    pub fn resolve(&self, file: &FileConfig) -> Result<SetSettings, ConfigError> {
+        let bounded = |setting, got: Option<u64>, default: u64, min: u64, max: u64| match got {
+            Some(got) if !(min..=max).contains(&got) => Err(ConfigError::SetSetting {
+                setting,
+                got,
+                min,
+                max,
+            }),
+            got => Ok(Duration::from_secs(got.unwrap_or(default))),
+        };
+        let defaults = SetWindow::default();
+        Ok(SetSettings {
+            window: SetWindow {
+                max_age: bounded(
+                    "VERDICT_SET_MAX_AGE_SECS",
+                    self.set_max_age_secs.or(file.set_max_age_secs),
+                    defaults.max_age.as_secs(),
+                    1,
+                    86_400,
+                )?,
+                max_ahead: bounded(
+                    "VERDICT_SET_MAX_AHEAD_SECS",
+                    self.set_max_ahead_secs.or(file.set_max_ahead_secs),
+                    defaults.max_ahead.as_secs(),
+                    0,
+                    3600,
+                )?,
+            },
+            jwks_refresh: bounded(
+                "VERDICT_SET_JWKS_REFRESH_SECS",
+                self.set_jwks_refresh_secs.or(file.set_jwks_refresh_secs),
+                60,
+                1,
+                86_400,
+            )?,
+        })
+    }
 }
 
 /// Bounds on inbound connections and requests.
@@ -433,6 +510,7 @@ pub struct ServeConfig {
     /// Requests per second per tenant without its own limit; `None`: unlimited.
     pub rate_limit_per_tenant: Option<NonZeroU32>,
     pub retention: RetentionSettings,
+    pub sets: SetSettings,
 }
 
 impl ServeConfig {
@@ -482,6 +560,7 @@ impl ServeConfig {
             )
             .max(1),
             rate_limit_per_tenant: args.rate_limit.resolve(file),
+            sets: args.sets.resolve(file)?,
         })
     }
 }
@@ -506,7 +585,34 @@ mod tests {
             inbound: InboundArgs::default(),
             rate_limit: RateLimitArgs::default(),
             retention: RetentionArgs::default(),
+            sets: SetArgs::default(),
         }
+    }
+
+    #[test]
+    fn the_set_window_defaults_to_300_s_past_and_60_s_ahead_and_is_bounded() {
+        let c = ServeConfig::resolve(&serve_args(), &FileConfig::default()).unwrap();
+        assert_eq!(c.sets.window.max_age, Duration::from_secs(300));
+        assert_eq!(c.sets.window.max_ahead, Duration::from_secs(60));
+        assert_eq!(c.sets.jwks_refresh, Duration::from_secs(60));
+        let file: FileConfig = toml::from_str("set_max_age_secs = 900").unwrap();
+        let mut args = serve_args();
+        assert_eq!(
+            ServeConfig::resolve(&args, &file)
+                .unwrap()
+                .sets
+                .window
+                .max_age,
+            Duration::from_secs(900)
+        );
+        args.sets.set_max_age_secs = Some(0);
+        assert!(matches!(
+            ServeConfig::resolve(&args, &file),
+            Err(ConfigError::SetSetting {
+                setting: "VERDICT_SET_MAX_AGE_SECS",
+                ..
+            })
+        ));
     }
 
     #[test]

@@ -3,8 +3,10 @@
 //! A request flows through the modules in this order:
 //! HTTP ([`http`]) → validated [`signal::Signal`] and [`idempotency::IdempotencyKey`] →
 //! [`tenant`] authentication → [`ingest`] (claim in the [`store`], decide with the
-//! [`playbook`], record the recovery point, persist). [`secrets`] derives every server key
-//! from one master key; [`config`] and [`cli`] wire it together for the `verdict` binary.
+//! [`playbook`], record the recovery point, persist). [`feeds`] reads the standard feeds
+//! (Security Event Tokens, CAMARA notifications) into the same pipeline. [`secrets`] derives
+//! every server key from one master key; [`config`] and [`cli`] wire it together for the
+//! `verdict` binary.
 
 pub mod actions;
 pub mod cli;
@@ -12,6 +14,7 @@ pub mod clock;
 pub mod config;
 pub mod delivery;
 mod failpoint;
+pub mod feeds;
 pub mod http;
 pub mod idempotency;
 pub mod ingest;

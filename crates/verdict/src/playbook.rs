@@ -4,7 +4,9 @@
 //! A playbook is a TOML or JSON document of `[[rule]]`s. Each rule has a `name`, a `when` table
 //! of conditions that must all hold, a `decision` and `actions`. The first matching rule decides;
 //! when none matches the decision is `allow` with no actions. See `playbooks/default.toml`.
+//! An optional `[feeds]` table maps the standard feeds' event types to signal types.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 
 use serde::{Deserialize, Serialize};
@@ -83,6 +85,20 @@ impl Format {
 pub struct Playbook {
     #[serde(rename = "rule", alias = "rules", default)]
     pub rules: Vec<Rule>,
+    /// Which signal type each standard feed's event type becomes.
+    #[serde(default)]
+    pub feeds: FeedMapping,
+}
+
+/// `[feeds]`: e.g. `set_events = { "https://schemas.openid.net/secevent/caep/event-type/credential-change" = "credential_breach" }`.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FeedMapping {
+    /// Security Event Token event type URI → signal type. Where it names nothing, RISC
+    /// `credential-compromise` is `credential_breach`; any other event type is unmapped: it is
+    /// recorded as ignored and decides nothing.
+    #[serde(default)]
+    pub set_events: BTreeMap<String, SignalType>,
 }
 
 /// One rule: conditions, then what to decide and do.
@@ -153,6 +169,9 @@ pub const MAX_ATTRIBUTE_VALUES: usize = 100;
 const MAX_ATTRIBUTE_VALUE_CHARS: usize = 256;
 /// Longest window a condition may name: ten years, in hours.
 pub const MAX_HOURS: f64 = 10.0 * 365.25 * 24.0;
+/// Most SET event types `[feeds] set_events` may map, and the longest URI.
+pub const MAX_SET_EVENTS: usize = 50;
+const MAX_EVENT_TYPE_CHARS: usize = 256;
 
 /// Why a playbook document is refused; the message names the line, rule or field.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -268,6 +287,14 @@ impl Playbook {
                 return Err(at("`when.attribute_in.values` must not be empty".into()));
             }
         }
+        for uri in self.feeds.set_events.keys() {
+            if !is_absolute_uri(uri) {
+                return Err(PlaybookError::Invalid(format!(
+                    "`feeds.set_events`: `{uri}` is not an absolute URI (an event type URI \
+                     such as https://schemas.openid.net/secevent/risc/event-type/…)"
+                )));
+            }
+        }
         Ok(())
     }
 
@@ -282,7 +309,27 @@ impl Playbook {
         for (i, rule) in self.rules.iter().enumerate() {
             rule.check_limits(i + 1)?;
         }
+        let events = &self.feeds.set_events;
+        if events.len() > MAX_SET_EVENTS
+            || events
+                .keys()
+                .any(|uri| uri.chars().count() > MAX_EVENT_TYPE_CHARS)
+        {
+            return Err(PlaybookError::OverLimit(format!(
+                "`feeds.set_events` may map at most {MAX_SET_EVENTS} event types of at most \
+                 {MAX_EVENT_TYPE_CHARS} characters"
+            )));
+        }
         Ok(())
+    }
+
+    /// The signal type a Security Event Token of `event_type` becomes, if any: the playbook's
+    /// own mapping, else the built-in one.
+    pub fn set_event_signal(&self, event_type: &str) -> Option<SignalType> {
+        self.feeds.set_events.get(event_type).copied().or_else(|| {
+            (event_type == crate::feeds::set::RISC_CREDENTIAL_COMPROMISE)
+                .then_some(SignalType::CredentialBreach)
+        })
     }
 
     /// Whether any rule needs to know if the subject is locked (a database read).
@@ -306,6 +353,19 @@ impl Playbook {
                 rule: "no_rule_matched".into(),
             })
     }
+}
+
+/// `scheme:rest` with an RFC 3986 scheme: what an event type URI must look like.
+fn is_absolute_uri(uri: &str) -> bool {
+    let Some((scheme, rest)) = uri.split_once(':') else {
+        return false;
+    };
+    !rest.is_empty()
+        && scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+        && scheme
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+        && !uri.chars().any(|c| c.is_whitespace() || c.is_control())
 }
 
 /// `h` hours; saturating, so a stored window can never panic the decision.
@@ -723,6 +783,73 @@ mod tests {
         };
         let signal = signal(SignalType::SimSwap, NOW, Value::Null);
         assert!(when.hold(&signal, SubjectFacts::default(), NOW));
+    }
+
+    #[test]
+    fn feeds_map_set_event_types_with_a_built_in_for_risc_credential_compromise() {
+        const CHANGED: &str =
+            "https://schemas.openid.net/secevent/risc/event-type/identifier-changed";
+        let pb = Playbook::parse(
+            &format!(
+                "[[rule]]\nname = \"a\"\ndecision = \"allow\"\n\n[feeds]\nset_events = {{ \"{CHANGED}\" = \"sim_swap\" }}\n"
+            ),
+            Format::Toml,
+        )
+        .unwrap();
+        assert_eq!(pb.set_event_signal(CHANGED), Some(SignalType::SimSwap));
+        assert_eq!(
+            pb.set_event_signal(crate::feeds::set::RISC_CREDENTIAL_COMPROMISE),
+            Some(SignalType::CredentialBreach)
+        );
+        assert_eq!(
+            pb.set_event_signal(
+                "https://schemas.openid.net/secevent/caep/event-type/session-revoked"
+            ),
+            None
+        );
+        assert_eq!(Playbook::default_playbook().set_event_signal(CHANGED), None);
+        let json = Playbook::parse(
+            &format!(r#"{{"rule":[{{"name":"a","decision":"allow"}}],"feeds":{{"set_events":{{"{CHANGED}":"port_out"}}}}}}"#),
+            Format::Json,
+        )
+        .unwrap();
+        assert_eq!(json.set_event_signal(CHANGED), Some(SignalType::PortOut));
+    }
+
+    #[test]
+    fn feed_mappings_are_validated_and_bounded() {
+        let with = |events: &str| {
+            Playbook::parse(
+                &format!(
+                    "[[rule]]\nname = \"a\"\ndecision = \"allow\"\n[feeds]\nset_events = {{ {events} }}\n"
+                ),
+                Format::Toml,
+            )
+        };
+        assert!(matches!(
+            with("\"not a uri\" = \"sim_swap\""),
+            Err(PlaybookError::Invalid(_))
+        ));
+        assert!(matches!(
+            with("\"urn:x\" = \"weather\""),
+            Err(PlaybookError::Invalid(_))
+        ));
+        let long = format!("\"https://e.example/{}\" = \"sim_swap\"", "x".repeat(300));
+        assert!(matches!(with(&long), Err(PlaybookError::OverLimit(_))));
+        let many: Vec<String> = (0..=MAX_SET_EVENTS)
+            .map(|i| format!("\"urn:e:{i}\" = \"sim_swap\""))
+            .collect();
+        assert!(matches!(
+            with(&many.join(", ")),
+            Err(PlaybookError::OverLimit(_))
+        ));
+        assert!(
+            Playbook::parse(
+                "[[rule]]\nname = \"a\"\ndecision = \"allow\"\n[feeds]\nother = 1\n",
+                Format::Toml
+            )
+            .is_err()
+        );
     }
 
     #[test]

@@ -9,7 +9,9 @@ use tokio_util::task::TaskTracker;
 
 use crate::clock::now_ms;
 use crate::config::{Config, ServeConfig};
-use crate::delivery::{Deliverer, DeliverySettings, worker};
+use crate::delivery::{self, Deliverer, DeliverySettings, worker};
+use crate::feeds::jwks::{self, KeyCache};
+use crate::feeds::set::SetReceiver;
 use crate::http::{AppState, connections, router};
 use crate::ingest::Ingest;
 use crate::rate_limit::RateLimits;
@@ -33,6 +35,15 @@ pub async fn serve(config: &Config, serve: ServeConfig) -> anyhow::Result<()> {
         .and_then(|b| b.install_recorder())
         .ok();
     let deliverer = Arc::new(Deliverer::new(store.clone(), keys.clone(), serve.delivery)?);
+    let sets = Arc::new(SetReceiver::new(
+        store.clone(),
+        serve.sets.window,
+        KeyCache::new(
+            delivery::guarded_client(serve.delivery.destinations, jwks::FETCH_TIMEOUT)?,
+            serve.delivery.destinations,
+            serve.sets.jwks_refresh,
+        ),
+    ));
     let state = AppState {
         ingest: Arc::new(Ingest::new(
             store.clone(),
@@ -43,6 +54,7 @@ pub async fn serve(config: &Config, serve: ServeConfig) -> anyhow::Result<()> {
         deliverer: deliverer.clone(),
         credentials: Arc::new(Credentials::new(store.clone(), keys.clone())),
         rate_limits: Arc::new(RateLimits::new(serve.rate_limit_per_tenant)),
+        sets,
         store: store.clone(),
         keys,
         metrics,

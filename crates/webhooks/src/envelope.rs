@@ -22,6 +22,15 @@ pub struct Envelope {
     pub actions: serde_json::Value,
     /// The signal's metadata, untouched.
     pub metadata: serde_json::Value,
+    /// The feed the signal came in through: `signals` (`POST /v1/signals`), `set` (a Security
+    /// Event Token) or `camara` (a CAMARA notification). Envelopes from before feeds existed
+    /// lack it and read as `signals`.
+    #[serde(default = "signals_feed")]
+    pub feed: String,
+}
+
+fn signals_feed() -> String {
+    "signals".into()
 }
 
 impl Envelope {

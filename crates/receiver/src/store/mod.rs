@@ -167,6 +167,7 @@ mod tests {
             decision: "allow".into(),
             actions: serde_json::Value::Null,
             metadata: serde_json::Value::Null,
+            feed: "signals".into(),
         }
     }
 

@@ -25,6 +25,7 @@ pub fn envelope(n: u32) -> Envelope {
         decision: "deny".into(),
         actions: serde_json::json!([{"action": "lock_account", "outcome": "locked"}]),
         metadata: serde_json::json!({"case": n}),
+        feed: "signals".into(),
     }
 }
 

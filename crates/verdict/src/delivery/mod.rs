@@ -71,14 +71,22 @@ pub struct ClientError(#[source] reqwest::Error);
 /// The client every attempt goes through: redirects off, proxies off (a proxy would resolve
 /// names where the guard cannot see), and the destination guard as its resolver.
 fn http_client(settings: &DeliverySettings) -> Result<reqwest::Client, ClientError> {
+    guarded_client(settings.destinations, settings.deadline)
+}
+
+/// A client under the destination guard (no redirects, no proxies, every resolved address
+/// checked against `policy`): callbacks use it, and so does any other fetch of a URL a tenant
+/// configured (a SET transmitter's JWKS).
+pub fn guarded_client(
+    policy: destination::DestinationPolicy,
+    connect_timeout: Duration,
+) -> Result<reqwest::Client, ClientError> {
     reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .no_proxy()
-        .connect_timeout(settings.deadline)
+        .connect_timeout(connect_timeout)
         .user_agent(concat!("verdict/", env!("CARGO_PKG_VERSION")))
-        .dns_resolver(Arc::new(destination::GuardedResolver::new(
-            settings.destinations,
-        )))
+        .dns_resolver(Arc::new(destination::GuardedResolver::new(policy)))
         .build()
         .map_err(ClientError)
 }

@@ -47,6 +47,9 @@ pub struct EventView {
     #[schema(value_type = Vec<crate::actions::ActionResult>)]
     actions: Value,
     created_at: String,
+    /// The feed it came in through: `signals`, `set` (a Security Event Token) or `camara`.
+    /// An unmapped feed event has type `unmapped` and decision `ignored`.
+    feed: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     deliveries: Option<Vec<DeliveryView>>,
 }
@@ -95,6 +98,7 @@ impl From<EventRecord> for EventView {
             rule: e.rule,
             actions: parse_json(&e.actions),
             created_at: rfc3339(e.created_at),
+            feed: e.feed,
             deliveries: None,
         }
     }

@@ -6,6 +6,7 @@ pub mod connections;
 mod deliveries;
 pub mod error;
 mod events;
+mod feeds;
 mod keys;
 mod openapi;
 mod playbook;
@@ -25,6 +26,7 @@ use tower_http::trace::{DefaultOnResponse, TraceLayer};
 use tracing::Level;
 
 use crate::delivery::Deliverer;
+use crate::feeds::set::SetReceiver;
 use crate::ingest::Ingest;
 use crate::rate_limit::RateLimits;
 use crate::secrets::Keyring;
@@ -45,6 +47,8 @@ pub struct AppState {
     pub credentials: Arc<Credentials>,
     /// Each tenant's rate limiter.
     pub rate_limits: Arc<RateLimits>,
+    /// Verifies Security Event Tokens against each tenant's transmitter.
+    pub sets: Arc<SetReceiver>,
     pub metrics: Option<PrometheusHandle>,
 }
 
@@ -54,6 +58,8 @@ const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/signals", post(signals::post_signal))
+        .route("/v1/sets", post(feeds::post_set))
+        .route("/v1/camara/sim-swap", post(feeds::post_camara_sim_swap))
         .route("/v1/events", get(events::list))
         .route("/v1/events/{id}", get(events::show))
         .route("/v1/subjects/{subject_hash}", get(events::subject))

@@ -27,6 +27,8 @@ use utoipa::{Modify, OpenApi};
         super::keys::create,
         super::keys::list,
         super::keys::revoke,
+        super::feeds::post_set,
+        super::feeds::post_camara_sim_swap,
     ),
     modifiers(&ApiKey),
     security(("api_key" = []))

@@ -71,6 +71,7 @@ pub async fn post_signal(
         .ingest
         .run(Inbound {
             tenant: &tenant,
+            feed: crate::feeds::Feed::Signals,
             key,
             signal,
             fingerprint,

@@ -14,6 +14,7 @@
 mod decision;
 mod decision_reads;
 mod group_commit;
+mod ignored;
 mod record;
 
 use std::sync::Arc;
@@ -25,13 +26,13 @@ use crate::clock::{now_ms, to_ms};
 use crate::delivery::Deliverer;
 use crate::delivery::schedule::{self, Trigger};
 use crate::failpoint::failpoint;
+use crate::feeds::Feed;
 use crate::idempotency::{
     Cached, CompletedCache, DEFAULT_CAPACITY_BYTES, Fingerprint, IdempotencyKey, Payload,
-    SIGNALS_ENDPOINT,
 };
-use crate::playbook::{Library, SubjectFacts};
+use crate::playbook::{Library, Playbook, SubjectFacts};
 use crate::secrets::Keyring;
-use crate::signal::Signal;
+use crate::signal::{Signal, Subject};
 use crate::store::{
     Act, ActionTarget, CallbackDraft, Claim, ClaimOutcome, DueDelivery, HeldKey, KeyRef,
     RecoveryPoint, Store, StoreError, StoredResponse, TenantRecord,
@@ -41,6 +42,7 @@ pub use decision::{Decided, DecisionRecord};
 use decision_reads::DecisionReads;
 use group_commit::GroupCommit;
 pub use group_commit::MAX_BATCH;
+pub use ignored::Ignored;
 use record::Draft;
 pub use record::SignalResponse;
 
@@ -90,6 +92,8 @@ impl From<StoreError> for IngestError {
 /// A validated, authenticated signal ready for ingest.
 pub struct Inbound<'a> {
     pub tenant: &'a TenantRecord,
+    /// The feed it came in through; keys are scoped to it.
+    pub feed: Feed,
     pub key: Option<IdempotencyKey>,
     pub signal: Signal,
     pub fingerprint: Fingerprint,
@@ -158,12 +162,23 @@ impl Ingest {
     /// The subject's keyed digest, scoped to the tenant so digests do not correlate across
     /// tenants.
     pub fn subject_hash(&self, tenant_id: Uuid, signal: &Signal) -> [u8; 32] {
-        self.keys.digest(&[
-            b"subject",
-            tenant_id.as_bytes(),
-            signal.subject.kind().as_bytes(),
-            signal.subject.value().as_bytes(),
-        ])
+        subject_digest(&self.keys, tenant_id, &signal.subject)
+    }
+
+    /// The tenant's playbook in force now and its version (what a feed maps its event types
+    /// with before the signal is decided).
+    pub async fn playbook_in_force(
+        &self,
+        tenant_id: Uuid,
+    ) -> Result<(Arc<Playbook>, i64), StoreError> {
+        let inputs = self
+            .reads
+            .read(tenant_id, &[])
+            .await?
+            .ok_or_else(|| StoreError::Corrupt("the tenant is gone".into()))?;
+        self.playbooks
+            .get(&*self.store, tenant_id, inputs.playbook_version)
+            .await
     }
 
     /// Runs a signal through decide, claim, act and send.
@@ -191,7 +206,7 @@ impl Ingest {
         key: &IdempotencyKey,
         raw_body: &[u8; 32],
     ) -> Option<StoredResponse> {
-        let digest = self.key_digest(key);
+        let digest = self.key_digest(Feed::Signals, key);
         let replay = self
             .completed
             .get_by_raw_body(tenant_id, &digest, raw_body, now_ms());
@@ -201,10 +216,18 @@ impl Ingest {
         replay
     }
 
-    fn key_digest(&self, key: &IdempotencyKey) -> Vec<u8> {
-        self.keys
-            .digest(&[b"idempotency-key", key.as_bytes()])
-            .to_vec()
+    /// The key's digest, scoped to its feed. A signal's key digests as it always has, so keys
+    /// stored before the feeds existed still match.
+    fn key_digest(&self, feed: Feed, key: &IdempotencyKey) -> Vec<u8> {
+        match feed {
+            Feed::Signals => self.keys.digest(&[b"idempotency-key", key.as_bytes()]),
+            feed => self.keys.digest(&[
+                b"idempotency-key",
+                feed.endpoint().as_bytes(),
+                key.as_bytes(),
+            ]),
+        }
+        .to_vec()
     }
 
     fn prepare<'a>(&self, inbound: &'a Inbound<'a>) -> Prepared<'a> {
@@ -219,8 +242,8 @@ impl Ingest {
         ]);
         let key = inbound.key.as_ref().map(|key| KeyRef {
             tenant_id,
-            endpoint: SIGNALS_ENDPOINT,
-            digest: self.key_digest(key),
+            endpoint: inbound.feed.endpoint(),
+            digest: self.key_digest(inbound.feed, key),
         });
         Prepared {
             inbound,
@@ -507,6 +530,20 @@ impl Ingest {
                 }
             }
         }
+    }
+}
+
+/// The subject's keyed digest, scoped to the tenant so digests do not correlate across tenants;
+/// a subject that is already a digest is that digest.
+pub fn subject_digest(keys: &Keyring, tenant_id: Uuid, subject: &Subject) -> [u8; 32] {
+    match subject {
+        Subject::Digested(digest) => *digest,
+        Subject::Phone(value) | Subject::Account(value) => keys.digest(&[
+            b"subject",
+            tenant_id.as_bytes(),
+            subject.kind().as_bytes(),
+            value.as_bytes(),
+        ]),
     }
 }
 

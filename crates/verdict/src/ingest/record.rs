@@ -30,6 +30,7 @@ pub(super) struct Draft {
     attributes: String,
     metadata: serde_json::Map<String, serde_json::Value>,
     decided: Decided,
+    feed: &'static str,
     /// Why the decision's callback cannot be recorded, if it cannot.
     pub(super) callback_refusal: Option<&'static str>,
 }
@@ -50,6 +51,7 @@ impl Draft {
             attributes: json(&inbound.signal.attributes),
             metadata: inbound.signal.metadata.clone(),
             decided,
+            feed: inbound.feed.as_str(),
             callback_refusal,
         }
     }
@@ -75,6 +77,7 @@ impl Draft {
             decision: self.decided.decision.as_str().to_owned(),
             actions: serde_json::to_value(actions).unwrap_or_default(),
             metadata: serde_json::Value::Object(self.metadata.clone()),
+            feed: self.feed.to_owned(),
         };
         json(&envelope).into_bytes()
     }
@@ -104,6 +107,7 @@ impl Draft {
                 created_at: now_ms(),
                 evaluated_at: self.decided.evaluated_at,
                 facts: json(&self.decided.facts),
+                feed: self.feed,
             },
             response: StoredResponse {
                 status: 200,

@@ -1,6 +1,6 @@
 //! An identity-risk signal as a tenant sends it, validated before anything touches storage.
 
-mod strict_json;
+pub(crate) mod strict_json;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -31,6 +31,9 @@ impl SignalType {
 pub enum Subject {
     Phone(String),
     Account(String),
+    /// A subject known only by its tenant-scoped digest, as computed from a phone or account
+    /// earlier (a registered CAMARA subscription's phone): deciding needs nothing more.
+    Digested([u8; 32]),
 }
 
 impl Subject {
@@ -39,13 +42,15 @@ impl Subject {
         match self {
             Self::Phone(_) => "phone",
             Self::Account(_) => "account",
+            Self::Digested(_) => "digested",
         }
     }
 
-    /// The raw identifier, for digesting only.
-    pub fn value(&self) -> &str {
+    /// The raw identifier, for digesting only; `None` for a subject that is already a digest.
+    pub fn value(&self) -> Option<&str> {
         match self {
-            Self::Phone(v) | Self::Account(v) => v,
+            Self::Phone(v) | Self::Account(v) => Some(v),
+            Self::Digested(_) => None,
         }
     }
 }
@@ -180,7 +185,7 @@ const ACCOUNT_FORM: &str =
     "`subject.account` must be a string of 1 to 256 characters with no control characters";
 
 /// E.164: a plus sign, then 2 to 15 digits, the first not zero.
-fn validate_phone(phone: String) -> Result<String, SignalError> {
+pub(crate) fn validate_phone(phone: String) -> Result<String, SignalError> {
     let digits = phone.strip_prefix('+').unwrap_or("");
     let ok = (2..=15).contains(&digits.len())
         && digits.bytes().all(|b| b.is_ascii_digit())
@@ -193,7 +198,7 @@ fn validate_phone(phone: String) -> Result<String, SignalError> {
     }
 }
 
-fn validate_account(account: String) -> Result<String, SignalError> {
+pub(crate) fn validate_account(account: String) -> Result<String, SignalError> {
     if account.is_empty()
         || account.chars().count() > MAX_ACCOUNT_LEN
         || account.chars().any(char::is_control)

@@ -24,6 +24,8 @@ pub struct NewEvent {
     pub evaluated_at: i64,
     /// The subject facts it evaluated (JSON).
     pub facts: String,
+    /// The feed it came in through: `signals`, `set` or `camara`.
+    pub feed: &'static str,
 }
 
 /// An event as read back.
@@ -42,11 +44,12 @@ pub struct EventRecord {
     pub created_at: i64,
     pub evaluated_at: i64,
     pub facts: String,
+    pub feed: String,
 }
 
 /// The columns of [`EventRecord`].
 pub(crate) const EVENT_COLUMNS: &str = "id, signal_type, subject_hash, observed_at, attributes, \
-     metadata, decision, playbook_version, rule, actions, created_at, evaluated_at, facts";
+     metadata, decision, playbook_version, rule, actions, created_at, evaluated_at, facts, feed";
 
 /// Reads of events.
 #[async_trait]
@@ -107,7 +110,7 @@ macro_rules! events_sql {
             let mut q = sqlx::QueryBuilder::<Db>::new(
                 "INSERT INTO events (id, tenant_id, signal_type, subject_hash, observed_at, \
                  attributes, metadata, decision, playbook_version, rule, actions, created_at, \
-                 evaluated_at, facts) ",
+                 evaluated_at, facts, feed) ",
             );
             q.push_values(events, |mut row, e| {
                 row.push_bind(e.id)
@@ -123,7 +126,8 @@ macro_rules! events_sql {
                     .push_bind(e.actions.clone())
                     .push_bind(e.created_at)
                     .push_bind(e.evaluated_at)
-                    .push_bind(e.facts.clone());
+                    .push_bind(e.facts.clone())
+                    .push_bind(e.feed);
             });
             q.push(" ON CONFLICT DO NOTHING");
             q.build().execute(conn).await?;

@@ -14,7 +14,8 @@
 //! - [`actions`]: the idempotent effects (locks, cases, alerts, ledger, denies);
 //! - [`events`]: decided signals;
 //! - [`deliveries`]: the callback outbox and its attempts;
-//! - [`pipeline`]: the group commit that writes a batch of signals' claims and effects at once.
+//! - [`pipeline`]: the group commit that writes a batch of signals' claims and effects at once;
+//! - [`feeds`]: SET transmitters and CAMARA subscriptions of the standard feeds.
 
 // The aggregate files first: their macros are expanded by the backends declared after them.
 #[macro_use]
@@ -33,6 +34,8 @@ pub mod events;
 pub mod deliveries;
 #[macro_use]
 pub mod pipeline;
+#[macro_use]
+pub mod feeds;
 
 use std::sync::Arc;
 
@@ -44,6 +47,7 @@ pub use deliveries::{
     AttemptRecord, AttemptRow, DeliveryRecord, DeliveryStore, DueDelivery, NewDelivery, Redelivery,
 };
 pub use events::{EventRecord, EventStore, NewEvent, PrunedEvents};
+pub use feeds::{FeedStore, TransmitterRecord};
 pub use keys::{
     Claim, ClaimOutcome, KeyRef, KeyState, KeyStore, RecoveryPoint, StoredResponse, judge,
 };
@@ -117,6 +121,7 @@ pub trait Store:
     + EventStore
     + DeliveryStore
     + PipelineStore
+    + FeedStore
     + Send
     + Sync
     + 'static
@@ -169,6 +174,7 @@ macro_rules! sql_store {
         events_sql!($store, $conn);
         deliveries_sql!($store, $conn, $lease_due);
         pipeline_sql!($store, $conn);
+        feeds_sql!($store, $conn);
 
         #[async_trait::async_trait]
         impl $crate::store::Store for $store {

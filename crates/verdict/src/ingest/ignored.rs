@@ -1,0 +1,178 @@
+//! Feed events no signal type maps to: recorded exactly once under their natural key, through
+//! the same claim and commit as a signal, as an event that decided nothing (decision
+//! `ignored`, no actions, no callback). They stay visible in the events API.
+
+use std::sync::Arc;
+
+use serde_json::{Map, Value};
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use super::{Decided, Ingest, IngestError, Reply, record, subject_digest};
+use crate::clock::{now_ms, to_ms};
+use crate::feeds::Feed;
+use crate::idempotency::{Cached, Fingerprint, IdempotencyKey, Payload};
+use crate::playbook::{Decision, SubjectFacts};
+use crate::signal::Subject;
+use crate::store::{
+    Act, ActionTarget, Claim, ClaimOutcome, Finished, HeldKey, KeyRef, NewEvent, StoredResponse,
+    TenantRecord,
+};
+
+/// The type an unmapped event is stored under.
+pub const UNMAPPED_TYPE: &str = "unmapped";
+/// The decision it records.
+pub const IGNORED_DECISION: &str = "ignored";
+/// The rule it records.
+const IGNORED_RULE: &str = "unmapped_event_type";
+
+/// An authenticated feed event that maps to no signal type.
+pub struct Ignored<'a> {
+    pub tenant: &'a TenantRecord,
+    pub feed: Feed,
+    /// Its natural key (a feed event always has one).
+    pub key: IdempotencyKey,
+    pub subject: Subject,
+    pub observed_at: OffsetDateTime,
+    /// Facts about it that name no identifier (its event type).
+    pub attributes: Map<String, Value>,
+    pub metadata: Map<String, Value>,
+    pub fingerprint: Fingerprint,
+    /// SHA-256 of the raw body.
+    pub raw_body: [u8; 32],
+    /// The playbook version whose mapping left it unmapped.
+    pub playbook_version: i64,
+}
+
+impl Ingest {
+    /// Records an unmapped feed event once: a duplicate replays, a key reused with another
+    /// payload is refused, and nothing is decided or done.
+    #[tracing::instrument(skip_all, fields(tenant_id = %ignored.tenant.id, feed = ignored.feed.as_str()))]
+    pub async fn record_ignored(&self, ignored: Ignored<'_>) -> Result<Reply, IngestError> {
+        let tenant_id = ignored.tenant.id;
+        let key = KeyRef {
+            tenant_id,
+            endpoint: ignored.feed.endpoint(),
+            digest: self.key_digest(ignored.feed, &ignored.key),
+        };
+        let now = now_ms();
+        let fingerprint = ignored.fingerprint.0.to_vec();
+        match self
+            .completed
+            .get(tenant_id, &key.digest, &fingerprint, now)
+        {
+            Cached::Replay(response) => return Ok(Reply::Replayed(response)),
+            Cached::Mismatch => return Err(IngestError::KeyReused),
+            Cached::Miss => {}
+        }
+        let payload = || Payload {
+            fingerprint: fingerprint.clone(),
+            raw_body: ignored.raw_body,
+        };
+        // The decision a takeover of this key would find: nothing to do.
+        let decided = Decided {
+            decision: Decision::Allow,
+            rule: IGNORED_RULE.into(),
+            actions: Vec::new(),
+            playbook_version: ignored.playbook_version,
+            evaluated_at: now,
+            facts: SubjectFacts::default(),
+        };
+        let claim = Claim {
+            key: key.clone(),
+            fingerprint: fingerprint.clone(),
+            event_id: Uuid::now_v7(),
+            lock_token: Uuid::new_v4(),
+            now,
+            locked_until: now.saturating_add(self.settings.lock_timeout_ms),
+            expires_at: now.saturating_add(self.settings.key_ttl_ms),
+            ruling: record::json(&decided),
+        };
+        let (event_id, expires_at) = if self.commits.claim(claim.clone()).await? {
+            (claim.event_id, claim.expires_at)
+        } else {
+            match self.store.claim(&claim).await? {
+                ClaimOutcome::Started => (claim.event_id, claim.expires_at),
+                ClaimOutcome::TakenOver {
+                    event_id,
+                    expires_at,
+                    ..
+                } => (event_id, expires_at),
+                ClaimOutcome::InProgress => return Err(IngestError::InProgress),
+                ClaimOutcome::Mismatch => return Err(IngestError::KeyReused),
+                ClaimOutcome::Completed {
+                    response,
+                    expires_at,
+                } => {
+                    self.completed.insert(
+                        (tenant_id, key.digest.clone()),
+                        payload(),
+                        response.clone(),
+                        expires_at,
+                    );
+                    return Ok(Reply::Replayed(response));
+                }
+            }
+        };
+        let held = HeldKey {
+            key: key.clone(),
+            lock_token: claim.lock_token,
+        };
+        let subject_hash = subject_digest(&self.keys, tenant_id, &ignored.subject).to_vec();
+        let event = NewEvent {
+            id: event_id,
+            tenant_id,
+            signal_type: UNMAPPED_TYPE,
+            subject_hash: subject_hash.clone(),
+            observed_at: to_ms(ignored.observed_at),
+            attributes: record::json(&ignored.attributes),
+            metadata: record::json(&ignored.metadata),
+            decision: IGNORED_DECISION,
+            playbook_version: ignored.playbook_version,
+            rule: IGNORED_RULE.into(),
+            actions: "[]".into(),
+            created_at: now,
+            evaluated_at: now,
+            facts: record::json(&SubjectFacts::default()),
+            feed: ignored.feed.as_str(),
+        };
+        let act = Act {
+            held: Some(held.clone()),
+            target: ActionTarget {
+                tenant_id,
+                event_id,
+                subject_hash,
+                // No action runs, so nothing is keyed by the signal.
+                signal_key: Vec::new(),
+                signal_type: UNMAPPED_TYPE,
+                now,
+            },
+            effects: Vec::new(),
+            callback: None,
+            finish: Arc::new(move |_| Finished {
+                event: event.clone(),
+                response: StoredResponse {
+                    status: 202,
+                    body: Vec::new(),
+                },
+            }),
+        };
+        match self.commits.act(act).await {
+            Ok(committed) => {
+                tracing::info!(%event_id, "unmapped feed event recorded as ignored");
+                self.completed.insert(
+                    (tenant_id, key.digest.clone()),
+                    payload(),
+                    committed.response.clone(),
+                    expires_at,
+                );
+                Ok(Reply::Fresh(committed.response))
+            }
+            Err(err) => {
+                let err = IngestError::from(err);
+                self.settle_failure(&err, &held).await;
+                Err(err)
+            }
+        }
+    }
+}
