@@ -4,6 +4,7 @@
 
 pub mod proxy;
 pub mod receiver;
+pub mod sets;
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
