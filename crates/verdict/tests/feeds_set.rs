@@ -516,6 +516,27 @@ async fn a_tenant_without_a_transmitter_refuses_sets_as_invalid_issuer(backend: 
     let reply = push(&server, &tenant.api_key, &token).await;
     assert_refused(&reply, 400, "invalid_issuer", "no transmitter", &[]);
     assert_eq!(claimed(&db).await, (0, 0));
+
+    // Both feeds are in the OpenAPI document, with their own error forms.
+    let doc = Reply::from(
+        server
+            .client
+            .get(format!("{}/openapi.json", server.base))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await
+    .json();
+    let sets = &doc["paths"]["/v1/sets"]["post"];
+    assert!(sets["requestBody"]["content"]["application/secevent+jwt"].is_object());
+    assert!(sets["responses"]["202"].is_object());
+    let set_error = &sets["responses"]["400"]["content"]["application/json"]["schema"]["$ref"];
+    assert_eq!(set_error, "#/components/schemas/SetErrorBody");
+    let camara = &doc["paths"]["/v1/camara/sim-swap"]["post"];
+    assert!(camara["requestBody"]["content"]["application/cloudevents+json"].is_object());
+    assert!(camara["responses"]["204"].is_object());
+    assert!(camara["responses"]["422"].is_object());
 }
 
 on_both_backends!(

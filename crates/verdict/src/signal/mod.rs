@@ -45,14 +45,6 @@ impl Subject {
             Self::Digested(_) => "digested",
         }
     }
-
-    /// The raw identifier, for digesting only; `None` for a subject that is already a digest.
-    pub fn value(&self) -> Option<&str> {
-        match self {
-            Self::Phone(v) | Self::Account(v) => Some(v),
-            Self::Digested(_) => None,
-        }
-    }
 }
 
 impl std::fmt::Debug for Subject {
