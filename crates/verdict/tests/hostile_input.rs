@@ -181,7 +181,7 @@ fn rows() -> Vec<Row> {
                 sim.clone(),
                 vec![
                     ("verdict-timestamp", now().to_string()),
-                    ("verdict-signature", vec!["v1,AAAA"; 1000].join(" ")),
+                    ("verdict-signature", ["v1,AAAA"; 1000].join(" ")),
                 ],
             ),
             401,

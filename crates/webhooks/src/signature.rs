@@ -129,7 +129,7 @@ mod tests {
     fn signature_matches_refuses_more_than_eight_entries_even_with_a_good_one() {
         let secret = key(b"k");
         let good = secret.sign_content(b"content");
-        let eight = format!("{} {good}", vec!["v1,AAAA"; 7].join(" "));
+        let eight = format!("{} {good}", ["v1,AAAA"; 7].join(" "));
         assert!(signature_matches(
             std::slice::from_ref(&secret),
             b"content",

@@ -61,6 +61,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/deliveries/{id}", get(deliveries::show))
         .route("/v1/deliveries/{id}/redeliver", post(deliveries::redeliver))
         .route("/v1/playbook", get(playbook::show).put(playbook::replace))
+        .route("/v1/playbook/simulate", post(playbook::simulate))
         .route("/v1/keys", get(keys::list).post(keys::create))
         .route("/v1/keys/{key_id}", delete(keys::revoke))
         .route("/healthz", get(healthz))
