@@ -68,6 +68,11 @@ pub fn router(state: AppState) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi::document))
+        .nest("/console", crate::console::router())
+        .route(
+            "/console/",
+            get(|| async { axum::response::Redirect::to("/console/events") }),
+        )
         .fallback(|| async { problem::Problem::not_found() })
         .route_layer(axum::middleware::from_fn(record_latency))
         .with_state(state)
