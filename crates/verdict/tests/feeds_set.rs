@@ -386,6 +386,26 @@ async fn an_unmapped_event_type_is_recorded_as_ignored_until_the_playbook_maps_i
         );
     }
     assert!(receiver.received().is_empty(), "no callback");
+    // A playbook simulation passes over it: it decided nothing.
+    let simulated = Reply::from(
+        server
+            .client
+            .post(format!("{}/v1/playbook/simulate", server.base))
+            .bearer_auth(&tenant.api_key)
+            .header("content-type", "application/toml")
+            .body("[[rule]]\nname = \"all\"\ndecision = \"deny\"\n")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        simulated.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&simulated.body)
+    );
+    assert_eq!(simulated.json()["examined"], 0);
 
     // The playbook maps the event type: the next such SET is a decided SIM swap.
     db.set_playbook(

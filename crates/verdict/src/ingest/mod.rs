@@ -42,7 +42,7 @@ pub use decision::{Decided, DecisionRecord};
 use decision_reads::DecisionReads;
 use group_commit::GroupCommit;
 pub use group_commit::MAX_BATCH;
-pub use ignored::Ignored;
+pub use ignored::{IGNORED_DECISION, Ignored, UNMAPPED_TYPE};
 use record::Draft;
 pub use record::SignalResponse;
 

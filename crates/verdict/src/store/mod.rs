@@ -15,6 +15,7 @@
 //! - [`events`]: decided signals;
 //! - [`deliveries`]: the callback outbox and its attempts;
 //! - [`pipeline`]: the group commit that writes a batch of signals' claims and effects at once;
+//! - [`activity`]: the console's reads (filtered events, live numbers, playbook history);
 //! - [`feeds`]: SET transmitters and CAMARA subscriptions of the standard feeds.
 
 // The aggregate files first: their macros are expanded by the backends declared after them.
@@ -35,6 +36,8 @@ pub mod deliveries;
 #[macro_use]
 pub mod pipeline;
 #[macro_use]
+pub mod activity;
+#[macro_use]
 pub mod feeds;
 
 use std::sync::Arc;
@@ -42,6 +45,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 pub use actions::{ActionStore, ActionTarget, SubjectState};
+pub use activity::{Activity, ActivityStore, EventFilter, MinuteCount, PlaybookVersion};
 pub use api_keys::{ApiKeyRecord, ApiKeyStore, KeyGrant, NewApiKey, Scope, UnknownScope};
 pub use deliveries::{
     AttemptRecord, AttemptRow, DeliveryRecord, DeliveryStore, DueDelivery, NewDelivery, Redelivery,
@@ -122,6 +126,7 @@ pub trait Store:
     + DeliveryStore
     + PipelineStore
     + FeedStore
+    + ActivityStore
     + Send
     + Sync
     + 'static
@@ -175,6 +180,7 @@ macro_rules! sql_store {
         deliveries_sql!($store, $conn, $lease_due);
         pipeline_sql!($store, $conn);
         feeds_sql!($store, $conn);
+        activity_sql!($store, $conn);
 
         #[async_trait::async_trait]
         impl $crate::store::Store for $store {
