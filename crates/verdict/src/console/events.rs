@@ -32,8 +32,9 @@ pub struct EventsQuery {
     before: String,
 }
 
-const TYPES: [&str; 3] = ["sim_swap", "port_out", "credential_breach"];
-const DECISIONS: [&str; 3] = ["allow", "step_up", "deny"];
+const TYPES: [&str; 4] = ["sim_swap", "port_out", "credential_breach", "unmapped"];
+/// `ignored`: a feed event whose type the playbook does not map; it decided nothing.
+const DECISIONS: [&str; 4] = ["allow", "step_up", "deny", "ignored"];
 
 /// Unix ms of a `YYYY-MM-DD` date (midnight UTC) or an RFC 3339 time.
 fn parse_since(text: &str) -> Option<i64> {
@@ -99,12 +100,13 @@ pub async fn list(
             p { "No events match." }
         } @else {
             table.events {
-                thead { tr { th { "Created (UTC)" } th { "Type" } th { "Decision" } th { "Rule" } th { "Playbook" } } }
+                thead { tr { th { "Created (UTC)" } th { "Type" } th { "Feed" } th { "Decision" } th { "Rule" } th { "Playbook" } } }
                 tbody {
                     @for e in &events {
                         tr {
                             td { a href={ "/console/events/" (e.id) } { (layout::time(e.created_at)) } }
                             td { (e.signal_type) }
+                            td { (e.feed) }
                             td { (layout::decision(&e.decision)) }
                             td { (e.rule) }
                             td { "v" (e.playbook_version) }
@@ -179,6 +181,7 @@ fn event_summary(e: &EventRecord) -> Markup {
         dl.event {
             dt { "Event" } dd { code { (e.id) } }
             dt { "Type" } dd { (e.signal_type) }
+            dt { "Feed" } dd { (e.feed) }
             dt { "Subject (digest)" } dd { code { (hex(&e.subject_hash)) } }
             dt { "Observed" } dd { (layout::time(e.observed_at)) }
             dt { "Decided" } dd { (layout::time(if e.evaluated_at > 0 { e.evaluated_at } else { e.created_at })) }
