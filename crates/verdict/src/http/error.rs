@@ -64,6 +64,9 @@ pub enum ApiError {
     Invalid(String),
     #[error("conflict")]
     Conflict(Problem),
+    /// A route whose parameters do not fit its handler: a bug, not the client's fault.
+    #[error("the request's parameters could not be extracted: {0}")]
+    Extraction(String),
 }
 
 impl ApiError {
@@ -160,7 +163,8 @@ impl ApiError {
             Self::Ingest(IngestError::Store(_))
             | Self::Store(_)
             | Self::Tenant(_)
-            | Self::Playbook(PlaybookStoreError::Store(_)) => Problem::internal(),
+            | Self::Playbook(PlaybookStoreError::Store(_))
+            | Self::Extraction(_) => Problem::internal(),
         }
     }
 }
