@@ -48,7 +48,8 @@ pub struct Uploaded {
 
 /// `PUT /v1/playbook`: a TOML (`application/toml`) or JSON (`application/json`) document.
 #[utoipa::path(put, path = "/v1/playbook", operation_id = "put_playbook", tag = "playbook",
-    request_body(content = String, content_type = "application/toml", description = "The playbook document"),
+    request_body(description = "The playbook document: TOML (`application/toml`, or any `text/*`), or JSON of the same shape",
+        content((String = "application/toml"), (crate::playbook::Playbook = "application/json"))),
     responses((status = 201, body = Uploaded, description = "Created"), (status = 400, body = Problem, description = "Invalid playbook; the one in force stays"), (status = 413, body = Problem, description = "Larger than 64 KiB"), (status = 422, body = Problem, description = "Over a limit: rules, name lengths, windows")))]
 pub async fn replace(
     State(app): State<AppState>,
