@@ -131,6 +131,20 @@ pub enum PlaybookCommand {
         #[arg(long)]
         tenant: Uuid,
     },
+    /// Run FILE against the tenant's stored events and print what would change; writes nothing.
+    Simulate {
+        /// The tenant's id.
+        #[arg(long)]
+        tenant: Uuid,
+        /// The newest this many events (1 to 10000).
+        #[arg(long, default_value_t = playbook::simulation::DEFAULT_SIMULATED_EVENTS)]
+        limit: usize,
+        /// Print the whole comparison as JSON instead of the summary table.
+        #[arg(long)]
+        json: bool,
+        /// The candidate playbook; `-` reads standard input.
+        file: std::path::PathBuf,
+    },
 }
 
 /// `verdict tenant …`.
@@ -387,19 +401,27 @@ async fn run_playbook(config: &Config, cmd: PlaybookCommand) -> anyhow::Result<(
     match cmd {
         PlaybookCommand::Set { tenant, file } => {
             store.tenant(tenant).await?.context("no such tenant")?;
-            let source = if file.as_os_str() == "-" {
-                std::io::read_to_string(std::io::stdin())?
-            } else {
-                std::fs::read_to_string(&file)
-                    .with_context(|| format!("reading {}", file.display()))?
-            };
-            let format = match file.extension().and_then(|e| e.to_str()) {
-                Some("json") => Format::Json,
-                Some("toml") => Format::Toml,
-                _ => Format::sniff(&source),
-            };
+            let (source, format) = read_playbook(&file)?;
             let version = playbook::upload(&*store, tenant, &source, format).await?;
             println!("playbook version {version} is now in force");
+        }
+        PlaybookCommand::Simulate {
+            tenant,
+            limit,
+            json,
+            file,
+        } => {
+            store.tenant(tenant).await?.context("no such tenant")?;
+            let (source, format) = read_playbook(&file)?;
+            let candidate = playbook::Playbook::parse(&source, format)?;
+            let window = playbook::simulation::Window { since: None, limit };
+            let result =
+                playbook::simulation::simulate(&*store, tenant, &candidate, window).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&result)?);
+            } else {
+                print!("{}", result.summary_table());
+            }
         }
         PlaybookCommand::Show { tenant } => {
             let stored = playbook::current_source(&*store, tenant).await?;
@@ -408,6 +430,21 @@ async fn run_playbook(config: &Config, cmd: PlaybookCommand) -> anyhow::Result<(
         }
     }
     Ok(())
+}
+
+/// A playbook file (or standard input for `-`) and its format, by extension or content.
+fn read_playbook(file: &std::path::Path) -> anyhow::Result<(String, Format)> {
+    let source = if file.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin())?
+    } else {
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?
+    };
+    let format = match file.extension().and_then(|e| e.to_str()) {
+        Some("json") => Format::Json,
+        Some("toml") => Format::Toml,
+        _ => Format::sniff(&source),
+    };
+    Ok((source, format))
 }
 
 async fn run_tenant(

@@ -10,6 +10,7 @@ pub mod actions;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod console;
 pub mod delivery;
 mod failpoint;
 pub mod http;

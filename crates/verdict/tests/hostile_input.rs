@@ -19,11 +19,44 @@ enum Send {
     SignalWithHeaders(String, Vec<(&'static str, String)>),
 }
 
+/// Whose key a row's request carries.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Who {
+    /// The tenant's admin key.
+    Admin,
+    /// A key with the `read` scope.
+    Reader,
+    /// A key with the `ingest` scope.
+    Ingester,
+    /// An `ingest` key revoked before the server started.
+    Revoked,
+    /// The admin key of a tenant limited to 1 request a second, its burst just spent.
+    Limited,
+}
+
 struct Row {
     what: &'static str,
+    who: Who,
     send: Send,
     status: u16,
     problem: &'static str,
+}
+
+impl Row {
+    fn new(what: &'static str, send: Send, status: u16, problem: &'static str) -> Self {
+        Row {
+            what,
+            who: Who::Admin,
+            send,
+            status,
+            problem,
+        }
+    }
+
+    fn by(mut self, who: Who) -> Self {
+        self.who = who;
+        self
+    }
 }
 
 fn signal_with(field: &str, value: &str) -> String {
@@ -39,133 +72,161 @@ fn rule(name: &str, when: &str) -> String {
 fn rows() -> Vec<Row> {
     let sim = sim_swap("+15551234567");
     vec![
-        Row {
-            what: "a 100,000-character rule name",
-            send: Send::Playbook(rule(&"n".repeat(100_000), "")),
-            status: 413,
-            problem: "payload-too-large",
-        },
-        Row {
-            what: "a 65-character rule name",
-            send: Send::Playbook(rule(&"n".repeat(65), "")),
-            status: 422,
-            problem: "playbook-limit-exceeded",
-        },
-        Row {
-            what: "5,000 rules",
-            send: Send::Playbook((0..5000).map(|i| rule(&format!("r{i}"), "")).collect()),
-            status: 413,
-            problem: "payload-too-large",
-        },
-        Row {
-            what: "101 rules",
-            send: Send::Playbook((0..101).map(|i| rule(&format!("r{i}"), "")).collect()),
-            status: 422,
-            problem: "playbook-limit-exceeded",
-        },
-        Row {
-            what: "observed_within_hours = 1e16",
-            send: Send::Playbook(rule("a", "observed_within_hours = 1e16")),
-            status: 422,
-            problem: "playbook-limit-exceeded",
-        },
-        Row {
-            what: "a window of NaN hours",
-            send: Send::Playbook(rule("a", "observed_within_hours = nan")),
-            status: 400,
-            problem: "invalid-playbook",
-        },
-        Row {
-            what: "observed_at in year 9999",
-            send: Send::Signal(signal_with("observed_at", "\"9999-12-31T23:59:59Z\"")),
-            status: 400,
-            problem: "invalid-request",
-        },
-        Row {
-            what: "duplicate member names",
-            send: Send::Signal(sim.replacen('{', r#"{"type":"port_out","#, 1)),
-            status: 400,
-            problem: "invalid-request",
-        },
-        Row {
-            what: "a phone number as the type",
-            send: Send::Signal(signal_with("type", &format!("\"{PHONE}\""))),
-            status: 400,
-            problem: "invalid-request",
-        },
-        Row {
-            what: "a phone number as observed_at",
-            send: Send::Signal(signal_with("observed_at", &format!("\"{PHONE}\""))),
-            status: 400,
-            problem: "invalid-request",
-        },
-        Row {
-            what: "a phone number as an unknown field's name",
-            send: Send::Signal(signal_with(PHONE, "1")),
-            status: 400,
-            problem: "invalid-request",
-        },
-        Row {
-            what: "a phone number that is not E.164",
-            send: Send::Signal(sim_swap("447700900123")),
-            status: 400,
-            problem: "invalid-request",
-        },
-        Row {
-            what: "a body over 64 KiB",
-            send: Send::Signal(signal_with(
+        Row::new(
+            "a 100,000-character rule name",
+            Send::Playbook(rule(&"n".repeat(100_000), "")),
+            413,
+            "payload-too-large",
+        ),
+        Row::new(
+            "a 65-character rule name",
+            Send::Playbook(rule(&"n".repeat(65), "")),
+            422,
+            "playbook-limit-exceeded",
+        ),
+        Row::new(
+            "5,000 rules",
+            Send::Playbook((0..5000).map(|i| rule(&format!("r{i}"), "")).collect()),
+            413,
+            "payload-too-large",
+        ),
+        Row::new(
+            "101 rules",
+            Send::Playbook((0..101).map(|i| rule(&format!("r{i}"), "")).collect()),
+            422,
+            "playbook-limit-exceeded",
+        ),
+        Row::new(
+            "observed_within_hours = 1e16",
+            Send::Playbook(rule("a", "observed_within_hours = 1e16")),
+            422,
+            "playbook-limit-exceeded",
+        ),
+        Row::new(
+            "a window of NaN hours",
+            Send::Playbook(rule("a", "observed_within_hours = nan")),
+            400,
+            "invalid-playbook",
+        ),
+        Row::new(
+            "observed_at in year 9999",
+            Send::Signal(signal_with("observed_at", "\"9999-12-31T23:59:59Z\"")),
+            400,
+            "invalid-request",
+        ),
+        Row::new(
+            "duplicate member names",
+            Send::Signal(sim.replacen('{', r#"{"type":"port_out","#, 1)),
+            400,
+            "invalid-request",
+        ),
+        Row::new(
+            "a phone number as the type",
+            Send::Signal(signal_with("type", &format!("\"{PHONE}\""))),
+            400,
+            "invalid-request",
+        ),
+        Row::new(
+            "a phone number as observed_at",
+            Send::Signal(signal_with("observed_at", &format!("\"{PHONE}\""))),
+            400,
+            "invalid-request",
+        ),
+        Row::new(
+            "a phone number as an unknown field's name",
+            Send::Signal(signal_with(PHONE, "1")),
+            400,
+            "invalid-request",
+        ),
+        Row::new(
+            "a phone number that is not E.164",
+            Send::Signal(sim_swap("447700900123")),
+            400,
+            "invalid-request",
+        ),
+        Row::new(
+            "a body over 64 KiB",
+            Send::Signal(signal_with(
                 "metadata",
                 &format!("{{\"pad\":\"{}\"}}", "x".repeat(70_000)),
             )),
-            status: 413,
-            problem: "payload-too-large",
-        },
-        Row {
-            what: "nesting deeper than the parser allows",
-            send: Send::Signal(signal_with(
+            413,
+            "payload-too-large",
+        ),
+        Row::new(
+            "nesting deeper than the parser allows",
+            Send::Signal(signal_with(
                 "metadata",
                 &format!("{{\"a\":{}1{}}}", "[".repeat(100), "]".repeat(100)),
             ))
             .deepen(),
-            status: 400,
-            problem: "invalid-request",
-        },
-        Row {
-            what: "an empty signature header",
-            send: Send::SignalWithHeaders(
+            400,
+            "invalid-request",
+        ),
+        Row::new(
+            "an empty signature header",
+            Send::SignalWithHeaders(
                 sim.clone(),
                 vec![
                     ("verdict-timestamp", now().to_string()),
                     ("verdict-signature", String::new()),
                 ],
             ),
-            status: 401,
-            problem: "invalid-signature",
-        },
-        Row {
-            what: "a signature list of 1,000 entries",
-            send: Send::SignalWithHeaders(
+            401,
+            "invalid-signature",
+        ),
+        Row::new(
+            "a signature list of 1,000 entries",
+            Send::SignalWithHeaders(
                 sim.clone(),
                 vec![
                     ("verdict-timestamp", now().to_string()),
-                    ("verdict-signature", vec!["v1,AAAA"; 1000].join(" ")),
+                    ("verdict-signature", ["v1,AAAA"; 1000].join(" ")),
                 ],
             ),
-            status: 401,
-            problem: "invalid-signature",
-        },
-        Row {
-            what: "a timestamp in year 9999",
-            send: Send::SignalWithHeaders(
+            401,
+            "invalid-signature",
+        ),
+        Row::new(
+            "a timestamp in year 9999",
+            Send::SignalWithHeaders(
                 sim,
                 vec![
                     ("verdict-timestamp", "253402300799".into()),
                     ("verdict-signature", "v1,AAAA".into()),
                 ],
             ),
-            status: 401,
-            problem: "stale-timestamp",
-        },
+            401,
+            "stale-timestamp",
+        ),
+        Row::new(
+            "a signal from a read key",
+            Send::Signal(sim_swap(PHONE)),
+            403,
+            "insufficient-scope",
+        )
+        .by(Who::Reader),
+        Row::new(
+            "a playbook from an ingest key (allow everything, no actions)",
+            Send::Playbook("[[rule]]\nname = \"off\"\ndecision = \"allow\"\nactions = []\n".into()),
+            403,
+            "insufficient-scope",
+        )
+        .by(Who::Ingester),
+        Row::new(
+            "a signal from a revoked key",
+            Send::Signal(sim_swap(PHONE)),
+            401,
+            "invalid-api-key",
+        )
+        .by(Who::Revoked),
+        Row::new(
+            "a signal over the tenant's rate limit",
+            Send::Signal(sim_swap(PHONE)),
+            429,
+            "rate-limited",
+        )
+        .by(Who::Limited),
     ]
 }
 
@@ -210,9 +271,48 @@ async fn request(server: &Server, tenant: &Tenant, send: &Send) -> Reply {
 async fn hostile_requests_get_a_4xx_problem_and_leave_nothing_behind(backend: Backend) {
     let db = TestDb::new(backend).await;
     let tenant = db.tenant(&[]);
+    let (_, reader) = db.issue_key(&tenant, "read");
+    let (_, ingester) = db.issue_key(&tenant, "ingest");
+    let (revoked_id, revoked) = db.issue_key(&tenant, "ingest");
+    db.cli(&[
+        "tenant",
+        "key",
+        "revoke",
+        "--tenant",
+        &tenant.id,
+        "--key-id",
+        &revoked_id,
+    ]);
+    let limited = db.tenant(&[]);
+    db.cli(&[
+        "tenant",
+        "set-rate-limit",
+        "--tenant",
+        &limited.id,
+        "--per-second",
+        "1",
+    ]);
     let server = Server::start(&db, &[]);
     for row in rows() {
-        let reply = request(&server, &tenant, &row.send).await;
+        let caller = match row.who {
+            Who::Admin => &tenant,
+            Who::Reader => &reader,
+            Who::Ingester => &ingester,
+            Who::Revoked => &revoked,
+            Who::Limited => {
+                // Spend the burst on a request that writes nothing.
+                let read = server
+                    .client
+                    .get(format!("{}/v1/events", server.base))
+                    .bearer_auth(&limited.api_key)
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(read.status(), 200);
+                &limited
+            }
+        };
+        let reply = request(&server, caller, &row.send).await;
         let body = String::from_utf8_lossy(&reply.body).into_owned();
         assert_eq!(reply.status, row.status, "{}: {body}", row.what);
         assert_eq!(

@@ -50,8 +50,17 @@ impl Secret {
 ///
 /// Tags are compared in constant time. Values with another version (such as
 /// `v1a` asymmetric signatures) or undecodable base64 are skipped, so one
-/// unknown entry cannot mask a valid one.
+/// unknown entry cannot mask a valid one. A header with more than
+/// [`MAX_SIGNATURES`](crate::verify::MAX_SIGNATURES) entries matches nothing, so a long header
+/// cannot buy thousands of comparisons.
 pub fn signature_matches(secrets: &[Secret], content: &[u8], header: &str) -> bool {
+    if header
+        .split_ascii_whitespace()
+        .nth(crate::verify::MAX_SIGNATURES)
+        .is_some()
+    {
+        return false;
+    }
     let tags: Vec<Vec<u8>> = header
         .split_ascii_whitespace()
         .filter_map(|entry| entry.split_once(','))
@@ -114,6 +123,20 @@ mod tests {
         let good = secret.sign_content(b"content");
         let header = format!("v1a,{} v2,xyz nocomma v1,!!! v1, {good}", &good[3..]);
         assert!(signature_matches(&[secret], b"content", &header));
+    }
+
+    #[test]
+    fn signature_matches_refuses_more_than_eight_entries_even_with_a_good_one() {
+        let secret = key(b"k");
+        let good = secret.sign_content(b"content");
+        let eight = format!("{} {good}", ["v1,AAAA"; 7].join(" "));
+        assert!(signature_matches(
+            std::slice::from_ref(&secret),
+            b"content",
+            &eight
+        ));
+        let nine = format!("v1,AAAA {eight}");
+        assert!(!signature_matches(&[secret], b"content", &nine));
     }
 
     #[test]

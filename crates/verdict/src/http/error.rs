@@ -6,6 +6,7 @@ use axum::response::{IntoResponse, Response};
 use super::problem::Problem;
 use crate::idempotency::KeyError;
 use crate::ingest::IngestError;
+use crate::playbook::simulation::SimulationError;
 use crate::playbook::{PlaybookError, PlaybookStoreError};
 use crate::rate_limit::RateLimited;
 use crate::signal::SignalError;
@@ -58,6 +59,8 @@ pub enum ApiError {
     Tenant(#[from] TenantError),
     #[error(transparent)]
     Playbook(#[from] PlaybookStoreError),
+    #[error(transparent)]
+    Simulation(#[from] SimulationError),
     #[error("not found")]
     NotFound,
     #[error("{0}")]
@@ -152,6 +155,9 @@ impl ApiError {
                 Problem::unavailable()
             }
             Self::Ingest(IngestError::Unavailable(_)) => Problem::unavailable(),
+            Self::Simulation(SimulationError::Store(e)) if e.is_transient() => {
+                Problem::unavailable()
+            }
             Self::Store(e) if e.is_transient() => Problem::unavailable(),
             Self::Tenant(TenantError::Store(e)) if e.is_transient() => Problem::unavailable(),
             Self::NotFound
@@ -164,6 +170,7 @@ impl ApiError {
             | Self::Store(_)
             | Self::Tenant(_)
             | Self::Playbook(PlaybookStoreError::Store(_))
+            | Self::Simulation(_)
             | Self::Extraction(_) => Problem::internal(),
         }
     }

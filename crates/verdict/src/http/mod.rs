@@ -62,12 +62,18 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/deliveries/{id}", get(deliveries::show))
         .route("/v1/deliveries/{id}/redeliver", post(deliveries::redeliver))
         .route("/v1/playbook", get(playbook::show).put(playbook::replace))
+        .route("/v1/playbook/simulate", post(playbook::simulate))
         .route("/v1/keys", get(keys::list).post(keys::create))
         .route("/v1/keys/{key_id}", delete(keys::revoke))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi::document))
+        .nest("/console", crate::console::router())
+        .route(
+            "/console/",
+            get(|| async { axum::response::Redirect::to("/console/events") }),
+        )
         .fallback(|| async { problem::Problem::not_found() })
         .method_not_allowed_fallback(|| async { problem::Problem::method_not_allowed() })
         .route_layer(axum::middleware::from_fn(record_latency))

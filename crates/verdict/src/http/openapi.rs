@@ -23,6 +23,7 @@ use utoipa::{Modify, OpenApi};
         super::events::subject,
         super::playbook::show,
         super::playbook::replace,
+        super::playbook::simulate,
         super::deliveries::list,
         super::deliveries::show,
         super::deliveries::redeliver,

@@ -14,7 +14,8 @@
 //! - [`actions`]: the idempotent effects (locks, cases, alerts, ledger, denies);
 //! - [`events`]: decided signals;
 //! - [`deliveries`]: the callback outbox and its attempts;
-//! - [`pipeline`]: the group commit that writes a batch of signals' claims and effects at once.
+//! - [`pipeline`]: the group commit that writes a batch of signals' claims and effects at once;
+//! - [`activity`]: the console's reads (filtered events, live numbers, playbook history).
 
 // The aggregate files first: their macros are expanded by the backends declared after them.
 #[macro_use]
@@ -33,12 +34,15 @@ pub mod events;
 pub mod deliveries;
 #[macro_use]
 pub mod pipeline;
+#[macro_use]
+pub mod activity;
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 
 pub use actions::{ActionStore, ActionTarget, SubjectState};
+pub use activity::{Activity, ActivityStore, EventFilter, MinuteCount, PlaybookVersion};
 pub use api_keys::{ApiKeyRecord, ApiKeyStore, KeyGrant, NewApiKey, Scope, UnknownScope};
 pub use deliveries::{
     AttemptRecord, AttemptRow, DeliveryRecord, DeliveryStore, DueDelivery, NewDelivery, Redelivery,
@@ -117,6 +121,7 @@ pub trait Store:
     + EventStore
     + DeliveryStore
     + PipelineStore
+    + ActivityStore
     + Send
     + Sync
     + 'static
@@ -169,6 +174,7 @@ macro_rules! sql_store {
         events_sql!($store, $conn);
         deliveries_sql!($store, $conn, $lease_due);
         pipeline_sql!($store, $conn);
+        activity_sql!($store, $conn);
 
         #[async_trait::async_trait]
         impl $crate::store::Store for $store {

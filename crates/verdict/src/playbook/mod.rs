@@ -5,7 +5,7 @@
 //! of conditions that must all hold, a `decision` and `actions`. The first matching rule decides;
 //! when none matches the decision is `allow` with no actions. See `playbooks/default.toml`.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -14,7 +14,11 @@ use time::{Duration, OffsetDateTime};
 
 use crate::actions::ActionKind;
 use crate::signal::{Signal, SignalType};
-use crate::store::{Store, StoreError, StoredPlaybook};
+
+mod library;
+pub mod simulation;
+
+pub use library::{Library, PlaybookStoreError, current_source, upload};
 
 /// What verdict decides about a signal.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -37,7 +41,7 @@ impl Decision {
 }
 
 /// The source of the playbook every tenant starts with.
-pub const DEFAULT_SOURCE: &str = include_str!("../playbooks/default.toml");
+pub const DEFAULT_SOURCE: &str = include_str!("../../playbooks/default.toml");
 
 /// The version number of the built-in default playbook.
 pub const DEFAULT_VERSION: i64 = 0;
@@ -206,6 +210,26 @@ pub struct Ruling {
     pub rule: String,
 }
 
+/// What a rule can see of a signal: its type, time and attributes, never its subject. A stored
+/// event holds all of it, which is what makes a simulation exact.
+#[derive(Clone, Copy, Debug)]
+pub struct Observation<'a> {
+    pub signal_type: SignalType,
+    pub observed_at: OffsetDateTime,
+    pub attributes: &'a serde_json::Map<String, Value>,
+}
+
+impl<'a> Observation<'a> {
+    /// What the rules see of a live signal.
+    pub fn of(signal: &'a Signal) -> Self {
+        Self {
+            signal_type: signal.signal_type,
+            observed_at: signal.observed_at,
+            attributes: &signal.attributes,
+        }
+    }
+}
+
 /// Facts about the subject that rules may ask for, looked up only when a rule needs them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SubjectFacts {
@@ -322,6 +346,16 @@ impl Playbook {
 
     /// The first matching rule's decision and actions.
     pub fn decide(&self, signal: &Signal, facts: SubjectFacts, now: OffsetDateTime) -> Ruling {
+        self.decide_observed(&Observation::of(signal), facts, now)
+    }
+
+    /// [`Playbook::decide`] on what a rule can see of a signal, live or stored.
+    pub fn decide_observed(
+        &self,
+        signal: &Observation<'_>,
+        facts: SubjectFacts,
+        now: OffsetDateTime,
+    ) -> Ruling {
         self.rules
             .iter()
             .find(|rule| rule.when.hold(signal, facts, now))
@@ -403,7 +437,7 @@ impl Conditions {
         ]
     }
 
-    fn hold(&self, signal: &Signal, facts: SubjectFacts, now: OffsetDateTime) -> bool {
+    fn hold(&self, signal: &Observation<'_>, facts: SubjectFacts, now: OffsetDateTime) -> bool {
         let attr = |name: &str| signal.attributes.get(name);
         self.types
             .as_ref()
@@ -429,98 +463,6 @@ impl Conditions {
             })
             && self.subject_locked.is_none_or(|want| facts.locked == want)
     }
-}
-
-/// Why a playbook could not be read or replaced.
-#[derive(Debug, thiserror::Error)]
-pub enum PlaybookStoreError {
-    #[error(transparent)]
-    Invalid(#[from] PlaybookError),
-    #[error(transparent)]
-    Store(#[from] StoreError),
-}
-
-/// Validates `source` and stores it as the tenant's next version; the old one stays in force
-/// if validation fails.
-pub async fn upload(
-    store: &dyn Store,
-    tenant_id: uuid::Uuid,
-    source: &str,
-    format: Format,
-) -> Result<i64, PlaybookStoreError> {
-    Playbook::parse(source, format)?;
-    let now = crate::clock::now_ms();
-    Ok(store
-        .put_playbook(tenant_id, format.as_str(), source, now)
-        .await?)
-}
-
-/// A tenant's current playbook source: its newest upload, or the default.
-pub async fn current_source(
-    store: &dyn Store,
-    tenant_id: uuid::Uuid,
-) -> Result<StoredPlaybook, StoreError> {
-    Ok(store
-        .current_playbook(tenant_id)
-        .await?
-        .unwrap_or_else(|| StoredPlaybook {
-            version: DEFAULT_VERSION,
-            format: Format::Toml.as_str().into(),
-            source: DEFAULT_SOURCE.into(),
-            created_at: 0,
-        }))
-}
-
-/// Parsed playbooks by tenant and version, so a decision costs no parse. Versions are
-/// immutable, so entries never go stale; the cache is bounded by entries.
-pub struct Library {
-    parsed: moka::sync::Cache<(uuid::Uuid, i64), Arc<Playbook>>,
-}
-
-impl Default for Library {
-    fn default() -> Self {
-        Self {
-            parsed: moka::sync::Cache::new(10_000),
-        }
-    }
-}
-
-impl Library {
-    /// The tenant's playbook of `version` (`None`: the built-in default) and its version.
-    pub async fn get(
-        &self,
-        store: &dyn Store,
-        tenant_id: uuid::Uuid,
-        version: Option<i64>,
-    ) -> Result<(Arc<Playbook>, i64), StoreError> {
-        let Some(version) = version else {
-            return Ok((default_arc(), DEFAULT_VERSION));
-        };
-        if let Some(playbook) = self.parsed.get(&(tenant_id, version)) {
-            return Ok((playbook, version));
-        }
-        let stored = store
-            .playbook_version(tenant_id, version)
-            .await?
-            .ok_or_else(|| StoreError::Corrupt(format!("playbook version {version} is gone")))?;
-        let format = Format::from_name(&stored.format).unwrap_or(Format::Toml);
-        // Uploads are validated, so a stored playbook that no longer parses means the row was
-        // changed behind our back: a final error, not something a retry fixes.
-        let playbook = Arc::new(
-            Playbook::parse_stored(&stored.source, format)
-                .map_err(|e| StoreError::Corrupt(e.to_string()))?,
-        );
-        self.parsed.insert((tenant_id, version), playbook.clone());
-        Ok((playbook, version))
-    }
-}
-
-/// The built-in default, shared.
-fn default_arc() -> Arc<Playbook> {
-    static DEFAULT: OnceLock<Arc<Playbook>> = OnceLock::new();
-    DEFAULT
-        .get_or_init(|| Arc::new(Playbook::default_playbook().clone()))
-        .clone()
 }
 
 #[cfg(test)]
@@ -752,7 +694,7 @@ mod tests {
             ..Conditions::default()
         };
         let signal = signal(SignalType::SimSwap, NOW, Value::Null);
-        assert!(when.hold(&signal, SubjectFacts::default(), NOW));
+        assert!(when.hold(&Observation::of(&signal), SubjectFacts::default(), NOW));
     }
 
     #[test]

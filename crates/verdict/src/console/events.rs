@@ -1,0 +1,356 @@
+//! Events, one event with its deliveries and attempts, the deliveries list, and redelivery.
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Redirect, Response};
+use maud::{Markup, html};
+use serde::Deserialize;
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::layout::{self, Section};
+use super::{CsrfOnly, Operator};
+use crate::delivery::{DeliveryStatus, Redelivered};
+use crate::http::AppState;
+use crate::secrets::hex;
+use crate::store::{DeliveryRecord, EventFilter, EventRecord, Scope};
+
+/// Rows per page.
+const PAGE: i64 = 50;
+
+/// The events list's filters, as the form sends them (empty fields mean "any").
+#[derive(Debug, Default, Deserialize)]
+pub struct EventsQuery {
+    #[serde(rename = "type", default)]
+    signal_type: String,
+    #[serde(default)]
+    decision: String,
+    /// A date (`YYYY-MM-DD`) or an RFC 3339 time.
+    #[serde(default)]
+    since: String,
+    #[serde(default)]
+    before: String,
+}
+
+const TYPES: [&str; 3] = ["sim_swap", "port_out", "credential_breach"];
+const DECISIONS: [&str; 3] = ["allow", "step_up", "deny"];
+
+/// Unix ms of a `YYYY-MM-DD` date (midnight UTC) or an RFC 3339 time.
+fn parse_since(text: &str) -> Option<i64> {
+    use time::format_description::well_known::Rfc3339;
+    let date_format = time::macros::format_description!("[year]-[month]-[day]");
+    time::OffsetDateTime::parse(text, &Rfc3339)
+        .ok()
+        .or_else(|| {
+            time::Date::parse(text, &date_format)
+                .ok()
+                .map(|d| d.midnight().assume_utc())
+        })
+        .map(crate::clock::to_ms)
+}
+
+/// `GET /console/events`.
+pub async fn list(
+    State(app): State<AppState>,
+    operator: Operator,
+    Query(q): Query<EventsQuery>,
+) -> Response {
+    let tenant = match operator.tenant(Scope::Read) {
+        Ok(t) => t.clone(),
+        Err(refused) => return refused.into_response(),
+    };
+    let pick = |value: &str, allowed: &[&str]| allowed.contains(&value).then(|| value.to_owned());
+    let filter = EventFilter {
+        signal_type: pick(&q.signal_type, &TYPES),
+        decision: pick(&q.decision, &DECISIONS),
+        since: parse_since(q.since.trim()),
+        until: None,
+    };
+    let before = Uuid::parse_str(&q.before).ok();
+    let events = match app
+        .store
+        .filtered_events(tenant.id, &filter, before, PAGE)
+        .await
+    {
+        Ok(events) => events,
+        Err(err) => return unavailable(&err),
+    };
+    let next = (events.len() as i64 == PAGE)
+        .then(|| events.last().map(|e| e.id))
+        .flatten();
+    let body = html! {
+        form.filters method="get" action="/console/events" {
+            label { "Type "
+                select name="type" {
+                    option value="" { "any" }
+                    @for t in TYPES { option value=(t) selected[q.signal_type == t] { (t) } }
+                }
+            }
+            label { "Decision "
+                select name="decision" {
+                    option value="" { "any" }
+                    @for d in DECISIONS { option value=(d) selected[q.decision == d] { (d) } }
+                }
+            }
+            label { "Since " input type="date" name="since" value=(q.since); }
+            button type="submit" { "Filter" }
+        }
+        @if events.is_empty() {
+            p { "No events match." }
+        } @else {
+            table.events {
+                thead { tr { th { "Created (UTC)" } th { "Type" } th { "Decision" } th { "Rule" } th { "Playbook" } } }
+                tbody {
+                    @for e in &events {
+                        tr {
+                            td { a href={ "/console/events/" (e.id) } { (layout::time(e.created_at)) } }
+                            td { (e.signal_type) }
+                            td { (layout::decision(&e.decision)) }
+                            td { (e.rule) }
+                            td { "v" (e.playbook_version) }
+                        }
+                    }
+                }
+            }
+        }
+        @if let Some(next) = next {
+            p { a href={ "/console/events?type=" (q.signal_type) "&decision=" (q.decision) "&since=" (q.since) "&before=" (next) } { "Older events →" } }
+        }
+    };
+    layout::page("Events", &operator, Section::Events, body)
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct DoneQuery {
+    done: Option<String>,
+}
+
+/// `GET /console/events/{id}`: the signal without raw identifiers, the decision and each
+/// delivery with every attempt.
+pub async fn show(
+    State(app): State<AppState>,
+    operator: Operator,
+    Path(id): Path<String>,
+    Query(done): Query<DoneQuery>,
+) -> Response {
+    let tenant = match operator.tenant(Scope::Read) {
+        Ok(t) => t.clone(),
+        Err(refused) => return refused.into_response(),
+    };
+    let Ok(id) = Uuid::parse_str(&id) else {
+        return layout::refusal(StatusCode::NOT_FOUND, "No such event.");
+    };
+    let event = match app.store.event(tenant.id, id).await {
+        Ok(Some(event)) => event,
+        Ok(None) => return layout::refusal(StatusCode::NOT_FOUND, "No such event."),
+        Err(err) => return unavailable(&err),
+    };
+    let deliveries = match app.store.deliveries_for_event(tenant.id, id).await {
+        Ok(d) => d,
+        Err(err) => return unavailable(&err),
+    };
+    let mut delivery_sections = Vec::new();
+    for delivery in &deliveries {
+        match delivery_section(&app, &operator, delivery).await {
+            Ok(section) => delivery_sections.push(section),
+            Err(err) => return unavailable(&err),
+        }
+    }
+    let body = html! {
+        (layout::notice(done.done.as_deref()))
+        (event_summary(&event))
+        h2 { "Deliveries" }
+        @if deliveries.is_empty() { p { "This decision sent no callback." } }
+        @for section in delivery_sections { (section) }
+    };
+    layout::page("Event", &operator, Section::Events, body)
+}
+
+fn pretty(json: &str) -> String {
+    serde_json::from_str::<Value>(json)
+        .ok()
+        .and_then(|v| serde_json::to_string_pretty(&v).ok())
+        .unwrap_or_else(|| json.to_owned())
+}
+
+fn event_summary(e: &EventRecord) -> Markup {
+    let actions: Vec<Value> = serde_json::from_str(&e.actions).unwrap_or_default();
+    html! {
+        dl.event {
+            dt { "Event" } dd { code { (e.id) } }
+            dt { "Type" } dd { (e.signal_type) }
+            dt { "Subject (digest)" } dd { code { (hex(&e.subject_hash)) } }
+            dt { "Observed" } dd { (layout::time(e.observed_at)) }
+            dt { "Decided" } dd { (layout::time(if e.evaluated_at > 0 { e.evaluated_at } else { e.created_at })) }
+            dt { "Decision" } dd { (layout::decision(&e.decision)) }
+            dt { "Rule" } dd { (e.rule) }
+            dt { "Playbook" } dd { "version " (e.playbook_version) }
+            dt { "Facts evaluated" } dd { code { (e.facts) } }
+        }
+        h2 { "Actions" }
+        table.actions {
+            thead { tr { th { "Action" } th { "Outcome" } } }
+            tbody {
+                @for a in &actions {
+                    tr {
+                        td { (a["action"].as_str().unwrap_or("?")) }
+                        td { (a["outcome"].as_str().unwrap_or("?")) }
+                    }
+                }
+            }
+        }
+        h2 { "Signal" }
+        p.hint { "Identifiers are never stored; the subject appears only as its digest." }
+        h3 { "Attributes" } pre { (pretty(&e.attributes)) }
+        h3 { "Metadata" } pre { (pretty(&e.metadata)) }
+    }
+}
+
+async fn delivery_section(
+    app: &AppState,
+    operator: &Operator,
+    d: &DeliveryRecord,
+) -> Result<Markup, crate::store::StoreError> {
+    let attempts = app.store.delivery_attempts(d.id).await?;
+    let redeliverable = matches!(d.status, DeliveryStatus::Dead | DeliveryStatus::Failed);
+    Ok(html! {
+        section.delivery id={ "delivery-" (d.id) } {
+            h3 { "Delivery " code { (d.webhook_id) } " " span class={ "badge " (d.status.as_str()) } { (d.status.as_str()) } }
+            @if let Some(err) = &d.last_error { p.error { "Last error: " (err) } }
+            @if redeliverable && operator.can_act() {
+                form method="post" action={ "/console/deliveries/" (d.id) "/redeliver" } {
+                    (layout::csrf(operator))
+                    button type="submit" { "Redeliver" }
+                }
+            }
+            table.attempts {
+                caption { (attempts.len()) " attempt(s)" }
+                thead { tr { th { "Time (UTC)" } th { "Trigger" } th { "Status" } th { "Latency" } th { "Error" } th { "Response" } } }
+                tbody {
+                    @for a in &attempts {
+                        tr {
+                            td { (layout::time(a.attempted_at)) }
+                            td { (a.trigger) }
+                            td { @if let Some(code) = a.status_code { (code) } @else { "-" } }
+                            td { (a.latency_ms) " ms" }
+                            td { (a.error.as_deref().unwrap_or("")) }
+                            td { code { (a.response_excerpt.as_deref().map(String::from_utf8_lossy).unwrap_or_default()) } }
+                        }
+                    }
+                }
+            }
+        }
+    })
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct StatusQuery {
+    #[serde(default)]
+    status: String,
+    done: Option<String>,
+}
+
+/// `GET /console/deliveries?status=`: deliveries by status; dead letters can be redelivered.
+pub async fn deliveries(
+    State(app): State<AppState>,
+    operator: Operator,
+    Query(q): Query<StatusQuery>,
+) -> Response {
+    let tenant = match operator.tenant(Scope::Read) {
+        Ok(t) => t.clone(),
+        Err(refused) => return refused.into_response(),
+    };
+    let status: Option<DeliveryStatus> = q.status.parse().ok();
+    let rows = match app.store.deliveries(tenant.id, status, None, PAGE).await {
+        Ok(rows) => rows,
+        Err(err) => return unavailable(&err),
+    };
+    let body = html! {
+        (layout::notice(q.done.as_deref()))
+        nav.tabs aria-label="Status" {
+            a href="/console/deliveries" aria-current=[status.is_none().then_some("page")] { "all" }
+            @for s in DeliveryStatus::ALL {
+                a href={ "/console/deliveries?status=" (s.as_str()) } aria-current=[(status == Some(s)).then_some("page")] {
+                    @if s == DeliveryStatus::Dead { "dead letters" } @else { (s.as_str()) }
+                }
+            }
+        }
+        @if rows.is_empty() { p { "No deliveries." } } @else {
+            table.deliveries {
+                thead { tr { th { "Created (UTC)" } th { "Status" } th { "Attempts" } th { "Last error" } th { "Event" } th {} } }
+                tbody {
+                    @for d in &rows {
+                        tr {
+                            td { (layout::time(d.created_at)) }
+                            td { span class={ "badge " (d.status.as_str()) } { (d.status.as_str()) } }
+                            td { (d.attempts) }
+                            td { (d.last_error.as_deref().unwrap_or("")) }
+                            td { a href={ "/console/events/" (d.event_id) "#delivery-" (d.id) } { "event" } }
+                            td {
+                                @if matches!(d.status, DeliveryStatus::Dead | DeliveryStatus::Failed) && operator.can_act() {
+                                    form method="post" action={ "/console/deliveries/" (d.id) "/redeliver" } {
+                                        (layout::csrf(&operator))
+                                        button type="submit" { "Redeliver" }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    };
+    layout::page("Deliveries", &operator, Section::Deliveries, body)
+}
+
+/// `POST /console/deliveries/{id}/redeliver`: one more round of attempts, same `webhook-id`.
+pub async fn redeliver(
+    State(app): State<AppState>,
+    operator: Operator,
+    Path(id): Path<String>,
+    axum::Form(form): axum::Form<CsrfOnly>,
+) -> Response {
+    if !operator.csrf_ok(&form.csrf) {
+        return layout::refusal(
+            StatusCode::FORBIDDEN,
+            "The form has expired; reload the page.",
+        );
+    }
+    let tenant = match operator.tenant(Scope::Admin) {
+        Ok(t) => t.clone(),
+        Err(refused) => return refused.into_response(),
+    };
+    let Ok(id) = Uuid::parse_str(&id) else {
+        return layout::refusal(StatusCode::NOT_FOUND, "No such delivery.");
+    };
+    let delivery = match app.store.delivery(tenant.id, id).await {
+        Ok(Some(d)) => d,
+        Ok(None) => return layout::refusal(StatusCode::NOT_FOUND, "No such delivery."),
+        Err(err) => return unavailable(&err),
+    };
+    let message = match app.deliverer.redeliver(tenant.id, id).await {
+        Ok(Redelivered::Attempted(_)) => "Redelivered: the new attempt is listed below.".to_owned(),
+        Ok(Redelivered::TooSoon(wait)) => format!(
+            "Redelivered too recently; try again in {} s.",
+            wait.as_millis().div_ceil(1000)
+        ),
+        Ok(Redelivered::Unavailable) => {
+            "Not redelivered: an attempt is in progress or the endpoint is disabled.".to_owned()
+        }
+        Err(err) => return unavailable(&err),
+    };
+    let done: String = url::form_urlencoded::byte_serialize(message.as_bytes()).collect();
+    Redirect::to(&format!(
+        "/console/events/{}?done={done}#delivery-{id}",
+        delivery.event_id
+    ))
+    .into_response()
+}
+
+fn unavailable(err: &crate::store::StoreError) -> Response {
+    tracing::warn!(error = ?err, "console page failed");
+    layout::refusal(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "The database did not answer; try again in a moment.",
+    )
+}

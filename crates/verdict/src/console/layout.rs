@@ -1,0 +1,128 @@
+//! The console's page frame and the small pieces every page uses.
+
+use axum::http::StatusCode;
+use axum::response::{Html, IntoResponse, Response};
+use maud::{DOCTYPE, Markup, html};
+
+use super::Operator;
+
+/// The console's sections, for the navigation.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Section {
+    Events,
+    Deliveries,
+    Playbook,
+    Live,
+}
+
+impl Section {
+    const ALL: [(Section, &'static str, &'static str); 4] = [
+        (Section::Events, "Events", "/console/events"),
+        (Section::Deliveries, "Deliveries", "/console/deliveries"),
+        (Section::Playbook, "Playbook", "/console/playbook"),
+        (Section::Live, "Live", "/console/live"),
+    ];
+}
+
+fn head(title: &str) -> Markup {
+    html! {
+        meta charset="utf-8";
+        meta name="viewport" content="width=device-width, initial-scale=1";
+        title { (title) " · verdict" }
+        link rel="stylesheet" href="/console/static/console.css";
+        link rel="icon" type="image/svg+xml" href="/console/static/favicon.svg";
+    }
+}
+
+/// A page of a signed-in operator.
+pub fn page(title: &str, operator: &Operator, section: Section, body: Markup) -> Response {
+    let markup = html! {
+        (DOCTYPE)
+        html lang="en" {
+            head { (head(title)) }
+            body {
+                header.top {
+                    span.brand { "verdict" }
+                    nav aria-label="Sections" {
+                        ul {
+                            @for (s, name, href) in Section::ALL {
+                                li {
+                                    @if s == section {
+                                        a href=(href) aria-current="page" { (name) }
+                                    } @else {
+                                        a href=(href) { (name) }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    form.sign-out method="post" action="/console/sign-out" {
+                        input type="hidden" name="csrf" value=(operator.csrf);
+                        span.who { (operator.grant.tenant.name) " · " (operator.grant.scope.as_str()) " key" }
+                        button type="submit" { "Sign out" }
+                    }
+                }
+                main { h1 { (title) } (body) }
+            }
+        }
+    };
+    Html(markup.into_string()).into_response()
+}
+
+/// A page without navigation (sign-in).
+pub fn bare(title: &str, body: Markup) -> Response {
+    let markup = html! {
+        (DOCTYPE)
+        html lang="en" {
+            head { (head(title)) }
+            body.bare { main { (body) } }
+        }
+    };
+    Html(markup.into_string()).into_response()
+}
+
+/// A refusal shown as a page.
+pub fn refusal(status: StatusCode, message: &str) -> Response {
+    let markup = html! {
+        (DOCTYPE)
+        html lang="en" {
+            head { (head("Refused")) }
+            body.bare {
+                main {
+                    h1 { "Refused" }
+                    p.error role="alert" { (message) }
+                    p { a href="/console/events" { "Back to the console" } }
+                }
+            }
+        }
+    };
+    (status, Html(markup.into_string())).into_response()
+}
+
+/// Unix milliseconds as `YYYY-MM-DD HH:MM:SS` UTC.
+pub fn time(ms: i64) -> String {
+    let format = time::macros::format_description!("[year]-[month]-[day] [hour]:[minute]:[second]");
+    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .ok()
+        .and_then(|t| t.format(&format).ok())
+        .unwrap_or_else(|| "-".into())
+}
+
+/// A decision as a labelled badge.
+pub fn decision(decision: &str) -> Markup {
+    html! { span class={ "badge " (decision) } { (decision) } }
+}
+
+/// A hidden CSRF field for a form that acts.
+pub fn csrf(operator: &Operator) -> Markup {
+    html! { input type="hidden" name="csrf" value=(operator.csrf); }
+}
+
+/// A message after an action (from the `done` query parameter).
+pub fn notice(text: Option<&str>) -> Markup {
+    html! {
+        @if let Some(text) = text {
+            p.notice role="status" { (text) }
+        }
+    }
+}
