@@ -18,10 +18,14 @@ async fn delivery_of(server: &Server, tenant: &Tenant, reply: &Reply) -> serde_j
         .await
         .json();
     let id = event["deliveries"][0]["id"].as_str().unwrap().to_owned();
-    server
-        .get(tenant, &format!("/v1/deliveries/{id}"))
-        .await
-        .json()
+    let detail = server.get(tenant, &format!("/v1/deliveries/{id}")).await;
+    let text = String::from_utf8_lossy(&detail.body);
+    assert_eq!(
+        text.matches("\"attempts\":").count(),
+        1,
+        "one `attempts` member, the list: {text}"
+    );
+    detail.json()
 }
 
 async fn wait_for_next_round() {

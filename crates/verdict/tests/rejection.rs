@@ -318,7 +318,59 @@ async fn health_readiness_and_a_valid_openapi_document_answer(backend: Backend) 
     );
 }
 
+async fn malformed_queries_paths_and_methods_get_problem_responses(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = db.tenant(&[]);
+    let server = Server::start(&db, &[]);
+    for path in [
+        "/v1/events?before=",
+        "/v1/events?limit=-9223372036854775809",
+        "/v1/events?limit=false",
+        "/v1/deliveries?before=not-a-uuid",
+        "/v1/deliveries?limit=9223372036854775808",
+        "/v1/events/%FF",
+        "/v1/subjects/%C3%28",
+    ] {
+        let r = server.get(&tenant, path).await;
+        assert_eq!(r.status, 400, "{path}");
+        assert_eq!(
+            r.header("content-type"),
+            Some("application/problem+json"),
+            "{path}"
+        );
+        assert_eq!(
+            r.json()["type"],
+            "https://verdict.dev/problems/invalid-request",
+            "{path}"
+        );
+    }
+    // A well-formed id that names nothing is still 404, as another tenant's ids are.
+    assert_eq!(
+        server.get(&tenant, "/v1/events/not-a-uuid").await.status,
+        404
+    );
+
+    let r = Reply::from(
+        server
+            .client
+            .patch(format!("{}/v1/events", server.base))
+            .bearer_auth(&tenant.api_key)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(r.status, 405);
+    assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    assert_eq!(r.header("allow"), Some("GET,HEAD"));
+    assert_eq!(
+        r.json()["type"],
+        "https://verdict.dev/problems/method-not-allowed"
+    );
+}
+
 on_both_backends!(
+    malformed_queries_paths_and_methods_get_problem_responses,
     malformed_idempotency_keys_get_400,
     quoted_structured_field_key_is_the_same_key_as_bare,
     invalid_bodies_get_400_415_or_413,

@@ -12,7 +12,8 @@ use std::time::Duration;
 pub const MAX_RETRIES: i64 = 3;
 
 /// Where a delivery stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, utoipa::ToSchema)]
+#[schema(rename_all = "lowercase")]
 pub enum DeliveryStatus {
     /// Waiting for an attempt (the inline one, or a retry when `next_attempt_at` comes).
     Pending,

@@ -1,7 +1,7 @@
 //! `GET /v1/deliveries`, `GET /v1/deliveries/{id}` and `POST /v1/deliveries/{id}/redeliver`.
 
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
@@ -10,7 +10,8 @@ use uuid::Uuid;
 use super::AppState;
 use super::auth::Authenticated;
 use super::error::ApiError;
-use super::events::{DeliveryView, rfc3339};
+use super::events::{DeliveryState, DeliveryView, rfc3339};
+use super::extract::{Path, Query};
 use super::problem::Problem;
 use crate::delivery::{DeliveryStatus, REDELIVER_INTERVAL, Redelivered};
 use crate::store::AttemptRow;
@@ -20,9 +21,12 @@ use crate::store::Scope;
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct ListQuery {
-    /// pending, succeeded, failed or dead.
+    /// Only deliveries in this status.
+    #[param(value_type = Option<DeliveryStatus>)]
     status: Option<String>,
+    /// Page size, 1 to 500 (default 50); a value outside is brought within.
     limit: Option<i64>,
+    /// The `next_cursor` of the previous page.
     before: Option<Uuid>,
 }
 
@@ -89,11 +93,12 @@ impl From<AttemptRow> for AttemptView {
     }
 }
 
-/// A delivery with its attempts.
+/// A delivery with its attempts (the list, where lists of deliveries show their number).
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct DeliveryDetail {
     #[serde(flatten)]
-    delivery: DeliveryView,
+    delivery: DeliveryState,
+    /// Every attempt, oldest first.
     attempts: Vec<AttemptView>,
 }
 

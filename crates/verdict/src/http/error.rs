@@ -67,6 +67,9 @@ pub enum ApiError {
     Invalid(String),
     #[error("conflict")]
     Conflict(Problem),
+    /// A route whose parameters do not fit its handler: a bug, not the client's fault.
+    #[error("the request's parameters could not be extracted: {0}")]
+    Extraction(String),
 }
 
 impl ApiError {
@@ -167,7 +170,8 @@ impl ApiError {
             | Self::Store(_)
             | Self::Tenant(_)
             | Self::Playbook(PlaybookStoreError::Store(_))
-            | Self::Simulation(_) => Problem::internal(),
+            | Self::Simulation(_)
+            | Self::Extraction(_) => Problem::internal(),
         }
     }
 }

@@ -2,7 +2,7 @@
 //! decided, read back without raw identifiers. Another tenant's ids are 404.
 
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
@@ -10,6 +10,7 @@ use uuid::Uuid;
 use super::AppState;
 use super::auth::Authenticated;
 use super::error::ApiError;
+use super::extract::{Path, Query};
 use super::problem::Problem;
 use crate::delivery::DeliveryStatus;
 use crate::secrets::hex;
@@ -23,7 +24,7 @@ const MAX_PAGE: i64 = 100;
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct ListQuery {
-    /// Page size, 1 to 100 (default 20).
+    /// Page size, 1 to 100 (default 20); a value outside is brought within.
     limit: Option<i64>,
     /// The `next_cursor` of the previous page.
     before: Option<Uuid>,
@@ -54,14 +55,24 @@ pub struct EventView {
     deliveries: Option<Vec<DeliveryView>>,
 }
 
-/// A delivery as the API shows it.
+/// A delivery as lists show it: its state and how many attempts it had.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct DeliveryView {
+    #[serde(flatten)]
+    pub delivery: DeliveryState,
+    /// Attempts made so far.
+    pub attempts: i64,
+}
+
+/// What every view of a delivery shows. `GET /v1/deliveries/{id}` adds its attempts (the
+/// list, under `attempts`) where lists show their number.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct DeliveryState {
     pub id: Uuid,
     pub event_id: Uuid,
     pub webhook_id: String,
+    #[schema(value_type = DeliveryStatus)]
     pub status: String,
-    pub attempts: i64,
     pub next_attempt_at: Option<String>,
     pub last_error: Option<String>,
     pub created_at: String,
@@ -107,13 +118,21 @@ impl From<EventRecord> for EventView {
 impl From<DeliveryRecord> for DeliveryView {
     fn from(d: DeliveryRecord) -> Self {
         Self {
+            attempts: d.attempts,
+            delivery: d.into(),
+        }
+    }
+}
+
+impl From<DeliveryRecord> for DeliveryState {
+    fn from(d: DeliveryRecord) -> Self {
+        Self {
             id: d.id,
             event_id: d.event_id,
             webhook_id: d.webhook_id,
             next_attempt_at: matches!(d.status, DeliveryStatus::Pending | DeliveryStatus::Failed)
                 .then(|| rfc3339(d.next_attempt_at)),
             status: d.status.as_str().to_owned(),
-            attempts: d.attempts,
             last_error: d.last_error,
             created_at: rfc3339(d.created_at),
             updated_at: rfc3339(d.updated_at),
@@ -197,7 +216,7 @@ pub struct CaseView {
 
 /// `GET /v1/subjects/{subject_hash}`.
 #[utoipa::path(get, path = "/v1/subjects/{subject_hash}", operation_id = "get_subject", tag = "events",
-    params(("subject_hash" = String, Path, description = "The subject's digest, as in responses")),
+    params(("subject_hash" = String, Path, description = "The subject's digest, as in responses: 64 hexadecimal digits; anything else is 404")),
     responses((status = 200, body = SubjectView, description = "OK"), (status = 404, body = Problem, description = "Not found")))]
 pub async fn subject(
     State(app): State<AppState>,

@@ -3,7 +3,7 @@
 
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -12,6 +12,7 @@ use super::AppState;
 use super::auth::Authenticated;
 use super::error::ApiError;
 use super::events::rfc3339;
+use super::extract::Path;
 use super::problem::Problem;
 use crate::store::{ApiKeyRecord, Scope};
 use crate::tenant::{self, IssuedKey};

@@ -6,6 +6,7 @@ pub mod connections;
 mod deliveries;
 pub mod error;
 mod events;
+mod extract;
 mod feeds;
 mod keys;
 mod openapi;
@@ -80,6 +81,7 @@ pub fn router(state: AppState) -> Router {
             get(|| async { axum::response::Redirect::to("/console/events") }),
         )
         .fallback(|| async { problem::Problem::not_found() })
+        .method_not_allowed_fallback(|| async { problem::Problem::method_not_allowed() })
         .route_layer(axum::middleware::from_fn(record_latency))
         .with_state(state)
         .layer(
@@ -148,10 +150,17 @@ async fn record_latency(
     response
 }
 
+/// `GET /healthz`: the process is up.
+#[utoipa::path(get, path = "/healthz", operation_id = "healthz", tag = "operations", security(()),
+    responses((status = 200, body = String, content_type = "text/plain", description = "Up")))]
 async fn healthz() -> &'static str {
     "ok"
 }
 
+/// `GET /readyz`: the database answers.
+#[utoipa::path(get, path = "/readyz", operation_id = "readyz", tag = "operations", security(()),
+    responses((status = 200, body = String, content_type = "text/plain", description = "Ready"),
+        (status = 503, body = problem::Problem, description = "The database is unreachable")))]
 async fn readyz(State(app): State<AppState>) -> Response {
     match app.store.ping().await {
         Ok(()) => "ready".into_response(),
@@ -164,6 +173,10 @@ async fn readyz(State(app): State<AppState>) -> Response {
     }
 }
 
+/// `GET /metrics`: Prometheus metrics.
+#[utoipa::path(get, path = "/metrics", operation_id = "metrics", tag = "operations", security(()),
+    responses((status = 200, body = String, content_type = "text/plain; version=0.0.4", description = "Prometheus text format"),
+        (status = 404, body = problem::Problem, description = "Metrics are not recorded by this process")))]
 async fn metrics(State(app): State<AppState>) -> Response {
     match &app.metrics {
         Some(handle) => (

@@ -51,7 +51,8 @@ pub struct Uploaded {
 
 /// `PUT /v1/playbook`: a TOML (`application/toml`) or JSON (`application/json`) document.
 #[utoipa::path(put, path = "/v1/playbook", operation_id = "put_playbook", tag = "playbook",
-    request_body(content = String, content_type = "application/toml", description = "The playbook document"),
+    request_body(description = "The playbook document: TOML (`application/toml`, or any `text/*`), or JSON of the same shape",
+        content((String = "application/toml"), (crate::playbook::Playbook = "application/json"))),
     responses((status = 201, body = Uploaded, description = "Created"), (status = 400, body = Problem, description = "Invalid playbook; the one in force stays"), (status = 413, body = Problem, description = "Larger than 64 KiB"), (status = 422, body = Problem, description = "Over a limit: rules, name lengths, windows")))]
 pub async fn replace(
     State(app): State<AppState>,
@@ -90,10 +91,11 @@ fn document<'a>(headers: &HeaderMap, body: &'a [u8]) -> Result<(&'a str, Format)
 /// the tenant's stored events, next to what was decided. Writes nothing.
 #[utoipa::path(post, path = "/v1/playbook/simulate", operation_id = "simulate_playbook", tag = "playbook",
     params(
-        ("since" = Option<String>, Query, description = "RFC 3339: only events created at or after this time"),
-        ("limit" = Option<usize>, Query, description = "The newest this many events (1 to 10000; default 1000)"),
+        ("since" = Option<String>, Query, format = DateTime, description = "RFC 3339: only events created at or after this time"),
+        ("limit" = Option<usize>, Query, minimum = 1, maximum = 10000, description = "The newest this many events (1 to 10000; default 1000)"),
     ),
-    request_body(content = String, content_type = "application/toml", description = "The candidate playbook, TOML or JSON, validated as on upload"),
+    request_body(description = "The candidate playbook, TOML or JSON, validated as on upload",
+        content((String = "application/toml"), (crate::playbook::Playbook = "application/json"))),
     responses((status = 200, body = Simulation, description = "The comparison"), (status = 400, body = Problem, description = "Invalid playbook or window"), (status = 413, body = Problem, description = "Larger than 64 KiB"), (status = 422, body = Problem, description = "Over a limit")))]
 pub async fn simulate(
     State(app): State<AppState>,

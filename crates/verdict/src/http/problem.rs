@@ -82,6 +82,15 @@ impl Problem {
         Self::new("not-found", "Not found", StatusCode::NOT_FOUND)
     }
 
+    /// 405: the path exists, the method does not (the router adds `Allow`).
+    pub fn method_not_allowed() -> Self {
+        Self::new(
+            "method-not-allowed",
+            "Method not allowed",
+            StatusCode::METHOD_NOT_ALLOWED,
+        )
+    }
+
     /// 500: a final failure, stored on the key and replayed.
     pub fn internal() -> Self {
         Self::new(

@@ -25,9 +25,10 @@ const TIMESTAMP_TOLERANCE_SECS: i64 = 300;
 #[utoipa::path(post, path = "/v1/signals", operation_id = "post_signal", tag = "signals",
     request_body(content = crate::signal::WireSignal, content_type = "application/json"),
     params(
-        ("Idempotency-Key" = Option<String>, Header, description = "1 to 255 visible ASCII characters, bare or as a quoted Structured Field string"),
-        ("Verdict-Timestamp" = Option<i64>, Header, description = "Unix seconds, within 300 s of the server's clock"),
-        ("Verdict-Signature" = Option<String>, Header, description = "v1,<base64 HMAC-SHA256(secret, \"{timestamp}.{body}\")>, space-separated during rotation"),
+        ("Idempotency-Key" = Option<String>, Header, description = "1 to 255 visible ASCII characters, bare or as a quoted Structured Field string",
+            pattern = r#"^(?:[!#-~][!-~]{0,254}|"(?:[!#-\[\]-~]|\\["\\]){1,255}")$"#),
+        ("Verdict-Timestamp" = Option<String>, Header, description = "Unix seconds, within 300 s of the server's clock. Required, with `Verdict-Signature`, unless the tenant turned inbound signatures off; ignored then"),
+        ("Verdict-Signature" = Option<String>, Header, description = "v1,<base64 HMAC-SHA256(secret, \"{timestamp}.{body}\")>, space-separated during rotation; see `Verdict-Timestamp`"),
     ),
     responses(
         (status = 200, body = crate::ingest::SignalResponse, description = "The decision; with `Idempotent-Replayed: true` when replayed"),

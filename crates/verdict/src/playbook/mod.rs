@@ -83,11 +83,15 @@ impl Format {
     }
 }
 
-/// A validated playbook.
-#[derive(Clone, Debug, PartialEq, Deserialize)]
+/// A validated playbook. As a JSON document (`PUT /v1/playbook` with `application/json`), the
+/// schema says everything but that rule names are unique and not blank.
+#[derive(Clone, Debug, PartialEq, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = PlaybookDocument)]
 pub struct Playbook {
+    /// The rules, in order; the first whose conditions all hold decides.
     #[serde(rename = "rule", alias = "rules", default)]
+    #[schema(required = true, min_items = 1, max_items = 100)]
     pub rules: Vec<Rule>,
     /// Which signal type each standard feed's event type becomes.
     #[serde(default)]
@@ -95,7 +99,7 @@ pub struct Playbook {
 }
 
 /// `[feeds]`: e.g. `set_events = { "https://schemas.openid.net/secevent/caep/event-type/credential-change" = "credential_breach" }`.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FeedMapping {
     /// Security Event Token event type URI → signal type. Where it names nothing, RISC
@@ -106,25 +110,39 @@ pub struct FeedMapping {
 }
 
 /// One rule: conditions, then what to decide and do.
-#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Rule {
+    /// Unique within the playbook; copied into every decision it makes.
+    #[schema(min_length = 1, max_length = 64, pattern = r"\S")]
     pub name: String,
     #[serde(default)]
     pub when: Conditions,
     pub decision: Decision,
+    /// Each action at most once.
     #[serde(default)]
+    #[schema(schema_with = action_list)]
     pub actions: Vec<ActionKind>,
 }
 
+/// The schema of a rule's `actions`: no action twice.
+fn action_list() -> utoipa::openapi::schema::Array {
+    utoipa::openapi::schema::ArrayBuilder::new()
+        .items(utoipa::openapi::Ref::from_schema_name("ActionKind"))
+        .unique_items(true)
+        .build()
+}
+
 /// Conditions of a rule; all present ones must hold.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Conditions {
     /// The signal is one of these types.
     #[serde(rename = "type")]
+    #[schema(min_items = 1)]
     pub types: Option<Vec<SignalType>>,
-    /// `observed_at` is at most this many hours before the decision.
+    /// `observed_at` is at most this many hours before the decision (at most ten years).
+    #[schema(exclusive_minimum = 0, maximum = 87660)]
     pub observed_within_hours: Option<f64>,
     /// An RFC 3339 attribute (e.g. `swapped_at`) is within N hours of `observed_at`.
     pub attribute_within_hours: Option<AttributeWithin>,
@@ -137,25 +155,37 @@ pub struct Conditions {
 }
 
 /// `attribute_within_hours = { attribute = "swapped_at", hours = 24 }`.
-#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AttributeWithin {
+    #[schema(max_length = 64)]
     pub attribute: String,
+    /// At most ten years.
+    #[schema(exclusive_minimum = 0, maximum = 87660)]
     pub hours: f64,
 }
 
 /// `attribute_in = { attribute = "to_carrier", values = ["…"] }`.
-#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AttributeIn {
+    #[schema(max_length = 64)]
     pub attribute: String,
-    pub values: Vec<String>,
+    #[schema(min_items = 1, max_items = 100, inline = true)]
+    pub values: Vec<AttributeValue>,
 }
 
+/// One value of an `attribute_in` condition.
+#[derive(Clone, Debug, PartialEq, Deserialize, utoipa::ToSchema)]
+#[serde(transparent)]
+#[schema(max_length = 256)]
+pub struct AttributeValue(pub String);
+
 /// `attribute_at_least = { attribute = "severity", value = 7 }`.
-#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AttributeAtLeast {
+    #[schema(max_length = 64)]
     pub attribute: String,
     pub value: f64,
 }
@@ -437,7 +467,7 @@ impl Rule {
                 || within
                     .values
                     .iter()
-                    .any(|v| too_long(v, MAX_ATTRIBUTE_VALUE_CHARS)))
+                    .any(|v| too_long(&v.0, MAX_ATTRIBUTE_VALUE_CHARS)))
         {
             return Err(over(format!(
                 "`when.attribute_in.values` may list at most {MAX_ATTRIBUTE_VALUES} values \
@@ -484,7 +514,7 @@ impl Conditions {
             && self.attribute_in.as_ref().is_none_or(|a| {
                 attr(&a.attribute)
                     .and_then(Value::as_str)
-                    .is_some_and(|v| a.values.iter().any(|x| x == v))
+                    .is_some_and(|v| a.values.iter().any(|x| x.0 == v))
             })
             && self.attribute_at_least.as_ref().is_none_or(|a| {
                 attr(&a.attribute)

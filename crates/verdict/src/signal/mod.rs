@@ -99,14 +99,61 @@ pub(crate) struct WireSignal {
     metadata: Map<String, Value>,
 }
 
-/// Exactly one of `phone` (E.164) or `account`.
-#[derive(Deserialize, utoipa::ToSchema)]
+/// Exactly one of `phone` (E.164) or `account`; the other may be absent or `null`.
+#[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-#[schema(as = Subject)]
 pub(crate) struct WireSubject {
     phone: Option<String>,
     account: Option<String>,
 }
+
+/// The documented form of [`WireSubject`], as [`Signal::parse`] checks it: `oneOf` a phone
+/// subject and an account subject, each with its rule as a pattern.
+impl utoipa::PartialSchema for WireSubject {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Type};
+        let null = || ObjectBuilder::new().schema_type(Type::Null);
+        let variant = |field: &str, other: &str, rule: ObjectBuilder| {
+            ObjectBuilder::new()
+                .schema_type(Type::Object)
+                .title(Some(field))
+                .property(field, rule)
+                .required(field)
+                .property(other, null())
+                .additional_properties(Some(utoipa::openapi::schema::AdditionalProperties::<
+                    utoipa::openapi::schema::Schema,
+                >::FreeForm(false)))
+        };
+        let phone = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .description(Some(PHONE_FORM))
+            .pattern(Some(PHONE_PATTERN));
+        let account = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .description(Some(ACCOUNT_FORM))
+            .min_length(Some(1))
+            .max_length(Some(MAX_ACCOUNT_LEN))
+            .pattern(Some(ACCOUNT_PATTERN));
+        OneOfBuilder::new()
+            .description(Some(
+                "Who the signal is about: exactly one of `phone` (E.164) or `account`.",
+            ))
+            .item(variant("phone", "account", phone))
+            .item(variant("account", "phone", account))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for WireSubject {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "Subject".into()
+    }
+}
+
+/// [`validate_phone`] as an ECMA-262 pattern.
+const PHONE_PATTERN: &str = r"^\+[1-9][0-9]{1,14}$";
+/// No control character ([`char::is_control`]: C0, DEL and C1), as an ECMA-262 pattern.
+const ACCOUNT_PATTERN: &str = r"^[^\u0000-\u001F\u007F-\u009F]*$";
 
 /// Longest account identifier accepted.
 const MAX_ACCOUNT_LEN: usize = 256;

@@ -100,18 +100,29 @@ impl From<sqlx::Error> for StoreError {
             E::Io(_) | E::Tls(_) | E::PoolTimedOut | E::PoolClosed | E::WorkerCrashed => {
                 Self::Unavailable(err)
             }
-            // SQLITE_BUSY / SQLITE_LOCKED, and PostgreSQL's serialization, deadlock, connection
-            // and shutdown classes: the same statement may well succeed on retry.
-            E::Database(db) => match db.code().as_deref() {
-                Some("5" | "6" | "517" | "40001" | "40P01" | "57P01" | "57P02" | "57P03") => {
-                    Self::Unavailable(err)
-                }
-                Some(code) if code.starts_with("08") => Self::Unavailable(err),
-                _ => Self::Database(err),
-            },
+            E::Database(db) if transient_database_error(db.as_ref()) => Self::Unavailable(err),
             _ => Self::Database(err),
         }
     }
+}
+
+/// Whether the database refused for a reason that may pass, so the same statement may well
+/// succeed on retry and the work must stay at its recovery point rather than end in a stored
+/// 500. SQLite: busy or locked, an I/O error, a full disk (primary result codes 5, 6, 10, 13,
+/// whatever their extended code). PostgreSQL: serialization failure, deadlock, shutdown, the
+/// connection exception class (08) and the insufficient resources class (53: disk full, out of
+/// memory, too many connections).
+fn transient_database_error(db: &dyn sqlx::error::DatabaseError) -> bool {
+    let Some(code) = db.code() else {
+        return false;
+    };
+    if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+        let primary = code.parse::<i32>().map_or(-1, |extended| extended & 0xff);
+        return matches!(primary, 5 | 6 | 10 | 13);
+    }
+    matches!(&*code, "40001" | "40P01" | "57P01" | "57P02" | "57P03")
+        || code.starts_with("08")
+        || code.starts_with("53")
 }
 
 /// Everything verdict stores, whichever database holds it: the sum of the aggregates.
@@ -207,3 +218,43 @@ mod sqlite;
 
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A full SQLite database (here: one page allowed) leaves work at its recovery point, as a
+    /// full disk must: a moment of it during a fuzzing run stored a 500 on the key it hit.
+    #[tokio::test]
+    async fn a_full_sqlite_database_is_transient() {
+        let pool = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
+        sqlx::query("CREATE TABLE t (v BLOB)")
+            .execute(&pool)
+            .await
+            .unwrap();
+        sqlx::query("PRAGMA max_page_count = 2")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let err = sqlx::query("INSERT INTO t VALUES (zeroblob(100000))")
+            .execute(&pool)
+            .await
+            .expect_err("the database is full");
+        assert!(err.to_string().contains("full"), "{err}");
+        let err = StoreError::from(err);
+        assert!(err.is_transient(), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn a_constraint_violation_is_final() {
+        let pool = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
+        sqlx::query("CREATE TABLE t (v INTEGER PRIMARY KEY)")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let insert = || sqlx::query("INSERT INTO t VALUES (1)").execute(&pool);
+        insert().await.unwrap();
+        let err = StoreError::from(insert().await.expect_err("a duplicate"));
+        assert!(!err.is_transient(), "{err:?}");
+    }
+}

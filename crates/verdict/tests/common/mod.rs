@@ -2,6 +2,7 @@
 //! on a real socket, tenants made with the real CLI, and signed requests.
 #![allow(dead_code)]
 
+pub mod hostile;
 pub mod proxy;
 pub mod receiver;
 pub mod sets;
