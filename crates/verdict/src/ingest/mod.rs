@@ -462,7 +462,7 @@ impl Ingest {
                 // Recorded through the group commit: the record shares a commit with other
                 // signals' work instead of costing one of its own.
                 let (attempt, record) = deliverer.send(&due, Trigger::Inline, now_ms()).await?;
-                commits.record_attempt(record).await?;
+                record_within_lease(&commits, record).await?;
                 crate::delivery::observe(&attempt);
                 Ok::<_, StoreError>(attempt.outcome)
             }
@@ -488,9 +488,7 @@ impl Ingest {
         match err {
             IngestError::Unavailable(StoreError::LockLost) => {}
             IngestError::Unavailable(_) | IngestError::InProgress | IngestError::KeyReused => {
-                if let Err(release) = self.store.release(&held.key, held.lock_token).await {
-                    tracing::warn!(error = ?release, "could not release an idempotency lock");
-                }
+                self.release_soon(held).await;
             }
             IngestError::Store(cause) => {
                 tracing::error!(error = ?cause, "signal failed permanently; storing the 500");
@@ -508,7 +506,69 @@ impl Ingest {
             }
         }
     }
+
+    /// Releases a held lock so that the client's retry resumes at once. The failure that
+    /// brought us here is often the database going away, and the 503 must not wait out the
+    /// outage: the release gets [`RELEASE_INLINE`] (a reachable database answers in
+    /// milliseconds, so a retry sent at once finds the lock released), then goes on in the
+    /// background, retried while the database stays unreachable, until it answers or the lock
+    /// expires anyway (then a retry takes the key over).
+    async fn release_soon(&self, held: &HeldKey) {
+        let (store, held) = (self.store.clone(), held.clone());
+        let give_up_at = now_ms().saturating_add(self.settings.lock_timeout_ms);
+        let release = async move {
+            let mut wait = RELEASE_RETRY_MIN;
+            loop {
+                match store.release(&held.key, held.lock_token).await {
+                    Ok(()) => return,
+                    Err(err) if err.is_transient() && now_ms() < give_up_at => {
+                        tokio::time::sleep(wait).await;
+                        wait = (wait * 2).min(RELEASE_RETRY_MAX);
+                    }
+                    Err(err) => {
+                        tracing::warn!(
+                            error = ?err,
+                            "could not release an idempotency lock; it expires with its timeout"
+                        );
+                        return;
+                    }
+                }
+            }
+        };
+        let releasing = tokio::spawn(release.in_current_span());
+        let _ = tokio::time::timeout(RELEASE_INLINE, releasing).await;
+    }
 }
+
+/// Records an inline attempt. While the database is unreachable the record is retried, for as
+/// long as the lease reserves for bookkeeping after a send ([`crate::delivery::LEASE_MARGIN`]):
+/// an attempt made just before an outage is recorded when the database returns, instead of
+/// leaving its delivery leased and then sent again by the worker.
+async fn record_within_lease(
+    commits: &GroupCommit,
+    record: crate::store::AttemptRecord,
+) -> Result<(), StoreError> {
+    let give_up = tokio::time::Instant::now() + crate::delivery::LEASE_MARGIN;
+    let mut wait = RELEASE_RETRY_MIN;
+    loop {
+        match commits.record_attempt(record.clone()).await {
+            Err(err) if err.is_transient() && tokio::time::Instant::now() + wait < give_up => {
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(RELEASE_RETRY_MAX);
+            }
+            done => return done,
+        }
+    }
+}
+
+/// How long a failed request waits for its lock's release before answering; the release goes
+/// on in the background after that.
+const RELEASE_INLINE: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// The first wait before a failed lock release (or attempt record) is tried again; it doubles
+/// up to [`RELEASE_RETRY_MAX`].
+const RELEASE_RETRY_MIN: std::time::Duration = std::time::Duration::from_millis(100);
+const RELEASE_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// What the completed-key cache compares a request's payload by.
 fn payload(inbound: &Inbound<'_>) -> Payload {

@@ -85,6 +85,26 @@ impl StoreError {
     }
 }
 
+impl StoreError {
+    /// Whether the database could not be reached at all (no connection within the timeout, or
+    /// the server going away), rather than a statement that may simply succeed when run again:
+    /// work queued behind such a failure meets the same outage.
+    pub fn is_unreachable(&self) -> bool {
+        use sqlx::Error as E;
+        match self {
+            Self::Unavailable(err) => match err {
+                E::Io(_) | E::Tls(_) | E::PoolTimedOut | E::PoolClosed | E::WorkerCrashed => true,
+                E::Database(db) => db
+                    .code()
+                    .is_some_and(|code| code.starts_with("08") || code.starts_with("57P")),
+                _ => false,
+            },
+            Self::Batch(inner) => inner.is_unreachable(),
+            _ => false,
+        }
+    }
+}
+
 impl From<sqlx::Error> for StoreError {
     fn from(err: sqlx::Error) -> Self {
         use sqlx::Error as E;
@@ -93,11 +113,13 @@ impl From<sqlx::Error> for StoreError {
                 Self::Unavailable(err)
             }
             // SQLITE_BUSY / SQLITE_LOCKED, and PostgreSQL's serialization, deadlock, connection
-            // and shutdown classes: the same statement may well succeed on retry.
+            // and shutdown classes, too many connections, and a write refused by a host that
+            // is (now) a read-only standby: the same statement may well succeed on retry.
             E::Database(db) => match db.code().as_deref() {
-                Some("5" | "6" | "517" | "40001" | "40P01" | "57P01" | "57P02" | "57P03") => {
-                    Self::Unavailable(err)
-                }
+                Some(
+                    "5" | "6" | "517" | "40001" | "40P01" | "57P01" | "57P02" | "57P03" | "53300"
+                    | "25006",
+                ) => Self::Unavailable(err),
                 Some(code) if code.starts_with("08") => Self::Unavailable(err),
                 _ => Self::Database(err),
             },
@@ -191,7 +213,41 @@ macro_rules! sql_store {
 
 // The backends last: they expand `sql_store!`.
 mod postgres;
+
 mod sqlite;
 
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
+
+#[cfg(test)]
+mod tests {
+    use super::StoreError;
+
+    #[test]
+    fn no_connection_is_transient_and_unreachable() {
+        for err in [
+            sqlx::Error::PoolTimedOut,
+            sqlx::Error::Io(std::io::ErrorKind::ConnectionRefused.into()),
+            sqlx::Error::Io(std::io::ErrorKind::UnexpectedEof.into()),
+        ] {
+            let err = StoreError::from(err);
+            assert!(err.is_transient() && err.is_unreachable(), "{err:?}");
+            let batch = StoreError::Batch(std::sync::Arc::new(err));
+            assert!(batch.is_transient() && batch.is_unreachable());
+        }
+    }
+
+    #[test]
+    fn a_lost_lock_is_transient_but_not_an_outage() {
+        assert!(StoreError::LockLost.is_transient());
+        assert!(!StoreError::LockLost.is_unreachable());
+    }
+
+    #[test]
+    fn a_malformed_record_is_final() {
+        let err = StoreError::Corrupt("bad".into());
+        assert!(!err.is_transient() && !err.is_unreachable());
+        let err = StoreError::from(sqlx::Error::RowNotFound);
+        assert!(!err.is_transient() && !err.is_unreachable());
+    }
+}

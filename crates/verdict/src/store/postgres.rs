@@ -15,6 +15,12 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres
 /// as long at c=32).
 const COMMITTERS: usize = 2;
 
+/// The longest a statement waits for a connection, reconnecting included. While the database
+/// is down every acquire waits this long and then fails as transient, so a request answers 503
+/// within about this (work queued behind a batch that met the outage fails with it) instead of
+/// waiting out the outage. At normal load a connection is idle or opened in milliseconds.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// PostgreSQL-backed storage.
 #[derive(Clone)]
 pub struct PostgresStore {
@@ -30,7 +36,7 @@ impl PostgresStore {
             .statement_cache_capacity(super::pipeline::STATEMENT_SHAPES);
         let pool = PgPoolOptions::new()
             .max_connections(16)
-            .acquire_timeout(Duration::from_secs(10))
+            .acquire_timeout(ACQUIRE_TIMEOUT)
             .connect_with(options)
             .await?;
         Ok(Self { pool })
