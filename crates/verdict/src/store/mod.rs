@@ -213,7 +213,7 @@ macro_rules! sql_store {
 
 // The backends last: they expand `sql_store!`.
 mod postgres;
-
+mod postgres_hosts;
 mod sqlite;
 
 pub use postgres::PostgresStore;
