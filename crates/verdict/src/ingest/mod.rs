@@ -462,9 +462,16 @@ impl Ingest {
                 // Recorded through the group commit: the record shares a commit with other
                 // signals' work instead of costing one of its own.
                 let (attempt, record) = deliverer.send(&due, Trigger::Inline, now_ms()).await?;
-                record_within_lease(&commits, record).await?;
-                crate::delivery::observe(&attempt);
-                Ok::<_, StoreError>(attempt.outcome)
+                match commits.record_attempt(record.clone()).await {
+                    Ok(()) => crate::delivery::observe(&attempt),
+                    // The database went away after the send: the record is retried in the
+                    // background, and the response does not wait for it.
+                    Err(err) if err.is_unreachable() => {
+                        tokio::spawn(record_later(commits, attempt, record).in_current_span());
+                    }
+                    Err(err) => return Err(err),
+                }
+                Ok::<_, StoreError>(())
             }
             .instrument(tracing::info_span!("delivery", delivery_id = %due_id, trigger = "inline")),
         );
@@ -540,23 +547,28 @@ impl Ingest {
     }
 }
 
-/// Records an inline attempt. While the database is unreachable the record is retried, for as
-/// long as the lease reserves for bookkeeping after a send ([`crate::delivery::LEASE_MARGIN`]):
-/// an attempt made just before an outage is recorded when the database returns, instead of
-/// leaving its delivery leased and then sent again by the worker.
-async fn record_within_lease(
-    commits: &GroupCommit,
+/// Records an inline attempt that the database was unreachable for, retrying for as long as
+/// the lease reserves for bookkeeping after a send ([`crate::delivery::LEASE_MARGIN`]): an
+/// attempt made just before an outage is recorded when the database returns, instead of its
+/// delivery waiting out the lease and being sent again by the worker.
+async fn record_later(
+    commits: Arc<GroupCommit>,
+    attempt: crate::delivery::attempt::Attempt,
     record: crate::store::AttemptRecord,
-) -> Result<(), StoreError> {
+) {
     let give_up = tokio::time::Instant::now() + crate::delivery::LEASE_MARGIN;
     let mut wait = RELEASE_RETRY_MIN;
     loop {
+        tokio::time::sleep(wait).await;
         match commits.record_attempt(record.clone()).await {
+            Ok(()) => return crate::delivery::observe(&attempt),
             Err(err) if err.is_transient() && tokio::time::Instant::now() + wait < give_up => {
-                tokio::time::sleep(wait).await;
                 wait = (wait * 2).min(RELEASE_RETRY_MAX);
             }
-            done => return done,
+            Err(err) => {
+                // The delivery stays leased, then due: the worker retries it.
+                return tracing::warn!(error = ?err, "could not record the inline delivery attempt");
+            }
         }
     }
 }
