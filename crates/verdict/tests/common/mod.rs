@@ -2,8 +2,10 @@
 //! on a real socket, tenants made with the real CLI, and signed requests.
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod proxy;
 pub mod receiver;
+pub mod retrying;
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -78,21 +80,7 @@ impl TestDb {
             },
             Backend::Postgres => {
                 let name = format!("verdict_test_{}", Uuid::new_v4().simple());
-                let admin = PgPool::connect(&pg_admin_url()).await.unwrap_or_else(|e| {
-                    panic!(
-                        "PostgreSQL is required for the postgres tests and is unreachable at {} \
-                         ({e}); start it with `pg_ctlcluster --skip-systemctl-redirect \
-                         $(ls /etc/postgresql) main start`",
-                        pg_admin_url()
-                    )
-                });
-                sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-                    .execute(&admin)
-                    .await
-                    .unwrap();
-                admin.close().await;
-                let base = pg_admin_url();
-                let url = format!("{}/{name}", &base[..base.rfind('/').unwrap()]);
+                let url = create_database(&pg_admin_url(), &name).await;
                 TestDb {
                     backend,
                     url,
@@ -102,6 +90,15 @@ impl TestDb {
                 }
             }
         }
+    }
+
+    /// A fresh database in a cluster of the test's own; it goes when the cluster is dropped.
+    pub async fn in_cluster(cluster: &cluster::Cluster) -> TestDb {
+        let mut db = TestDb::new(Backend::Sqlite).await;
+        let name = format!("verdict_test_{}", Uuid::new_v4().simple());
+        db.backend = Backend::Postgres;
+        db.url = create_database(&cluster.admin_url(), &name).await;
+        db
     }
 
     /// The folder for this test's files (SQLite database, key files).
@@ -338,6 +335,23 @@ impl Drop for TestDb {
             .join();
         }
     }
+}
+
+/// Creates database `name` on the server `admin_url` names; returns the database's URL.
+async fn create_database(admin_url: &str, name: &str) -> String {
+    let admin = PgPool::connect(admin_url).await.unwrap_or_else(|e| {
+        panic!(
+            "PostgreSQL is required for the postgres tests and is unreachable at {admin_url} \
+             ({e}); start it with `pg_ctlcluster --skip-systemctl-redirect \
+             $(ls /etc/postgresql) main start`"
+        )
+    });
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&admin)
+        .await
+        .unwrap();
+    admin.close().await;
+    format!("{}/{name}", &admin_url[..admin_url.rfind('/').unwrap()])
 }
 
 fn rand_bytes() -> [u8; 32] {
@@ -600,6 +614,11 @@ pub const MANUAL_WORKER: [(&str, &str); 3] = [
 
 /// Where test tenants' callbacks point when a test does not receive them: a closed port.
 pub const UNUSED_CALLBACK: &str = "http://127.0.0.1:9/hook";
+
+/// A random number in `lo..=hi` (no RNG crate needed: UUIDv4s are random).
+pub fn random_between(lo: u64, hi: u64) -> u64 {
+    lo + (Uuid::new_v4().as_u128() % u128::from(hi - lo + 1)) as u64
+}
 
 /// A fresh random UUIDv4 idempotency key.
 pub fn new_key() -> String {
