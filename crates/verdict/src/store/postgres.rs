@@ -9,7 +9,7 @@ use sqlx::{Postgres, Transaction};
 use tokio::sync::Notify;
 
 use super::StoreError;
-use super::postgres_hosts::{self, follow_writable};
+use super::postgres_hosts::{self, Switched, follow_writable};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
 
@@ -77,7 +77,14 @@ impl PostgresStore {
             })?;
         let wake = Arc::new(Notify::new());
         let woken = wake.clone();
+        let switched = Arc::new(Switched::default());
+        let since_switch = switched.clone();
         let pool = options
+            // A connection opened before new connections moved to another host is closed.
+            .before_acquire(move |_, meta| {
+                let current = since_switch.is_current(meta.age);
+                Box::pin(async move { Ok(current) })
+            })
             // A new connection that lands on a read-only host (a standby not yet promoted, a
             // demoted primary) is refused, and the follower looks for the new primary at once.
             .after_connect(move |conn, _| {
@@ -99,7 +106,13 @@ impl PostgresStore {
             hosts = hosts.len(),
             "connected to the database host that takes writes"
         );
-        let follower = tokio::spawn(follow_writable(pool.clone(), hosts, current, wake));
+        let follower = tokio::spawn(follow_writable(
+            pool.clone(),
+            hosts,
+            current,
+            wake,
+            switched,
+        ));
         Ok(Self {
             pool,
             _follower: Some(Arc::new(AbortOnDrop(follower))),

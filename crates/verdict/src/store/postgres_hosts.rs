@@ -4,15 +4,17 @@
 //! `postgres://user@h1:5432,h2:5433/db?options`. They are tried in order, and new connections go
 //! to the first that accepts writes (`SHOW transaction_read_only` answers `off`: not a standby
 //! in recovery, not read-only by configuration). While the pool runs, [`follow_writable`] checks
-//! once a second that the host new connections go to still takes writes, and when it does not
-//! (killed, or demoted), moves them to the first host that does: a standby promoted after a
-//! failover is used without a restart. It never moves away from a host that still takes writes,
-//! so an old primary that comes back is not written to beside the new one.
+//! once a second, with one statement on a pooled connection, that the pool still reaches a host
+//! that takes writes, and when it does not (killed, or demoted), probes the hosts in order and
+//! moves new connections to the first that does, closing the older ones as they come back to
+//! the pool: a standby promoted after a failover is used without a restart. It never moves away
+//! from a host that still takes writes, so an old primary that comes back is not written to
+//! beside the new one.
 //!
 //! With a single host none of this runs: the pool connects to it as sqlx would.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sqlx::postgres::{PgConnectOptions, PgPool};
 use sqlx::{ConnectOptions, Connection, PgConnection};
@@ -99,6 +101,39 @@ pub async fn first_writable(hosts: &[PgConnectOptions]) -> Result<usize, String>
     Err(why.join("; "))
 }
 
+/// Whether the pool still reaches a host that takes writes: one statement on a pooled
+/// connection, no new connection while all is well.
+async fn pool_takes_writes(pool: &PgPool) -> bool {
+    let check = async {
+        let mut conn = pool.acquire().await?;
+        takes_writes(&mut conn).await
+    };
+    matches!(
+        tokio::time::timeout(PROBE_TIMEOUT, check).await,
+        Ok(Ok(true))
+    )
+}
+
+/// When new connections last moved to another host. A pooled connection opened before then is
+/// closed instead of handed out (`PgPoolOptions::before_acquire`), so none lingers on a host
+/// that stopped taking writes but still answers (a demoted primary).
+#[derive(Debug, Default)]
+pub struct Switched(std::sync::Mutex<Option<Instant>>);
+
+impl Switched {
+    fn mark(&self) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+    }
+
+    /// Whether a connection opened `age` ago was opened since the last switch.
+    pub fn is_current(&self, age: Duration) -> bool {
+        match *self.0.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some(at) => age < at.elapsed(),
+            None => true,
+        }
+    }
+}
+
 /// Keeps the pool's new connections on a host that takes writes, until the pool is closed.
 /// `wake` checks at once (a new connection found its host read-only).
 pub async fn follow_writable(
@@ -106,8 +141,9 @@ pub async fn follow_writable(
     hosts: Arc<[PgConnectOptions]>,
     mut current: usize,
     wake: Arc<Notify>,
+    switched: Arc<Switched>,
 ) {
-    let mut unavailable_since: Option<std::time::Instant> = None;
+    let mut unavailable_since: Option<Instant> = None;
     loop {
         tokio::select! {
             _ = tokio::time::sleep(CHECK_EVERY) => {}
@@ -116,7 +152,7 @@ pub async fn follow_writable(
         if pool.is_closed() {
             return;
         }
-        if probe(&hosts[current]).await.is_ok() {
+        if pool_takes_writes(&pool).await {
             continue;
         }
         match first_writable(&hosts).await {
@@ -128,6 +164,7 @@ pub async fn follow_writable(
                         "database failover: new connections go to the host that takes writes"
                     );
                     pool.set_connect_options(hosts[found].clone());
+                    switched.mark();
                     current = found;
                 }
                 if let Some(since) = unavailable_since.take() {
@@ -143,7 +180,7 @@ pub async fn follow_writable(
                     hosts = %why,
                     "no database host takes writes; checking again every second"
                 );
-                unavailable_since = Some(std::time::Instant::now());
+                unavailable_since = Some(Instant::now());
             }
             Err(_) => {}
         }
@@ -204,6 +241,19 @@ mod tests {
     fn an_empty_host_in_the_list_is_refused() {
         assert!(split_hosts("postgres://u@h1,,h2/db").is_err());
         assert!(split_hosts("postgres://u@h1,/db").is_err());
+    }
+
+    #[test]
+    fn only_connections_opened_since_the_last_switch_are_current() {
+        let switched = Switched::default();
+        assert!(
+            switched.is_current(Duration::from_secs(3600)),
+            "no switch yet"
+        );
+        switched.mark();
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(switched.is_current(Duration::from_millis(1)));
+        assert!(!switched.is_current(Duration::from_secs(1)));
     }
 
     #[test]
