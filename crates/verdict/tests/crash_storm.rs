@@ -98,6 +98,7 @@ async fn crash_storm_keeps_every_signal_exactly_once(backend: Backend) {
                 }
                 let db = db.clone();
                 server = tokio::task::spawn_blocking(move || {
+                    common::keep_log(&format!("crash storm {backend:?}"), &server.logs());
                     server.kill();
                     Server::start(&db, &SERVER_ENV)
                 })
@@ -131,6 +132,7 @@ async fn crash_storm_keeps_every_signal_exactly_once(backend: Backend) {
             final_replays += 1;
         }
     }
+    common::keep_log(&format!("crash storm {backend:?}"), &server.logs());
     tokio::task::spawn_blocking(move || server.kill())
         .await
         .unwrap();

@@ -277,21 +277,12 @@ fn log_lines(server: &Server, needle: &str) -> usize {
     server.logs().lines().filter(|l| l.contains(needle)).count()
 }
 
-/// Keeps the server's log as `<VERDICT_FAULTS_LOG_DIR>/<scenario>.log`, if that is set (by
-/// `scripts/faults`), when the scenario ends, passed or failed: for a person to read.
+/// Keeps the server's log (`common::keep_log`) when the scenario ends, passed or failed.
 struct KeepLog<'a>(&'a Server, &'a str);
 
 impl Drop for KeepLog<'_> {
     fn drop(&mut self) {
-        if let Ok(dir) = std::env::var("VERDICT_FAULTS_LOG_DIR") {
-            let name: String = self
-                .1
-                .chars()
-                .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
-                .collect();
-            let _ = std::fs::create_dir_all(&dir);
-            let _ = std::fs::write(format!("{dir}/{name}.log"), self.0.logs());
-        }
+        common::keep_log(self.1, &self.0.logs());
     }
 }
 

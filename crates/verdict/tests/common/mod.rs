@@ -615,6 +615,27 @@ pub const MANUAL_WORKER: [(&str, &str); 3] = [
 /// Where test tenants' callbacks point when a test does not receive them: a closed port.
 pub const UNUSED_CALLBACK: &str = "http://127.0.0.1:9/hook";
 
+/// Appends a server's log to `<VERDICT_FAULTS_LOG_DIR>/<scenario>.log` when that is set (by
+/// `scripts/faults`), for a person to read after a run; does nothing otherwise.
+pub fn keep_log(scenario: &str, logs: &str) {
+    use std::io::Write;
+    let Ok(dir) = std::env::var("VERDICT_FAULTS_LOG_DIR") else {
+        return;
+    };
+    let name: String = scenario
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    let _ = std::fs::create_dir_all(&dir);
+    if let Ok(mut file) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(format!("{dir}/{name}.log"))
+    {
+        let _ = writeln!(file, "{logs}");
+    }
+}
+
 /// A random number in `lo..=hi` (no RNG crate needed: UUIDv4s are random).
 pub fn random_between(lo: u64, hi: u64) -> u64 {
     lo + (Uuid::new_v4().as_u128() % u128::from(hi - lo + 1)) as u64
