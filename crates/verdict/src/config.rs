@@ -147,7 +147,9 @@ impl FileConfig {
 /// Settings every command that touches the database shares.
 #[derive(Debug, Clone, clap::Args)]
 pub struct DatabaseArgs {
-    /// Database URL: `sqlite://PATH` (default `sqlite://verdict.db`) or `postgres://…`.
+    /// Database URL: `sqlite://PATH` (default `sqlite://verdict.db`) or `postgres://…`, which
+    /// may name several hosts (`postgres://h1:5432,h2:5432/db`): connections go to the one that
+    /// takes writes, and follow a failover.
     #[arg(long = "database", env = "VERDICT_DATABASE_URL", global = true)]
     pub database_url: Option<String>,
     /// A TOML config file with any of the settings.

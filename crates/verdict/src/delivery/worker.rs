@@ -33,28 +33,84 @@ pub struct Round {
     pub delivered: usize,
 }
 
-/// Runs rounds every `interval` until cancelled.
+/// The first wait after a round failed because the database was unreachable; each further
+/// failure doubles it, up to [`OUTAGE_BACKOFF_MAX`].
+const OUTAGE_BACKOFF_MIN: Duration = Duration::from_millis(500);
+/// The longest wait between rounds while the database stays unreachable: a long retry interval
+/// does not also delay the queue's recovery by that much once it returns.
+const OUTAGE_BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+/// A database outage as the worker meets it: logged once when it begins and once when it
+/// ends, whatever the number of rounds and rows it fails meanwhile.
+#[derive(Debug, Default)]
+struct Outage {
+    since: Option<std::time::Instant>,
+    failed_rounds: u32,
+}
+
+impl Outage {
+    /// A round failed because the database is unreachable; returns how long to wait.
+    fn failed(&mut self, err: &StoreError) -> Duration {
+        if self.since.is_none() {
+            tracing::warn!(
+                error = %err,
+                "database unreachable; delivery rounds back off until it answers"
+            );
+            self.since = Some(std::time::Instant::now());
+        } else {
+            tracing::debug!(error = %err, "database still unreachable");
+        }
+        self.failed_rounds = self.failed_rounds.saturating_add(1);
+        OUTAGE_BACKOFF_MIN
+            .saturating_mul(1 << self.failed_rounds.saturating_sub(1).min(16))
+            .min(OUTAGE_BACKOFF_MAX)
+    }
+
+    /// A round went through: the outage, if any, is over.
+    fn ended(&mut self) {
+        if let Some(since) = self.since.take() {
+            tracing::info!(
+                down_ms = since.elapsed().as_millis() as u64,
+                failed_rounds = self.failed_rounds,
+                "database reachable again; delivery rounds resume"
+            );
+        }
+        self.failed_rounds = 0;
+    }
+}
+
+/// Runs rounds every `interval` until cancelled. While the database is unreachable, rounds are
+/// retried with a backoff from [`OUTAGE_BACKOFF_MIN`] to [`OUTAGE_BACKOFF_MAX`] instead, and
+/// the outage is logged once.
 pub async fn run(deliverer: Arc<Deliverer>, interval: Duration, stop: CancellationToken) {
     let every = i64::try_from(interval.as_millis())
         .unwrap_or(i64::MAX)
         .max(1);
     let mut due_by = now_ms();
+    let mut outage = Outage::default();
     loop {
+        let mut next = due_by.saturating_add(every);
         match round_at(&deliverer, due_by, &stop).await {
-            Ok(r) if r.attempted > 0 => {
-                tracing::info!(
-                    attempted = r.attempted,
-                    delivered = r.delivered,
-                    "delivery round done"
-                );
+            Ok(r) => {
+                outage.ended();
+                if r.attempted > 0 {
+                    tracing::info!(
+                        attempted = r.attempted,
+                        delivered = r.delivered,
+                        "delivery round done"
+                    );
+                }
             }
-            Ok(_) => {}
+            Err(err) if err.is_transient() => {
+                // The same round again after the backoff: what was due is due still.
+                let wait = i64::try_from(outage.failed(&err).as_millis()).unwrap_or(every);
+                next = now_ms().saturating_add(wait);
+            }
             Err(err) => tracing::warn!(error = %err, "delivery round failed"),
         }
         // The next round is due one interval after this one was; a round that overran it
         // starts at once.
-        let next = due_by.saturating_add(every);
-        let wait = next.saturating_sub(now_ms()).clamp(0, every);
+        let wait = next.saturating_sub(now_ms()).max(0);
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(Duration::from_millis(wait.unsigned_abs())) => {}
@@ -106,8 +162,16 @@ pub async fn round_at(
                     .await
             });
         }
+        let mut unrecorded = None;
         while let Some(done) = tasks.join_next().await {
-            collect(Some(done), &mut report);
+            if let Some(err) = collect(done, &mut report) {
+                unrecorded = Some(err);
+            }
+        }
+        // The database went away mid-round: its attempts wait for their leases to expire, and
+        // the round ends as an outage (logged once by the caller, not once per row).
+        if let Some(err) = unrecorded {
+            return Err(err);
         }
     }
     metrics::gauge!("verdict_delivery_queue_depth")
@@ -115,23 +179,55 @@ pub async fn round_at(
     Ok(report)
 }
 
+/// Counts a finished attempt; returns a transient failure to record it, which is left to the
+/// caller to report once.
 fn collect(
-    done: Option<Result<Result<AttemptOutcome, StoreError>, tokio::task::JoinError>>,
+    done: Result<Result<AttemptOutcome, StoreError>, tokio::task::JoinError>,
     report: &mut Round,
-) {
+) -> Option<StoreError> {
     match done {
-        Some(Ok(Ok(outcome))) => {
+        Ok(Ok(outcome)) => {
             report.attempted += 1;
             if outcome == AttemptOutcome::Delivered {
                 report.delivered += 1;
             }
+            None
         }
-        Some(Ok(Err(err))) => {
+        Ok(Err(err)) => {
             report.attempted += 1;
             // The lease expires and the delivery is attempted again in a later round.
+            if err.is_transient() {
+                return Some(err);
+            }
             tracing::warn!(error = %err, "could not record a delivery attempt");
+            None
         }
-        Some(Err(err)) => tracing::error!(error = %err, "a delivery task panicked"),
-        None => {}
+        Err(err) => {
+            tracing::error!(error = %err, "a delivery task panicked");
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unreachable() -> StoreError {
+        StoreError::Unavailable(sqlx::Error::PoolTimedOut)
+    }
+
+    #[test]
+    fn an_outage_backs_off_from_half_a_second_doubling_to_thirty() {
+        let mut outage = Outage::default();
+        let waits: Vec<u128> = (0..9)
+            .map(|_| outage.failed(&unreachable()).as_millis())
+            .collect();
+        assert_eq!(
+            waits,
+            [500, 1000, 2000, 4000, 8000, 16000, 30000, 30000, 30000]
+        );
+        outage.ended();
+        assert_eq!(outage.failed(&unreachable()).as_millis(), 500);
     }
 }

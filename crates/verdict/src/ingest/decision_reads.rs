@@ -75,7 +75,17 @@ async fn reader(store: Arc<dyn Store>, queue: Arc<Mutex<mpsc::Receiver<(Subject,
             }
             Err(err) => {
                 let err = Arc::new(err);
-                for (_, answer) in reads {
+                let mut failed = reads;
+                // Reads that queued while this one waited for an unreachable database are
+                // answered now rather than after a wait of their own.
+                if err.is_unreachable()
+                    && let Ok(mut queue) = queue.try_lock()
+                {
+                    while let Ok(read) = queue.try_recv() {
+                        failed.push(read);
+                    }
+                }
+                for (_, answer) in failed {
                     let _ = answer.send(Err(StoreError::Batch(err.clone())));
                 }
             }

@@ -87,12 +87,24 @@ async fn committer(store: Arc<dyn Store>, queue: Arc<Mutex<mpsc::Receiver<Job>>>
             jobs
         };
         metrics::histogram!("verdict_group_commit_signals").record(jobs.len() as f64);
-        run(&*store, jobs, window).await;
+        if let Some(unreachable) = run(&*store, jobs, window).await {
+            // What queued while this batch waited for the database met the same outage: it is
+            // answered now (503, retry) rather than after another wait of its own, so no request
+            // waits out more than one connection timeout.
+            if let Ok(mut queue) = queue.try_lock() {
+                let mut waiting = Vec::new();
+                while let Ok(job) = queue.try_recv() {
+                    waiting.push(job);
+                }
+                fail(waiting, unreachable);
+            }
+        }
     }
 }
 
-/// Commits `jobs` together, or one by one after a batch failure that is not transient.
-async fn run(store: &dyn Store, jobs: Vec<Job>, window: i64) {
+/// Commits `jobs` together, or one by one after a batch failure that is not transient. Returns
+/// the failure if the batch failed because the database is unreachable.
+async fn run(store: &dyn Store, jobs: Vec<Job>, window: i64) -> Option<Arc<StoreError>> {
     let batch = batch_of(&jobs, window);
     match store.commit(&batch).await {
         Ok(result) => answer(jobs, result),
@@ -102,12 +114,17 @@ async fn run(store: &dyn Store, jobs: Vec<Job>, window: i64) {
                 let batch = batch_of(std::slice::from_ref(&job), window);
                 match store.commit(&batch).await {
                     Ok(result) => answer(vec![job], result),
-                    Err(err) => fail(vec![job], err),
+                    Err(err) => fail(vec![job], Arc::new(err)),
                 }
             }
         }
-        Err(err) => fail(jobs, err),
+        Err(err) => {
+            let err = Arc::new(err);
+            fail(jobs, err.clone());
+            return err.is_unreachable().then_some(err);
+        }
     }
+    None
 }
 
 fn batch_of(jobs: &[Job], alert_window_ms: i64) -> Batch {
@@ -144,8 +161,7 @@ fn answer(jobs: Vec<Job>, result: BatchResult) {
     }
 }
 
-fn fail(jobs: Vec<Job>, err: StoreError) {
-    let err = Arc::new(err);
+fn fail(jobs: Vec<Job>, err: Arc<StoreError>) {
     for job in jobs {
         let shared = StoreError::Batch(err.clone());
         match job {

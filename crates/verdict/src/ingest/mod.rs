@@ -485,9 +485,16 @@ impl Ingest {
                 // Recorded through the group commit: the record shares a commit with other
                 // signals' work instead of costing one of its own.
                 let (attempt, record) = deliverer.send(&due, Trigger::Inline, now_ms()).await?;
-                commits.record_attempt(record).await?;
-                crate::delivery::observe(&attempt);
-                Ok::<_, StoreError>(attempt.outcome)
+                match commits.record_attempt(record.clone()).await {
+                    Ok(()) => crate::delivery::observe(&attempt),
+                    // The database went away after the send: the record is retried in the
+                    // background, and the response does not wait for it.
+                    Err(err) if err.is_unreachable() => {
+                        tokio::spawn(record_later(commits, attempt, record).in_current_span());
+                    }
+                    Err(err) => return Err(err),
+                }
+                Ok::<_, StoreError>(())
             }
             .instrument(tracing::info_span!("delivery", delivery_id = %due_id, trigger = "inline")),
         );
@@ -511,9 +518,7 @@ impl Ingest {
         match err {
             IngestError::Unavailable(StoreError::LockLost) => {}
             IngestError::Unavailable(_) | IngestError::InProgress | IngestError::KeyReused => {
-                if let Err(release) = self.store.release(&held.key, held.lock_token).await {
-                    tracing::warn!(error = ?release, "could not release an idempotency lock");
-                }
+                self.release_soon(held).await;
             }
             IngestError::Store(cause) => {
                 tracing::error!(error = ?cause, "signal failed permanently; storing the 500");
@@ -531,6 +536,38 @@ impl Ingest {
             }
         }
     }
+
+    /// Releases a held lock so that the client's retry resumes at once. The failure that
+    /// brought us here is often the database going away, and the 503 must not wait out the
+    /// outage: the release gets [`RELEASE_INLINE`] (a reachable database answers in
+    /// milliseconds, so a retry sent at once finds the lock released), then goes on in the
+    /// background, retried while the database stays unreachable, until it answers or the lock
+    /// expires anyway (then a retry takes the key over).
+    async fn release_soon(&self, held: &HeldKey) {
+        let (store, held) = (self.store.clone(), held.clone());
+        let give_up_at = now_ms().saturating_add(self.settings.lock_timeout_ms);
+        let release = async move {
+            let mut wait = RELEASE_RETRY_MIN;
+            loop {
+                match store.release(&held.key, held.lock_token).await {
+                    Ok(()) => return,
+                    Err(err) if err.is_transient() && now_ms() < give_up_at => {
+                        tokio::time::sleep(wait).await;
+                        wait = (wait * 2).min(RELEASE_RETRY_MAX);
+                    }
+                    Err(err) => {
+                        tracing::warn!(
+                            error = ?err,
+                            "could not release an idempotency lock; it expires with its timeout"
+                        );
+                        return;
+                    }
+                }
+            }
+        };
+        let releasing = tokio::spawn(release.in_current_span());
+        let _ = tokio::time::timeout(RELEASE_INLINE, releasing).await;
+    }
 }
 
 /// The subject's keyed digest, scoped to the tenant so digests do not correlate across tenants;
@@ -546,6 +583,41 @@ pub fn subject_digest(keys: &Keyring, tenant_id: Uuid, subject: &Subject) -> [u8
         ]),
     }
 }
+
+/// Records an inline attempt that the database was unreachable for, retrying for as long as
+/// the lease reserves for bookkeeping after a send ([`crate::delivery::LEASE_MARGIN`]): an
+/// attempt made just before an outage is recorded when the database returns, instead of its
+/// delivery waiting out the lease and being sent again by the worker.
+async fn record_later(
+    commits: Arc<GroupCommit>,
+    attempt: crate::delivery::attempt::Attempt,
+    record: crate::store::AttemptRecord,
+) {
+    let give_up = tokio::time::Instant::now() + crate::delivery::LEASE_MARGIN;
+    let mut wait = RELEASE_RETRY_MIN;
+    loop {
+        tokio::time::sleep(wait).await;
+        match commits.record_attempt(record.clone()).await {
+            Ok(()) => return crate::delivery::observe(&attempt),
+            Err(err) if err.is_transient() && tokio::time::Instant::now() + wait < give_up => {
+                wait = (wait * 2).min(RELEASE_RETRY_MAX);
+            }
+            Err(err) => {
+                // The delivery stays leased, then due: the worker retries it.
+                return tracing::warn!(error = ?err, "could not record the inline delivery attempt");
+            }
+        }
+    }
+}
+
+/// How long a failed request waits for its lock's release before answering; the release goes
+/// on in the background after that.
+const RELEASE_INLINE: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// The first wait before a failed lock release (or attempt record) is tried again; it doubles
+/// up to [`RELEASE_RETRY_MAX`].
+const RELEASE_RETRY_MIN: std::time::Duration = std::time::Duration::from_millis(100);
+const RELEASE_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// What the completed-key cache compares a request's payload by.
 fn payload(inbound: &Inbound<'_>) -> Payload {

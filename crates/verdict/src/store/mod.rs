@@ -93,6 +93,26 @@ impl StoreError {
     }
 }
 
+impl StoreError {
+    /// Whether the database could not be reached at all (no connection within the timeout, or
+    /// the server going away), rather than a statement that may simply succeed when run again:
+    /// work queued behind such a failure meets the same outage.
+    pub fn is_unreachable(&self) -> bool {
+        use sqlx::Error as E;
+        match self {
+            Self::Unavailable(err) => match err {
+                E::Io(_) | E::Tls(_) | E::PoolTimedOut | E::PoolClosed | E::WorkerCrashed => true,
+                E::Database(db) => db
+                    .code()
+                    .is_some_and(|code| code.starts_with("08") || code.starts_with("57P")),
+                _ => false,
+            },
+            Self::Batch(inner) => inner.is_unreachable(),
+            _ => false,
+        }
+    }
+}
+
 impl From<sqlx::Error> for StoreError {
     fn from(err: sqlx::Error) -> Self {
         use sqlx::Error as E;
@@ -120,8 +140,12 @@ fn transient_database_error(db: &dyn sqlx::error::DatabaseError) -> bool {
         let primary = code.parse::<i32>().map_or(-1, |extended| extended & 0xff);
         return matches!(primary, 5 | 6 | 10 | 13);
     }
-    matches!(&*code, "40001" | "40P01" | "57P01" | "57P02" | "57P03")
-        || code.starts_with("08")
+    // Serialization, deadlock, shutdown; a write refused by a host that is (now) a read-only
+    // standby; connection (08) and resource (53: disk full, memory, too many connections).
+    matches!(
+        &*code,
+        "40001" | "40P01" | "57P01" | "57P02" | "57P03" | "25006"
+    ) || code.starts_with("08")
         || code.starts_with("53")
 }
 
@@ -214,6 +238,7 @@ macro_rules! sql_store {
 
 // The backends last: they expand `sql_store!`.
 mod postgres;
+mod postgres_hosts;
 mod sqlite;
 
 pub use postgres::PostgresStore;
@@ -256,5 +281,33 @@ mod tests {
         insert().await.unwrap();
         let err = StoreError::from(insert().await.expect_err("a duplicate"));
         assert!(!err.is_transient(), "{err:?}");
+    }
+
+    #[test]
+    fn no_connection_is_transient_and_unreachable() {
+        for err in [
+            sqlx::Error::PoolTimedOut,
+            sqlx::Error::Io(std::io::ErrorKind::ConnectionRefused.into()),
+            sqlx::Error::Io(std::io::ErrorKind::UnexpectedEof.into()),
+        ] {
+            let err = StoreError::from(err);
+            assert!(err.is_transient() && err.is_unreachable(), "{err:?}");
+            let batch = StoreError::Batch(std::sync::Arc::new(err));
+            assert!(batch.is_transient() && batch.is_unreachable());
+        }
+    }
+
+    #[test]
+    fn a_lost_lock_is_transient_but_not_an_outage() {
+        assert!(StoreError::LockLost.is_transient());
+        assert!(!StoreError::LockLost.is_unreachable());
+    }
+
+    #[test]
+    fn a_malformed_record_is_final() {
+        let err = StoreError::Corrupt("bad".into());
+        assert!(!err.is_transient() && !err.is_unreachable());
+        let err = StoreError::from(sqlx::Error::RowNotFound);
+        assert!(!err.is_transient() && !err.is_unreachable());
     }
 }

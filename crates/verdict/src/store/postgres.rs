@@ -1,12 +1,15 @@
 //! The shared backend: PostgreSQL, for several stateless `verdict` instances and workers.
 
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Postgres, Transaction};
+use tokio::sync::Notify;
 
 use super::StoreError;
+use super::postgres_hosts::{self, Switched, follow_writable};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
 
@@ -15,25 +18,105 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres
 /// as long at c=32).
 const COMMITTERS: usize = 2;
 
+/// The longest a statement waits for a connection, reconnecting included. While the database
+/// is down every acquire waits this long and then fails as transient, so a request answers 503
+/// within about this (work queued behind a batch that met the outage fails with it) instead of
+/// waiting out the outage. At normal load a connection is idle or opened in milliseconds.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// PostgreSQL-backed storage.
 #[derive(Clone)]
 pub struct PostgresStore {
     pool: PgPool,
+    /// With several hosts, the task that keeps new connections on the one that takes writes;
+    /// it stops with the last clone of the store.
+    _follower: Option<Arc<AbortOnDrop>>,
+}
+
+/// Aborts a background task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 impl PostgresStore {
-    /// Connects to the database a `postgres://` URL names.
+    /// Connects to the database a `postgres://` URL names. With several hosts
+    /// (`postgres://h1:p1,h2:p2/db`) it connects to the first that takes writes and follows a
+    /// failover to another ([`postgres_hosts`]).
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         // The group commit's multi-row statements differ by row count: keep every shape
         // prepared instead of re-planning them as they evict each other.
-        let options = PgConnectOptions::from_str(url)?
-            .statement_cache_capacity(super::pipeline::STATEMENT_SHAPES);
-        let pool = PgPoolOptions::new()
+        let hosts: Arc<[PgConnectOptions]> = postgres_hosts::split_hosts(url)
+            .map_err(|e| StoreError::Database(sqlx::Error::Configuration(e.into())))?
+            .iter()
+            .map(|url| {
+                Ok(PgConnectOptions::from_str(url)?
+                    .statement_cache_capacity(super::pipeline::STATEMENT_SHAPES))
+            })
+            .collect::<Result<Vec<_>, sqlx::Error>>()?
+            .into();
+        let options = PgPoolOptions::new()
             .max_connections(16)
-            .acquire_timeout(Duration::from_secs(10))
-            .connect_with(options)
+            .acquire_timeout(ACQUIRE_TIMEOUT);
+        if hosts.len() == 1 {
+            let pool = options.connect_with(hosts[0].clone()).await?;
+            return Ok(Self {
+                pool,
+                _follower: None,
+            });
+        }
+        let current = postgres_hosts::first_writable(&hosts)
+            .await
+            .map_err(|why| {
+                StoreError::Unavailable(sqlx::Error::Configuration(
+                    format!("no database host takes writes ({why})").into(),
+                ))
+            })?;
+        let wake = Arc::new(Notify::new());
+        let woken = wake.clone();
+        let switched = Arc::new(Switched::default());
+        let since_switch = switched.clone();
+        let pool = options
+            // A connection opened before new connections moved to another host is closed.
+            .before_acquire(move |_, meta| {
+                let current = since_switch.is_current(meta.age);
+                Box::pin(async move { Ok(current) })
+            })
+            // A new connection that lands on a read-only host (a standby not yet promoted, a
+            // demoted primary) is refused, and the follower looks for the new primary at once.
+            .after_connect(move |conn, _| {
+                let wake = woken.clone();
+                Box::pin(async move {
+                    if postgres_hosts::takes_writes(conn).await? {
+                        return Ok(());
+                    }
+                    wake.notify_one();
+                    Err(sqlx::Error::Configuration(
+                        "connected to a read-only database host".into(),
+                    ))
+                })
+            })
+            .connect_with(hosts[current].clone())
             .await?;
-        Ok(Self { pool })
+        tracing::info!(
+            host = %postgres_hosts::label(&hosts[current]),
+            hosts = hosts.len(),
+            "connected to the database host that takes writes"
+        );
+        let follower = tokio::spawn(follow_writable(
+            pool.clone(),
+            hosts,
+            current,
+            wake,
+            switched,
+        ));
+        Ok(Self {
+            pool,
+            _follower: Some(Arc::new(AbortOnDrop(follower))),
+        })
     }
 
     /// The pool every statement goes through (PostgreSQL has no single-writer limit).

@@ -2,9 +2,11 @@
 //! on a real socket, tenants made with the real CLI, and signed requests.
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod hostile;
 pub mod proxy;
 pub mod receiver;
+pub mod retrying;
 pub mod sets;
 
 use std::io::{BufRead, BufReader};
@@ -80,21 +82,7 @@ impl TestDb {
             },
             Backend::Postgres => {
                 let name = format!("verdict_test_{}", Uuid::new_v4().simple());
-                let admin = PgPool::connect(&pg_admin_url()).await.unwrap_or_else(|e| {
-                    panic!(
-                        "PostgreSQL is required for the postgres tests and is unreachable at {} \
-                         ({e}); start it with `pg_ctlcluster --skip-systemctl-redirect \
-                         $(ls /etc/postgresql) main start`",
-                        pg_admin_url()
-                    )
-                });
-                sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-                    .execute(&admin)
-                    .await
-                    .unwrap();
-                admin.close().await;
-                let base = pg_admin_url();
-                let url = format!("{}/{name}", &base[..base.rfind('/').unwrap()]);
+                let url = create_database(&pg_admin_url(), &name).await;
                 TestDb {
                     backend,
                     url,
@@ -104,6 +92,15 @@ impl TestDb {
                 }
             }
         }
+    }
+
+    /// A fresh database in a cluster of the test's own; it goes when the cluster is dropped.
+    pub async fn in_cluster(cluster: &cluster::Cluster) -> TestDb {
+        let mut db = TestDb::new(Backend::Sqlite).await;
+        let name = format!("verdict_test_{}", Uuid::new_v4().simple());
+        db.backend = Backend::Postgres;
+        db.url = create_database(&cluster.admin_url(), &name).await;
+        db
     }
 
     /// The folder for this test's files (SQLite database, key files).
@@ -340,6 +337,23 @@ impl Drop for TestDb {
             .join();
         }
     }
+}
+
+/// Creates database `name` on the server `admin_url` names; returns the database's URL.
+async fn create_database(admin_url: &str, name: &str) -> String {
+    let admin = PgPool::connect(admin_url).await.unwrap_or_else(|e| {
+        panic!(
+            "PostgreSQL is required for the postgres tests and is unreachable at {admin_url} \
+             ({e}); start it with `pg_ctlcluster --skip-systemctl-redirect \
+             $(ls /etc/postgresql) main start`"
+        )
+    });
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&admin)
+        .await
+        .unwrap();
+    admin.close().await;
+    format!("{}/{name}", &admin_url[..admin_url.rfind('/').unwrap()])
 }
 
 fn rand_bytes() -> [u8; 32] {
@@ -602,6 +616,32 @@ pub const MANUAL_WORKER: [(&str, &str); 3] = [
 
 /// Where test tenants' callbacks point when a test does not receive them: a closed port.
 pub const UNUSED_CALLBACK: &str = "http://127.0.0.1:9/hook";
+
+/// Appends a server's log to `<VERDICT_FAULTS_LOG_DIR>/<scenario>.log` when that is set (by
+/// `scripts/faults`), for a person to read after a run; does nothing otherwise.
+pub fn keep_log(scenario: &str, logs: &str) {
+    use std::io::Write;
+    let Ok(dir) = std::env::var("VERDICT_FAULTS_LOG_DIR") else {
+        return;
+    };
+    let name: String = scenario
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    let _ = std::fs::create_dir_all(&dir);
+    if let Ok(mut file) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(format!("{dir}/{name}.log"))
+    {
+        let _ = writeln!(file, "{logs}");
+    }
+}
+
+/// A random number in `lo..=hi` (no RNG crate needed: UUIDv4s are random).
+pub fn random_between(lo: u64, hi: u64) -> u64 {
+    lo + (Uuid::new_v4().as_u128() % u128::from(hi - lo + 1)) as u64
+}
 
 /// A fresh random UUIDv4 idempotency key.
 pub fn new_key() -> String {
