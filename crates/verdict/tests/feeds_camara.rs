@@ -265,8 +265,8 @@ async fn lifecycle_events_are_acknowledged_and_errors_take_camaras_shape(backend
     );
     assert!(
         server
-            .logs()
-            .contains("CAMARA subscription lifecycle notification acknowledged")
+            .logged("CAMARA subscription lifecycle notification acknowledged")
+            .await
     );
 
     let body = swap("sub-1", Some("+447700900555"), 1);

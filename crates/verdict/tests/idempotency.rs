@@ -148,8 +148,8 @@ async fn abandoned_in_flight_key_is_taken_over_after_the_lock_expires(backend: B
     assert!(!taken.replayed());
     assert!(
         server
-            .logs()
-            .contains("took over an abandoned idempotency key")
+            .logged("took over an abandoned idempotency key")
+            .await
     );
     assert_eq!(db.count("events").await, 1);
 }

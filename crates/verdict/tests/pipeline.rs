@@ -154,8 +154,8 @@ async fn retry_after_a_crash_mid_effects_gets_the_fresh_decision(backend: Backen
     assert_fresh_decision(&reply);
     assert!(
         server
-            .logs()
-            .contains("took over an abandoned idempotency key")
+            .logged("took over an abandoned idempotency key")
+            .await
     );
     assert_eq!(db.count("alerts").await, 1);
 }

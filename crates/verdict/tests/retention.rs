@@ -158,7 +158,7 @@ async fn the_servers_pruner_applies_the_configured_retention(backend: Backend) {
     assert_eq!(db.count("events").await, 1);
     assert_eq!(db.count("deliveries").await, 1);
     assert_eq!(db.count("delivery_attempts").await, 1);
-    assert!(server.logs().contains("pruned past retention"));
+    assert!(server.logged("pruned past retention").await);
 }
 
 async fn playbook_versions_beyond_the_newest_50_go_unless_an_event_names_them(backend: Backend) {

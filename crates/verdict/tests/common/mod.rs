@@ -441,6 +441,18 @@ impl Server {
         self.logs.lock().unwrap().join("\n")
     }
 
+    /// Whether the server logs `needle` within 5 s: its stderr is read on another thread, so a
+    /// line written just before a response may arrive a moment after it.
+    pub async fn logged(&self, needle: &str) -> bool {
+        for _ in 0..100 {
+            if self.logs().contains(needle) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        false
+    }
+
     /// Sends SIGTERM and waits for the process to exit; returns whether it exited cleanly.
     pub fn terminate(mut self) -> bool {
         let pid = self.child.id().to_string();
