@@ -74,7 +74,9 @@ pub async fn post_set(State(app): State<AppState>, headers: HeaderMap, body: Bod
 }
 
 async fn receive_set(app: &AppState, headers: &HeaderMap, body: Body) -> Result<(), SetRefusal> {
-    // 1. Validate without a round trip.
+    // 1. Validate without a round trip; a request with no API key at all is a 401 before
+    // anything else is said about it.
+    super::auth::bearer(headers).ok_or(ApiError::from(AuthError::MissingApiKey))?;
     if !has_media_type(headers, &[SECEVENT_JWT]) {
         return Err(ApiError::UnsupportedMediaType.into());
     }
@@ -177,7 +179,9 @@ async fn receive_camara(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<(), CamaraRefusal> {
-    // 1. Validate without a round trip.
+    // 1. Validate without a round trip; a request with no API key at all is a 401 before
+    // anything else is said about it.
+    super::auth::bearer(headers).ok_or(ApiError::from(AuthError::MissingApiKey))?;
     if !has_media_type(
         headers,
         &["application/cloudevents+json", "application/json"],
