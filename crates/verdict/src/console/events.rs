@@ -57,7 +57,7 @@ pub async fn list(
     Query(q): Query<EventsQuery>,
 ) -> Response {
     let tenant = match operator.tenant(Scope::Read) {
-        Ok(t) => t.clone(),
+        Ok(t) => t,
         Err(refused) => return refused.into_response(),
     };
     let pick = |value: &str, allowed: &[&str]| allowed.contains(&value).then(|| value.to_owned());
@@ -136,7 +136,7 @@ pub async fn show(
     Query(done): Query<DoneQuery>,
 ) -> Response {
     let tenant = match operator.tenant(Scope::Read) {
-        Ok(t) => t.clone(),
+        Ok(t) => t,
         Err(refused) => return refused.into_response(),
     };
     let Ok(id) = Uuid::parse_str(&id) else {
@@ -260,7 +260,7 @@ pub async fn deliveries(
     Query(q): Query<StatusQuery>,
 ) -> Response {
     let tenant = match operator.tenant(Scope::Read) {
-        Ok(t) => t.clone(),
+        Ok(t) => t,
         Err(refused) => return refused.into_response(),
     };
     let status: Option<DeliveryStatus> = q.status.parse().ok();
@@ -313,14 +313,8 @@ pub async fn redeliver(
     Path(id): Path<String>,
     axum::Form(form): axum::Form<CsrfOnly>,
 ) -> Response {
-    if !operator.csrf_ok(&form.csrf) {
-        return layout::refusal(
-            StatusCode::FORBIDDEN,
-            "The form has expired; reload the page.",
-        );
-    }
-    let tenant = match operator.tenant(Scope::Admin) {
-        Ok(t) => t.clone(),
+    let tenant = match operator.acting(&form.csrf, Scope::Admin) {
+        Ok(t) => t,
         Err(refused) => return refused.into_response(),
     };
     let Ok(id) = Uuid::parse_str(&id) else {

@@ -17,7 +17,7 @@ const MINUTES: i64 = 60;
 /// `GET /console/live`.
 pub async fn show(State(app): State<AppState>, operator: Operator) -> Response {
     let tenant = match operator.tenant(Scope::Read) {
-        Ok(t) => t.clone(),
+        Ok(t) => t,
         Err(refused) => return refused.into_response(),
     };
     let now = now_ms();

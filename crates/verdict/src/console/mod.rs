@@ -106,12 +106,21 @@ pub struct Operator {
 
 impl Operator {
     /// The tenant, if the key may do `needed`.
-    fn tenant(&self, needed: Scope) -> Result<&TenantRecord, NeedsAdmin> {
+    fn tenant(&self, needed: Scope) -> Result<TenantRecord, Refused> {
         if self.grant.scope.allows(needed) {
-            Ok(&self.grant.tenant)
+            Ok(self.grant.tenant.clone())
         } else {
-            Err(NeedsAdmin)
+            Err(Refused::NeedsAdmin)
         }
+    }
+
+    /// The tenant, for a form that acts: its CSRF token must be this session's, and the key
+    /// may do `needed`.
+    fn acting(&self, posted_csrf: &str, needed: Scope) -> Result<TenantRecord, Refused> {
+        if !self.csrf_ok(posted_csrf) {
+            return Err(Refused::StaleForm);
+        }
+        self.tenant(needed)
     }
 
     /// Whether a posted token is this session's.
@@ -150,15 +159,21 @@ impl FromRequestParts<AppState> for Operator {
     }
 }
 
-/// A read key tried to act.
-pub struct NeedsAdmin;
+/// Why a signed-in operator may not do what a page asked.
+pub enum Refused {
+    /// A read key tried to act.
+    NeedsAdmin,
+    /// A form without this session's CSRF token.
+    StaleForm,
+}
 
-impl IntoResponse for NeedsAdmin {
+impl IntoResponse for Refused {
     fn into_response(self) -> Response {
-        layout::refusal(
-            StatusCode::FORBIDDEN,
-            "This needs an admin key; you are signed in with a read key.",
-        )
+        let message = match self {
+            Self::NeedsAdmin => "This needs an admin key; you are signed in with a read key.",
+            Self::StaleForm => "The form has expired; reload the page.",
+        };
+        layout::refusal(StatusCode::FORBIDDEN, message)
     }
 }
 
@@ -272,11 +287,8 @@ struct CsrfOnly {
 }
 
 async fn sign_out(operator: Operator, axum::Form(form): axum::Form<CsrfOnly>) -> Response {
-    if !operator.csrf_ok(&form.csrf) {
-        return layout::refusal(
-            StatusCode::FORBIDDEN,
-            "The form has expired; reload the page.",
-        );
+    if let Err(refused) = operator.acting(&form.csrf, Scope::Read) {
+        return refused.into_response();
     }
     let mut response = Redirect::to("/console/sign-in").into_response();
     response.headers_mut().insert(

@@ -29,7 +29,7 @@ pub async fn show(
     Query(q): Query<DoneQuery>,
 ) -> Response {
     let tenant = match operator.tenant(Scope::Read) {
-        Ok(t) => t.clone(),
+        Ok(t) => t,
         Err(refused) => return refused.into_response(),
     };
     let current = playbook::current_source(&*app.store, tenant.id).await;
@@ -102,14 +102,8 @@ pub async fn check(
     operator: Operator,
     axum::Form(form): axum::Form<Candidate>,
 ) -> Response {
-    if !operator.csrf_ok(&form.csrf) {
-        return layout::refusal(
-            StatusCode::FORBIDDEN,
-            "The form has expired; reload the page.",
-        );
-    }
-    let tenant = match operator.tenant(Scope::Read) {
-        Ok(t) => t.clone(),
+    let tenant = match operator.acting(&form.csrf, Scope::Read) {
+        Ok(t) => t,
         Err(refused) => return refused.into_response(),
     };
     let format = form.format();
@@ -158,14 +152,8 @@ pub async fn publish(
     operator: Operator,
     axum::Form(form): axum::Form<Candidate>,
 ) -> Response {
-    if !operator.csrf_ok(&form.csrf) {
-        return layout::refusal(
-            StatusCode::FORBIDDEN,
-            "The form has expired; reload the page.",
-        );
-    }
-    let tenant = match operator.tenant(Scope::Admin) {
-        Ok(t) => t.clone(),
+    let tenant = match operator.acting(&form.csrf, Scope::Admin) {
+        Ok(t) => t,
         Err(refused) => return refused.into_response(),
     };
     match playbook::upload(&*app.store, tenant.id, &form.source, form.format()).await {

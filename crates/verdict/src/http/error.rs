@@ -179,7 +179,11 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let problem = self.problem();
-        if problem.status >= 500 {
+        if problem.status == 503 {
+            // Transient: the client retries with the same key. An outage would otherwise log
+            // one error per request; the store and the worker say once that it is down.
+            tracing::warn!(error = ?self, "request failed transiently");
+        } else if problem.status >= 500 {
             tracing::error!(error = ?self, "request failed");
         } else {
             tracing::info!(problem = %problem.type_uri, "request refused");
