@@ -122,18 +122,13 @@ pub async fn list(
     layout::page("Events", &operator, Section::Events, body)
 }
 
-#[derive(Debug, Default, Deserialize)]
-pub struct DoneQuery {
-    done: Option<String>,
-}
-
 /// `GET /console/events/{id}`: the signal without raw identifiers, the decision and each
 /// delivery with every attempt.
 pub async fn show(
     State(app): State<AppState>,
     operator: Operator,
     Path(id): Path<String>,
-    Query(done): Query<DoneQuery>,
+    Query(done): Query<layout::DoneQuery>,
 ) -> Response {
     let tenant = match operator.tenant(Scope::Read) {
         Ok(t) => t,

@@ -118,6 +118,12 @@ pub fn csrf(operator: &Operator) -> Markup {
     html! { input type="hidden" name="csrf" value=(operator.csrf); }
 }
 
+/// The `done` query parameter a page is redirected with after an action.
+#[derive(Debug, Default, serde::Deserialize)]
+pub struct DoneQuery {
+    pub done: Option<String>,
+}
+
 /// A message after an action (from the `done` query parameter).
 pub fn notice(text: Option<&str>) -> Markup {
     html! {

@@ -17,16 +17,11 @@ use crate::store::Scope;
 /// Versions shown in the history.
 const HISTORY: i64 = 20;
 
-#[derive(Debug, Default, Deserialize)]
-pub struct DoneQuery {
-    done: Option<String>,
-}
-
 /// `GET /console/playbook`.
 pub async fn show(
     State(app): State<AppState>,
     operator: Operator,
-    Query(q): Query<DoneQuery>,
+    Query(q): Query<layout::DoneQuery>,
 ) -> Response {
     let tenant = match operator.tenant(Scope::Read) {
         Ok(t) => t,
