@@ -213,7 +213,6 @@ macro_rules! sql_store {
         actions_sql!($store, $conn);
         events_sql!($store, $conn);
         deliveries_sql!($store, $conn, $lease_due);
-        pipeline_sql!($store, $conn);
         feeds_sql!($store, $conn);
         activity_sql!($store, $conn);
 
@@ -239,6 +238,7 @@ macro_rules! sql_store {
 // The backends last: they expand `sql_store!`.
 mod postgres;
 mod postgres_hosts;
+mod postgres_pipeline;
 mod sqlite;
 
 pub use postgres::PostgresStore;

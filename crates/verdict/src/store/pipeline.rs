@@ -111,68 +111,6 @@ pub trait PipelineStore {
 /// Implements [`PipelineStore`] for a backend.
 macro_rules! pipeline_sql {
     ($store:ty, $conn:ty) => {
-        /// Re-checks the locks of keyed acts (token and state), taking each row's lock for the
-        /// rest of the transaction; returns the keys still ours.
-        async fn hold_keys(
-            conn: &mut $conn,
-            held: &[&$crate::store::HeldKey],
-        ) -> Result<std::collections::HashSet<(uuid::Uuid, Vec<u8>, uuid::Uuid)>, sqlx::Error> {
-            if held.is_empty() {
-                return Ok(Default::default());
-            }
-            let mut q = sqlx::QueryBuilder::<Db>::new(
-                "UPDATE idempotency_keys SET locked_until = locked_until \
-                 WHERE state <> 'completed' AND (tenant_id, endpoint, key_digest, lock_token) IN \
-                 (VALUES ",
-            );
-            let mut list = q.separated(", ");
-            for h in held {
-                list.push("(");
-                list.push_bind_unseparated(h.key.tenant_id);
-                list.push_unseparated(", ");
-                list.push_bind_unseparated(h.key.endpoint);
-                list.push_unseparated(", ");
-                list.push_bind_unseparated(h.key.digest.clone());
-                list.push_unseparated(", ");
-                list.push_bind_unseparated(h.lock_token);
-                list.push_unseparated(")");
-            }
-            q.push(") RETURNING tenant_id, key_digest, lock_token");
-            let rows: Vec<(uuid::Uuid, Vec<u8>, uuid::Uuid)> =
-                q.build_query_as().fetch_all(conn).await?;
-            Ok(rows.into_iter().collect())
-        }
-
-        /// Completes held keys with their responses, in one statement.
-        async fn complete_keys(
-            conn: &mut $conn,
-            done: &[(&$crate::store::HeldKey, &$crate::store::StoredResponse)],
-        ) -> Result<(), sqlx::Error> {
-            if done.is_empty() {
-                return Ok(());
-            }
-            let mut q = sqlx::QueryBuilder::<Db>::new(
-                "UPDATE idempotency_keys SET state = 'completed', response_status = v.column5, \
-                 response_body = v.column6, lock_token = NULL, locked_until = 0 FROM (",
-            );
-            q.push_values(done, |mut row, (h, response)| {
-                row.push_bind(h.key.tenant_id)
-                    .push_bind(h.key.endpoint)
-                    .push_bind(h.key.digest.clone())
-                    .push_bind(h.lock_token)
-                    .push_bind(i32::from(response.status))
-                    .push_bind(response.body.clone());
-            });
-            q.push(
-                ") AS v WHERE idempotency_keys.tenant_id = v.column1 \
-                 AND idempotency_keys.endpoint = v.column2 \
-                 AND idempotency_keys.key_digest = v.column3 \
-                 AND idempotency_keys.lock_token = v.column4",
-            );
-            q.build().execute(conn).await?;
-            Ok(())
-        }
-
         /// Applies every act's effects, one multi-row statement per action.
         async fn apply_effects(
             conn: &mut $conn,
@@ -201,7 +139,9 @@ macro_rules! pipeline_sql {
                     ActionKind::LockAccount => {
                         apply_once_per_key(conn, OncePerKey::Lock, &targets).await?
                     }
-                    ActionKind::Deny => apply_once_per_key(conn, OncePerKey::Deny, &targets).await?,
+                    ActionKind::Deny => {
+                        apply_once_per_key(conn, OncePerKey::Deny, &targets).await?
+                    }
                     ActionKind::ChargeStepUp => {
                         apply_once_per_key(conn, OncePerKey::Ledger, &targets).await?
                     }
@@ -229,8 +169,9 @@ macro_rules! pipeline_sql {
                     })
                 })
                 .collect();
-            let with_callback: Vec<usize> =
-                (0..acts.len()).filter(|&i| deliveries[i].is_some()).collect();
+            let with_callback: Vec<usize> = (0..acts.len())
+                .filter(|&i| deliveries[i].is_some())
+                .collect();
             let rows: Vec<_> = with_callback
                 .iter()
                 .filter_map(|&i| {
@@ -277,11 +218,9 @@ macro_rules! pipeline_sql {
                 let held: Vec<_> = batch.acts.iter().filter_map(|a| a.held.as_ref()).collect();
                 let ours = hold_keys(conn, &held).await?;
                 let live = |a: &$crate::store::Act| {
-                    a.held
-                        .as_ref()
-                        .is_none_or(|h| {
-                            ours.contains(&(h.key.tenant_id, h.key.digest.clone(), h.lock_token))
-                        })
+                    a.held.as_ref().is_none_or(|h| {
+                        ours.contains(&(h.key.tenant_id, h.key.digest.clone(), h.lock_token))
+                    })
                 };
                 let acts: Vec<_> = batch.acts.iter().filter(|a| live(a)).collect();
                 let (outcomes, deliveries) =
@@ -291,8 +230,7 @@ macro_rules! pipeline_sql {
                     .zip(&outcomes)
                     .map(|(a, o)| (a.finish)(o))
                     .collect();
-                insert_events(conn, &finished.iter().map(|f| &f.event).collect::<Vec<_>>())
-                    .await?;
+                insert_events(conn, &finished.iter().map(|f| &f.event).collect::<Vec<_>>()).await?;
                 let completions: Vec<_> = acts
                     .iter()
                     .zip(&finished)

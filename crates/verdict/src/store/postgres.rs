@@ -129,7 +129,7 @@ impl PostgresStore {
         &self.pool
     }
 
-    async fn begin(&self) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+    pub(super) async fn begin(&self) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
         self.pool.begin().await
     }
 }
@@ -145,3 +145,72 @@ const LEASE_DUE: &str = "UPDATE deliveries SET leased_until = $2 WHERE id IN ( \
      (SELECT callback_url FROM tenants WHERE tenants.id = deliveries.tenant_id) AS callback_url";
 
 sql_store!(PostgresStore, sqlx::PgConnection, LEASE_DUE, COMMITTERS);
+
+/// The group commit in fewer statements ([`super::postgres_pipeline`]): `BEGIN`, the held
+/// locks' re-check, claims and effects, the outbox, the events, the completions, the attempts'
+/// records, `COMMIT`.
+#[async_trait::async_trait]
+impl super::PipelineStore for PostgresStore {
+    async fn commit(&self, batch: &super::Batch) -> Result<super::BatchResult, StoreError> {
+        use super::postgres_pipeline as fused;
+        use crate::actions::ActionKind;
+        use crate::failpoint::failpoint;
+        let mut tx = self.write().begin_with(fused::BEGIN).await?;
+        let held: Vec<_> = batch.acts.iter().filter_map(|a| a.held.as_ref()).collect();
+        let ours = hold_keys(&mut tx, &held).await?;
+        let live: Vec<usize> = (0..batch.acts.len())
+            .filter(|&i| {
+                batch.acts[i].held.as_ref().is_none_or(|h| {
+                    ours.contains(&(h.key.tenant_id, h.key.digest.clone(), h.lock_token))
+                })
+            })
+            .collect();
+        let found = fused::claim_and_apply(&mut tx, batch, &live).await?;
+        let mut outcomes = fused::outcomes_of(batch, &live, &found);
+        for action in ActionKind::LOCAL {
+            if live
+                .iter()
+                .any(|&i| batch.acts[i].effects.contains(&action))
+            {
+                failpoint!(crate::failpoint::after_action(action));
+            }
+        }
+        let deliveries = fused::outbox(&mut tx, batch, &live, &mut outcomes).await?;
+        let finished: Vec<super::pipeline::Finished> = live
+            .iter()
+            .zip(&outcomes)
+            .map(|(&i, o)| (batch.acts[i].finish)(o))
+            .collect();
+        fused::insert_events(&mut tx, &finished).await?;
+        let completions: Vec<_> = live
+            .iter()
+            .zip(&finished)
+            .filter_map(|(&i, f)| batch.acts[i].held.as_ref().map(|h| (h, &f.response)))
+            .collect();
+        complete_keys(&mut tx, &completions).await?;
+        record_attempts(&mut tx, &batch.attempts.iter().collect::<Vec<_>>()).await?;
+        if !live.is_empty() {
+            failpoint!("act::before_commit");
+        }
+        tx.commit().await?;
+
+        let mut committed = outcomes.into_iter().zip(finished).zip(deliveries).map(
+            |((outcome, finished), delivery)| super::pipeline::Committed {
+                delivery: delivery.filter(|_| outcome.callback_inserted),
+                outcome,
+                response: finished.response,
+            },
+        );
+        let mut live = live.into_iter().peekable();
+        let acts = (0..batch.acts.len())
+            .map(|i| match live.next_if_eq(&i) {
+                Some(_) => committed.next().ok_or(StoreError::LockLost),
+                None => Err(StoreError::LockLost),
+            })
+            .collect();
+        Ok(super::BatchResult {
+            claims: fused::claims_won(batch, &found),
+            acts,
+        })
+    }
+}

@@ -37,13 +37,18 @@ impl SqliteStore {
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(Duration::from_secs(10))
             .foreign_keys(true);
+        // A pool pings each connection it hands out unless told otherwise: a thread hop per
+        // group commit. An SQLite connection is a file handle in this process and cannot
+        // break while idle, so the ping checks nothing.
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
+            .test_before_acquire(false)
             .acquire_timeout(Duration::from_secs(30))
             .connect_with(options.clone())
             .await?;
         let reader = SqlitePoolOptions::new()
             .max_connections(4)
+            .test_before_acquire(false)
             .acquire_timeout(Duration::from_secs(30))
             .connect_with(options.read_only(true))
             .await?;
@@ -75,3 +80,5 @@ const LEASE_DUE: &str = "UPDATE deliveries SET leased_until = $2 WHERE id IN ( \
      (SELECT callback_url FROM tenants WHERE tenants.id = deliveries.tenant_id) AS callback_url";
 
 sql_store!(SqliteStore, sqlx::SqliteConnection, LEASE_DUE, 1);
+// SQLite runs the group commit's statements one by one: they are calls, not round trips.
+pipeline_sql!(SqliteStore, sqlx::SqliteConnection);
