@@ -3,8 +3,7 @@
 -- A foreign-key check takes a FOR KEY SHARE lock on the referenced row. Every signal's rows
 -- point at the same tenant row, so every concurrent transaction of that tenant locks it, and
 -- several lockers of one row make PostgreSQL build a MultiXact for each new one: eight such
--- checks per signal, serialized on one row, were about a tenth of the ingest pipeline's
--- throughput (scripts/bench). Tenants are never deleted, and every tenant id written here
+-- checks per signal, all on one row. Tenants are never deleted, and every tenant id written here
 -- comes from a request that authenticated as that tenant a moment before, so the checks
 -- guarded nothing. The references between the pipeline's own rows (attempts to deliveries,
 -- case events to cases) stay: they guard what retention deletes.
