@@ -5,9 +5,11 @@
 //! lock was taken over, is reported for that signal alone, and every effect is
 //! `ON CONFLICT DO NOTHING`, so one signal's conflict never fails the others.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use uuid::Uuid;
 
 use super::{
     ActionTarget, AttemptRecord, Claim, KeyRef, NewDelivery, NewEvent, StoreError, StoredResponse,
@@ -106,6 +108,45 @@ pub struct BatchResult {
 pub trait PipelineStore {
     /// Writes a batch in one transaction. An `Err` means nothing of the batch was stored.
     async fn commit(&self, batch: &Batch) -> Result<BatchResult, StoreError>;
+}
+
+/// The acts whose key is still ours (`ours`, as the held locks' re-check returns it) and the
+/// keyless ones, by index in the batch.
+pub(crate) fn live_acts(batch: &Batch, ours: &HashSet<(Uuid, Vec<u8>, Uuid)>) -> Vec<usize> {
+    (0..batch.acts.len())
+        .filter(|&i| {
+            batch.acts[i].held.as_ref().is_none_or(|h| {
+                ours.contains(&(h.key.tenant_id, h.key.digest.clone(), h.lock_token))
+            })
+        })
+        .collect()
+}
+
+/// Each request's answer from a committed batch: the live acts' outcomes (in `live`'s order),
+/// and `LockLost` for an act whose key another request took over.
+pub(crate) fn batch_result(
+    batch: &Batch,
+    live: Vec<usize>,
+    outcomes: Vec<ActOutcome>,
+    finished: Vec<Finished>,
+    deliveries: Vec<Option<NewDelivery>>,
+    claims: Vec<bool>,
+) -> BatchResult {
+    let mut committed = outcomes.into_iter().zip(finished).zip(deliveries).map(
+        |((outcome, finished), delivery)| Committed {
+            delivery: delivery.filter(|_| outcome.callback_inserted),
+            outcome,
+            response: finished.response,
+        },
+    );
+    let mut live = live.into_iter().peekable();
+    let acts = (0..batch.acts.len())
+        .map(|i| match live.next_if_eq(&i) {
+            Some(_) => committed.next().ok_or(StoreError::LockLost),
+            None => Err(StoreError::LockLost),
+        })
+        .collect();
+    BatchResult { claims, acts }
 }
 
 /// Implements [`PipelineStore`] for a backend.
@@ -217,12 +258,8 @@ macro_rules! pipeline_sql {
                 // Acts whose key is still ours, and keyless ones.
                 let held: Vec<_> = batch.acts.iter().filter_map(|a| a.held.as_ref()).collect();
                 let ours = hold_keys(conn, &held).await?;
-                let live = |a: &$crate::store::Act| {
-                    a.held.as_ref().is_none_or(|h| {
-                        ours.contains(&(h.key.tenant_id, h.key.digest.clone(), h.lock_token))
-                    })
-                };
-                let acts: Vec<_> = batch.acts.iter().filter(|a| live(a)).collect();
+                let live = $crate::store::pipeline::live_acts(batch, &ours);
+                let acts: Vec<_> = live.iter().map(|&i| &batch.acts[i]).collect();
                 let (outcomes, deliveries) =
                     apply_effects(conn, &acts, batch.alert_window_ms).await?;
                 let finished: Vec<_> = acts
@@ -242,25 +279,9 @@ macro_rules! pipeline_sql {
                     $crate::failpoint::failpoint!("act::before_commit");
                 }
 
-                let mut committed = outcomes.into_iter().zip(finished).zip(deliveries).map(
-                    |((outcome, finished), delivery)| $crate::store::pipeline::Committed {
-                        delivery: delivery.filter(|_| outcome.callback_inserted),
-                        outcome,
-                        response: finished.response,
-                    },
-                );
-                let acts = batch
-                    .acts
-                    .iter()
-                    .map(|a| match live(a) {
-                        true => committed.next().ok_or($crate::store::StoreError::LockLost),
-                        false => Err($crate::store::StoreError::LockLost),
-                    })
-                    .collect();
-                Ok($crate::store::BatchResult {
-                    claims: claim_won,
-                    acts,
-                })
+                Ok($crate::store::pipeline::batch_result(
+                    batch, live, outcomes, finished, deliveries, claim_won,
+                ))
             }
         }
 

@@ -195,13 +195,7 @@ impl super::PipelineStore for PostgresStore {
         let mut tx = self.begin_with(fused::BEGIN).await?;
         let held: Vec<_> = batch.acts.iter().filter_map(|a| a.held.as_ref()).collect();
         let ours = hold_keys(&mut tx, &held).await?;
-        let live: Vec<usize> = (0..batch.acts.len())
-            .filter(|&i| {
-                batch.acts[i].held.as_ref().is_none_or(|h| {
-                    ours.contains(&(h.key.tenant_id, h.key.digest.clone(), h.lock_token))
-                })
-            })
-            .collect();
+        let live = super::pipeline::live_acts(batch, &ours);
         let found = fused::claim_and_apply(&mut tx, batch, &live).await?;
         let mut outcomes = fused::outcomes_of(batch, &live, &found);
         for action in ActionKind::LOCAL {
@@ -231,23 +225,9 @@ impl super::PipelineStore for PostgresStore {
         }
         tx.commit().await?;
 
-        let mut committed = outcomes.into_iter().zip(finished).zip(deliveries).map(
-            |((outcome, finished), delivery)| super::pipeline::Committed {
-                delivery: delivery.filter(|_| outcome.callback_inserted),
-                outcome,
-                response: finished.response,
-            },
-        );
-        let mut live = live.into_iter().peekable();
-        let acts = (0..batch.acts.len())
-            .map(|i| match live.next_if_eq(&i) {
-                Some(_) => committed.next().ok_or(StoreError::LockLost),
-                None => Err(StoreError::LockLost),
-            })
-            .collect();
-        Ok(super::BatchResult {
-            claims: fused::claims_won(batch, &found),
-            acts,
-        })
+        let claims = fused::claims_won(batch, &found);
+        Ok(super::pipeline::batch_result(
+            batch, live, outcomes, finished, deliveries, claims,
+        ))
     }
 }

@@ -13,8 +13,8 @@
 //!
 //! A batch is `BEGIN`, the held locks' re-check, these three, the completions, the attempts'
 //! records and `COMMIT` ([`super::PostgresStore`]'s `PipelineStore`): nine round trips at
-//! most, where there were fifteen. The outcomes are those of the shared statements: an effect is `Done`
-//! where this signal's event holds its row (inserted now, or already there), else
+//! most, where there were fifteen. The outcomes are those of the shared statements: an effect
+//! is `Done` where this signal's event holds its row (inserted now, or already there), else
 //! `AlreadyDone`. One difference: a row another transaction committed after this statement
 //! began is not visible to its lookups, so it reads `AlreadyDone` (it is not this event's) and,
 //! for a case, the event is not attached to that case.
