@@ -277,22 +277,30 @@ macro_rules! deliveries_sql {
             });
             q.push(") AS v WHERE deliveries.id = v.column1");
             q.build().execute(&mut *conn).await?;
+            disable_endpoints(conn, attempts).await
+        }
+
+        /// Disables the callback endpoints that answered an attempt with 410.
+        async fn disable_endpoints(
+            conn: &mut $conn,
+            attempts: &[&$crate::store::AttemptRecord],
+        ) -> Result<(), sqlx::Error> {
             let gone: Vec<uuid::Uuid> = attempts
                 .iter()
                 .filter(|a| a.next.disable_endpoint)
                 .map(|a| a.tenant_id)
                 .collect();
-            if !gone.is_empty() {
-                let mut q = sqlx::QueryBuilder::<Db>::new(
-                    "UPDATE tenants SET callback_disabled = TRUE WHERE id IN (",
-                );
-                let mut list = q.separated(", ");
-                for tenant in gone {
-                    list.push_bind(tenant);
-                }
-                q.push(")");
-                q.build().execute(&mut *conn).await?;
+            if gone.is_empty() {
+                return Ok(());
             }
+            let mut q =
+                sqlx::QueryBuilder::<Db>::new("UPDATE tenants SET callback_disabled = TRUE WHERE id IN (");
+            let mut list = q.separated(", ");
+            for tenant in gone {
+                list.push_bind(tenant);
+            }
+            q.push(")");
+            q.build().execute(&mut *conn).await?;
             Ok(())
         }
 

@@ -239,6 +239,8 @@ macro_rules! keys_sql {
 
         /// Re-checks the locks of keyed acts (token and state), taking each row's lock for the
         /// rest of the transaction; returns the keys still ours.
+        // Only SQLite runs this; PostgreSQL fuses it into store/postgres_pipeline.rs.
+        #[allow(dead_code)]
         async fn hold_keys(
             conn: &mut $conn,
             held: &[&$crate::store::HeldKey],
@@ -270,6 +272,8 @@ macro_rules! keys_sql {
         }
 
         /// Completes held keys with their responses, in one statement.
+        // Only SQLite runs this; PostgreSQL fuses it into store/postgres_pipeline.rs.
+        #[allow(dead_code)]
         async fn complete_keys(
             conn: &mut $conn,
             done: &[(&$crate::store::HeldKey, &$crate::store::StoredResponse)],

@@ -183,9 +183,9 @@ const LEASE_DUE: &str = "UPDATE deliveries SET leased_until = $2 WHERE id IN ( \
 
 sql_store!(PostgresStore, sqlx::PgConnection, LEASE_DUE, COMMITTERS);
 
-/// The group commit in fewer statements ([`super::postgres_pipeline`]): `BEGIN`, the held
-/// locks' re-check, claims and effects, the outbox, the events, the completions, the attempts'
-/// records, `COMMIT`.
+/// The group commit in fewer statements ([`super::postgres_pipeline`]): `BEGIN`; the held
+/// locks' re-check, claims, effects and attempts' records; the outbox; the events and
+/// completions; `COMMIT`.
 #[async_trait::async_trait]
 impl super::PipelineStore for PostgresStore {
     async fn commit(&self, batch: &super::Batch) -> Result<super::BatchResult, StoreError> {
@@ -193,10 +193,9 @@ impl super::PipelineStore for PostgresStore {
         use crate::actions::ActionKind;
         use crate::failpoint::failpoint;
         let mut tx = self.begin_with(fused::BEGIN).await?;
-        let held: Vec<_> = batch.acts.iter().filter_map(|a| a.held.as_ref()).collect();
-        let ours = hold_keys(&mut tx, &held).await?;
-        let live = super::pipeline::live_acts(batch, &ours);
-        let found = fused::claim_and_apply(&mut tx, batch, &live).await?;
+        let found = fused::apply(&mut tx, batch).await?;
+        disable_endpoints(&mut tx, &batch.attempts.iter().collect::<Vec<_>>()).await?;
+        let live = fused::live_acts(batch, &found);
         let mut outcomes = fused::outcomes_of(batch, &live, &found);
         for action in ActionKind::LOCAL {
             if live
@@ -212,14 +211,12 @@ impl super::PipelineStore for PostgresStore {
             .zip(&outcomes)
             .map(|(&i, o)| (batch.acts[i].finish)(o))
             .collect();
-        fused::insert_events(&mut tx, &finished).await?;
         let completions: Vec<_> = live
             .iter()
             .zip(&finished)
             .filter_map(|(&i, f)| batch.acts[i].held.as_ref().map(|h| (h, &f.response)))
             .collect();
-        complete_keys(&mut tx, &completions).await?;
-        record_attempts(&mut tx, &batch.attempts.iter().collect::<Vec<_>>()).await?;
+        fused::finish(&mut tx, &finished, &completions).await?;
         if !live.is_empty() {
             failpoint!("act::before_commit");
         }
