@@ -428,6 +428,135 @@ async fn an_unmapped_event_type_is_recorded_as_ignored_until_the_playbook_maps_i
     assert_eq!(receiver.received()[0].json()["feed"], "set");
 }
 
+/// A playbook that maps `SESSION_REVOKED` to `signal_type` and denies it with a lock and a
+/// callback.
+fn mapping_revoked_to(signal_type: &str) -> String {
+    format!(
+        "[[rule]]\nname = \"revoked_is_a_{signal_type}\"\nwhen = {{ type = [\"{signal_type}\"] }}\n\
+         decision = \"deny\"\nactions = [\"lock_account\", \"callback\"]\n\n\
+         [feeds]\nset_events = {{ \"{SESSION_REVOKED}\" = \"{signal_type}\" }}\n"
+    )
+}
+
+/// A playbook under which `SESSION_REVOKED` maps to nothing.
+const LEAVING_REVOKED_UNMAPPED: &str =
+    "[[rule]]\nname = \"allow_all\"\ndecision = \"allow\"\nactions = []\n";
+
+/// Pushes a SET under playbook `first` to a server that dies right after the claim, publishes
+/// playbook `then`, and pushes the same token to a new server until it is accepted (the dead
+/// holder's lock lasts 1 s). Returns the one stored event.
+async fn retried_after_a_crash_and_a_new_mapping(
+    db: &TestDb,
+    tenant: &common::Tenant,
+    first: &str,
+    then: &str,
+) -> Value {
+    let transmitter = Transmitter::new(db.dir());
+    sets::register_file(db, tenant, &transmitter, &["ec-1"]);
+    db.set_playbook(tenant, first);
+    let lock = ("VERDICT_LOCK_TIMEOUT_SECS", "1");
+    let doomed = Server::start(
+        db,
+        &[
+            ALLOW_LOOPBACK[0],
+            lock,
+            ("FAILPOINTS", "ingest::after_claim=return(abort)"),
+        ],
+    );
+    let token = transmitter.sign("ec-1", &claims(SESSION_REVOKED, phone("+12065550131")));
+    let sent = doomed
+        .client
+        .post(format!("{}/v1/sets", doomed.base))
+        .bearer_auth(&tenant.api_key)
+        .header("content-type", "application/secevent+jwt")
+        .body(token.clone())
+        .send()
+        .await;
+    assert!(sent.is_err(), "the connection dies with the process");
+    assert!(
+        doomed.wait_for_crash(),
+        "the process aborted after the claim"
+    );
+    assert_eq!(claimed(db).await, (1, 0), "the claim survived the crash");
+
+    db.set_playbook(tenant, then);
+    let server = Server::start(db, &[ALLOW_LOOPBACK[0], lock]);
+    let mut reply = push(&server, &tenant.api_key, &token).await;
+    for _ in 0..50 {
+        if reply.status != 409 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        reply = push(&server, &tenant.api_key, &token).await;
+    }
+    assert_accepted(&reply, "the retry after the lock expired");
+    assert_accepted(&push(&server, &tenant.api_key, &token).await, "once more");
+    assert_eq!(claimed(db).await, (1, 1), "one key, one event");
+    server.get(tenant, "/v1/events").await.json()["data"][0].clone()
+}
+
+async fn a_set_retried_after_a_crash_stays_the_signal_it_was_decided_as_when_its_type_is_no_longer_mapped(
+    backend: Backend,
+) {
+    let db = TestDb::new(backend).await;
+    let receiver = Receiver::start(vec![]).await;
+    let tenant = db.tenant(&["--callback-url", &receiver.url]);
+    let event = retried_after_a_crash_and_a_new_mapping(
+        &db,
+        &tenant,
+        &mapping_revoked_to("sim_swap"),
+        LEAVING_REVOKED_UNMAPPED,
+    )
+    .await;
+    assert_eq!(event["type"], "sim_swap", "{event}");
+    assert_eq!(event["decision"], "deny");
+    assert_eq!(event["rule"], "revoked_is_a_sim_swap");
+    assert_eq!(db.count("account_locks").await, 1);
+    assert_eq!(receiver.received().len(), 1, "its callback");
+}
+
+async fn a_set_retried_after_a_crash_stays_the_signal_it_was_decided_as_when_its_type_maps_elsewhere(
+    backend: Backend,
+) {
+    let db = TestDb::new(backend).await;
+    let receiver = Receiver::start(vec![]).await;
+    let tenant = db.tenant(&["--callback-url", &receiver.url]);
+    let event = retried_after_a_crash_and_a_new_mapping(
+        &db,
+        &tenant,
+        &mapping_revoked_to("sim_swap"),
+        &mapping_revoked_to("port_out"),
+    )
+    .await;
+    assert_eq!(event["type"], "sim_swap", "{event}");
+    assert_eq!(event["rule"], "revoked_is_a_sim_swap");
+    assert_eq!(db.count("account_locks").await, 1);
+    assert_eq!(receiver.received().len(), 1, "its callback");
+    assert_eq!(
+        receiver.received()[0].json()["event_type"],
+        "decision.sim_swap"
+    );
+}
+
+async fn a_set_retried_after_a_crash_stays_ignored_when_its_type_has_been_mapped_since(
+    backend: Backend,
+) {
+    let db = TestDb::new(backend).await;
+    let receiver = Receiver::start(vec![]).await;
+    let tenant = db.tenant(&["--callback-url", &receiver.url]);
+    let event = retried_after_a_crash_and_a_new_mapping(
+        &db,
+        &tenant,
+        LEAVING_REVOKED_UNMAPPED,
+        &mapping_revoked_to("sim_swap"),
+    )
+    .await;
+    assert_eq!(event["type"], "unmapped", "{event}");
+    assert_eq!(event["decision"], "ignored");
+    assert_eq!(db.count("account_locks").await, 0, "nothing was decided");
+    assert!(receiver.received().is_empty(), "no callback");
+}
+
 async fn a_jwks_url_is_fetched_through_the_guard_and_refreshed_for_an_unknown_kid(
     backend: Backend,
 ) {
@@ -566,4 +695,7 @@ on_both_backends!(
     an_unmapped_event_type_is_recorded_as_ignored_until_the_playbook_maps_it,
     a_jwks_url_is_fetched_through_the_guard_and_refreshed_for_an_unknown_kid,
     a_tenant_without_a_transmitter_refuses_sets_as_invalid_issuer,
+    a_set_retried_after_a_crash_stays_the_signal_it_was_decided_as_when_its_type_is_no_longer_mapped,
+    a_set_retried_after_a_crash_stays_the_signal_it_was_decided_as_when_its_type_maps_elsewhere,
+    a_set_retried_after_a_crash_stays_ignored_when_its_type_has_been_mapped_since,
 );

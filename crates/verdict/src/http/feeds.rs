@@ -129,18 +129,20 @@ async fn receive_set(app: &AppState, headers: &HeaderMap, body: Body) -> Result<
         }
         None => {
             app.ingest
-                .record_ignored(Ignored {
-                    tenant,
-                    feed: Feed::Set,
+                .record_ignored(
+                    Ignored {
+                        tenant,
+                        feed: Feed::Set,
+                        subject: set.subject,
+                        observed_at: set.observed_at,
+                        attributes,
+                        metadata,
+                        fingerprint,
+                        raw_body,
+                        playbook_version: version,
+                    },
                     key,
-                    subject: set.subject,
-                    observed_at: set.observed_at,
-                    attributes,
-                    metadata,
-                    fingerprint,
-                    raw_body,
-                    playbook_version: version,
-                })
+                )
                 .await?
         }
     };

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::actions::{ActionKind, ActionResult};
 use crate::playbook::{Decision, SubjectFacts};
+use crate::signal::SignalType;
 
 /// A frozen decision: what every phase, retry and takeover of a signal uses.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -17,6 +18,19 @@ pub struct Decided {
     pub evaluated_at: i64,
     /// The subject's facts as they were before this signal.
     pub facts: SubjectFacts,
+    /// What the signal was decided as; `None` in rows recorded before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mapping: Option<Mapping>,
+}
+
+/// What a signal was decided as: its type, as sent or as a feed's event type mapped to it under
+/// the playbook of the decision, or a feed event no type mapped to. A retry is finished as the
+/// recorded mapping says, even if the playbook maps its event type otherwise by then.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mapping {
+    Type(SignalType),
+    Unmapped,
 }
 
 /// The decision and action outcomes: what the response reports and the event stores.
@@ -52,6 +66,7 @@ impl Decided {
             playbook_version: record.playbook_version,
             evaluated_at: 0,
             facts: SubjectFacts::default(),
+            mapping: None,
         }
     }
 }

@@ -8,12 +8,16 @@ use serde_json::{Map, Value};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use super::{Decided, Ingest, IngestError, Reply, record, subject_digest};
+use super::{
+    Decided, Holding, Inbound, Ingest, IngestError, Mapping, Reply, record, recorded_decision,
+    subject_digest,
+};
 use crate::clock::{now_ms, to_ms};
+use crate::failpoint::failpoint;
 use crate::feeds::Feed;
 use crate::idempotency::{Cached, Fingerprint, IdempotencyKey, Payload};
 use crate::playbook::{Decision, SubjectFacts};
-use crate::signal::Subject;
+use crate::signal::{Signal, SignalType, Subject};
 use crate::store::{
     Act, ActionTarget, Claim, ClaimOutcome, Finished, HeldKey, KeyRef, NewEvent, StoredResponse,
     TenantRecord,
@@ -30,8 +34,6 @@ const IGNORED_RULE: &str = "unmapped_event_type";
 pub struct Ignored<'a> {
     pub tenant: &'a TenantRecord,
     pub feed: Feed,
-    /// Its natural key (a feed event always has one).
-    pub key: IdempotencyKey,
     pub subject: Subject,
     pub observed_at: OffsetDateTime,
     /// Facts about it that name no identifier (its event type).
@@ -44,31 +46,67 @@ pub struct Ignored<'a> {
     pub playbook_version: i64,
 }
 
+impl<'a> Ignored<'a> {
+    /// A keyed request being retried whose key recorded it as unmapped.
+    pub(super) fn retrying(inbound: &Inbound<'a>, decided: &Decided) -> Self {
+        let signal = &inbound.signal;
+        Self {
+            tenant: inbound.tenant,
+            feed: inbound.feed,
+            subject: signal.subject.clone(),
+            observed_at: signal.observed_at,
+            attributes: signal.attributes.clone(),
+            metadata: signal.metadata.clone(),
+            fingerprint: inbound.fingerprint,
+            raw_body: inbound.raw_body,
+            playbook_version: decided.playbook_version,
+        }
+    }
+
+    /// The same event as a signal of type `signal_type`, under its natural key.
+    fn as_signal(&self, key: IdempotencyKey, signal_type: SignalType) -> Inbound<'a> {
+        Inbound {
+            tenant: self.tenant,
+            feed: self.feed,
+            key: Some(key),
+            signal: Signal {
+                signal_type,
+                subject: self.subject.clone(),
+                observed_at: self.observed_at,
+                attributes: self.attributes.clone(),
+                metadata: self.metadata.clone(),
+            },
+            fingerprint: self.fingerprint,
+            raw_body: self.raw_body,
+        }
+    }
+}
+
 impl Ingest {
-    /// Records an unmapped feed event once: a duplicate replays, a key reused with another
-    /// payload is refused, and nothing is decided or done.
+    /// Records an unmapped feed event once under its natural key `key`: a duplicate replays, a
+    /// key reused with another payload is refused, and nothing is decided or done.
     #[tracing::instrument(skip_all, fields(tenant_id = %ignored.tenant.id, feed = ignored.feed.as_str()))]
-    pub async fn record_ignored(&self, ignored: Ignored<'_>) -> Result<Reply, IngestError> {
+    pub async fn record_ignored(
+        &self,
+        ignored: Ignored<'_>,
+        key: IdempotencyKey,
+    ) -> Result<Reply, IngestError> {
         let tenant_id = ignored.tenant.id;
-        let key = KeyRef {
+        let key_ref = KeyRef {
             tenant_id,
             endpoint: ignored.feed.endpoint(),
-            digest: self.key_digest(ignored.feed, &ignored.key),
+            digest: self.key_digest(ignored.feed, &key),
         };
         let now = now_ms();
         let fingerprint = ignored.fingerprint.0.to_vec();
         match self
             .completed
-            .get(tenant_id, &key.digest, &fingerprint, now)
+            .get(tenant_id, &key_ref.digest, &fingerprint, now)
         {
             Cached::Replay(response) => return Ok(Reply::Replayed(response)),
             Cached::Mismatch => return Err(IngestError::KeyReused),
             Cached::Miss => {}
         }
-        let payload = || Payload {
-            fingerprint: fingerprint.clone(),
-            raw_body: ignored.raw_body,
-        };
         // The decision a takeover of this key would find: nothing to do.
         let decided = Decided {
             decision: Decision::Allow,
@@ -77,9 +115,10 @@ impl Ingest {
             playbook_version: ignored.playbook_version,
             evaluated_at: now,
             facts: SubjectFacts::default(),
+            mapping: Some(Mapping::Unmapped),
         };
         let claim = Claim {
-            key: key.clone(),
+            key: key_ref.clone(),
             fingerprint: fingerprint.clone(),
             event_id: Uuid::now_v7(),
             lock_token: Uuid::new_v4(),
@@ -88,16 +127,52 @@ impl Ingest {
             expires_at: now.saturating_add(self.settings.key_ttl_ms),
             ruling: record::json(&decided),
         };
-        let (event_id, expires_at) = if self.commits.claim(claim.clone()).await? {
-            (claim.event_id, claim.expires_at)
+        let holding = |event_id, decided, expires_at| Holding {
+            held: HeldKey {
+                key: key_ref.clone(),
+                lock_token: claim.lock_token,
+            },
+            event_id,
+            decided,
+            expires_at,
+        };
+        let holding = if self.commits.claim(claim.clone()).await? {
+            holding(claim.event_id, decided, claim.expires_at)
         } else {
             match self.store.claim(&claim).await? {
-                ClaimOutcome::Started => (claim.event_id, claim.expires_at),
+                ClaimOutcome::Started => holding(claim.event_id, decided, claim.expires_at),
                 ClaimOutcome::TakenOver {
                     event_id,
+                    from,
                     expires_at,
-                    ..
-                } => (event_id, expires_at),
+                } => {
+                    tracing::info!(%event_id, "took over an abandoned idempotency key");
+                    let taken = holding(event_id, decided, expires_at);
+                    match recorded_decision(from) {
+                        // Decided as a signal before the playbook stopped mapping its type: it
+                        // is finished as that signal.
+                        Ok(Some(
+                            recorded @ Decided {
+                                mapping: Some(Mapping::Type(signal_type)),
+                                ..
+                            },
+                        )) => {
+                            let inbound = ignored.as_signal(key, signal_type);
+                            let taken = Holding {
+                                decided: recorded,
+                                ..taken
+                            };
+                            return self.finish_as_signal(&inbound, &key_ref, taken).await;
+                        }
+                        Ok(_) => taken,
+                        Err(err) => {
+                            // The key is ours now: a final error is stored, not left locked.
+                            let err = IngestError::from(err);
+                            self.settle_failure(&err, &taken.held).await;
+                            return Err(err);
+                        }
+                    }
+                }
                 ClaimOutcome::InProgress => return Err(IngestError::InProgress),
                 ClaimOutcome::Mismatch => return Err(IngestError::KeyReused),
                 ClaimOutcome::Completed {
@@ -105,8 +180,11 @@ impl Ingest {
                     expires_at,
                 } => {
                     self.completed.insert(
-                        (tenant_id, key.digest.clone()),
-                        payload(),
+                        (tenant_id, key_ref.digest.clone()),
+                        Payload {
+                            fingerprint,
+                            raw_body: ignored.raw_body,
+                        },
                         response.clone(),
                         expires_at,
                     );
@@ -114,10 +192,26 @@ impl Ingest {
                 }
             }
         };
-        let held = HeldKey {
-            key: key.clone(),
-            lock_token: claim.lock_token,
-        };
+        failpoint!("ingest::after_claim");
+        self.finish_ignored(ignored, &key_ref, holding).await
+    }
+
+    /// Stores an unmapped feed event whose key this request holds, as an event that decided
+    /// nothing, and completes the key.
+    pub(super) async fn finish_ignored(
+        &self,
+        ignored: Ignored<'_>,
+        key: &KeyRef,
+        holding: Holding,
+    ) -> Result<Reply, IngestError> {
+        let tenant_id = ignored.tenant.id;
+        let Holding {
+            held,
+            event_id,
+            expires_at,
+            ..
+        } = holding;
+        let now = now_ms();
         let subject_hash = subject_digest(&self.keys, tenant_id, &ignored.subject).to_vec();
         let event = NewEvent {
             id: event_id,
@@ -162,7 +256,10 @@ impl Ingest {
                 tracing::info!(%event_id, "unmapped feed event recorded as ignored");
                 self.completed.insert(
                     (tenant_id, key.digest.clone()),
-                    payload(),
+                    Payload {
+                        fingerprint: ignored.fingerprint.0.to_vec(),
+                        raw_body: ignored.raw_body,
+                    },
                     committed.response.clone(),
                     expires_at,
                 );

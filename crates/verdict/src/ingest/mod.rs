@@ -38,7 +38,7 @@ use crate::store::{
     RecoveryPoint, Store, StoreError, StoredResponse, TenantRecord,
 };
 
-pub use decision::{Decided, DecisionRecord};
+pub use decision::{Decided, DecisionRecord, Mapping};
 use decision_reads::DecisionReads;
 use group_commit::GroupCommit;
 pub use group_commit::MAX_BATCH;
@@ -99,6 +99,23 @@ pub struct Inbound<'a> {
     pub fingerprint: Fingerprint,
     /// SHA-256 of the raw body.
     pub raw_body: [u8; 32],
+}
+
+impl<'a> Inbound<'a> {
+    /// The same request as a signal of type `signal_type`.
+    fn as_type(&self, signal_type: crate::signal::SignalType) -> Inbound<'a> {
+        Inbound {
+            tenant: self.tenant,
+            feed: self.feed,
+            key: self.key.clone(),
+            signal: Signal {
+                signal_type,
+                ..self.signal.clone()
+            },
+            fingerprint: self.fingerprint,
+            raw_body: self.raw_body,
+        }
+    }
 }
 
 /// What a request derives once from its signal: every digest the phases need.
@@ -272,12 +289,70 @@ impl Ingest {
             Err(reply) => return Ok(reply),
         };
         failpoint!("ingest::after_claim");
+        // A feed event taken over after its playbook mapped its event type otherwise is
+        // finished as it was decided.
+        match holding.decided.mapping {
+            Some(Mapping::Unmapped) => {
+                let ignored = Ignored::retrying(signal.inbound, &holding.decided);
+                self.finish_ignored(ignored, key, holding).await
+            }
+            Some(Mapping::Type(recorded)) if recorded != signal.inbound.signal.signal_type => {
+                let inbound = signal.inbound.as_type(recorded);
+                let signal = self.prepare(&inbound);
+                self.act_held(&signal, key, holding, &destination).await
+            }
+            _ => self.act_held(signal, key, holding, &destination).await,
+        }
+    }
+
+    /// Finishes a feed event whose key recorded it as a signal, taken over after its playbook
+    /// stopped mapping its event type: as that signal, with the recorded decision.
+    async fn finish_as_signal(
+        &self,
+        inbound: &Inbound<'_>,
+        key: &KeyRef,
+        holding: Holding,
+    ) -> Result<Reply, IngestError> {
+        let signal = self.prepare(inbound);
+        let destination = match self.destination(&signal).await {
+            Ok(destination) => destination,
+            Err(err) => {
+                let err = IngestError::from(err);
+                self.settle_failure(&err, &holding.held).await;
+                return Err(err);
+            }
+        };
+        self.act_held(&signal, key, holding, &destination).await
+    }
+
+    /// Where the signal's callback goes, read now.
+    async fn destination(&self, signal: &Prepared<'_>) -> Result<Destination, StoreError> {
+        let inputs = self
+            .reads
+            .read(signal.inbound.tenant.id, &signal.subject_hash)
+            .await?
+            .ok_or_else(|| StoreError::Corrupt("the tenant is gone".into()))?;
+        Ok(Destination {
+            url: inputs.callback_url,
+            disabled: inputs.callback_disabled,
+        })
+    }
+
+    /// Acts on a signal whose key this request holds, caching the response it completes with
+    /// or settling the key after a failure.
+    async fn act_held(
+        &self,
+        signal: &Prepared<'_>,
+        key: &KeyRef,
+        holding: Holding,
+        destination: &Destination,
+    ) -> Result<Reply, IngestError> {
         let result = self
             .act(
                 signal,
                 holding.event_id,
                 &holding.decided,
-                &destination,
+                destination,
                 Some(holding.held.clone()),
             )
             .await;
@@ -318,6 +393,7 @@ impl Ingest {
             playbook_version,
             evaluated_at: to_ms(now),
             facts,
+            mapping: Some(Mapping::Type(signal.inbound.signal.signal_type)),
         };
         let destination = Destination {
             url: inputs.callback_url,
