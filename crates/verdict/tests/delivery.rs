@@ -6,31 +6,11 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::deliveries::{delivery_of, wait_for_next_round};
 use common::receiver::{Receiver, Step};
-use common::{Backend, MANUAL_WORKER, Reply, Server, Tenant, TestDb, new_key, sim_swap};
+use common::{Backend, MANUAL_WORKER, Reply, Server, TestDb, new_key, sim_swap};
 
 const RETRY_INTERVAL: [(&str, &str); 1] = [("VERDICT_RETRY_INTERVAL_SECS", "1")];
-
-async fn delivery_of(server: &Server, tenant: &Tenant, reply: &Reply) -> serde_json::Value {
-    let event_id = reply.json()["event_id"].as_str().unwrap().to_owned();
-    let event = server
-        .get(tenant, &format!("/v1/events/{event_id}"))
-        .await
-        .json();
-    let id = event["deliveries"][0]["id"].as_str().unwrap().to_owned();
-    let detail = server.get(tenant, &format!("/v1/deliveries/{id}")).await;
-    let text = String::from_utf8_lossy(&detail.body);
-    assert_eq!(
-        text.matches("\"attempts\":").count(),
-        1,
-        "one `attempts` member, the list: {text}"
-    );
-    detail.json()
-}
-
-async fn wait_for_next_round() {
-    tokio::time::sleep(Duration::from_millis(1100)).await;
-}
 
 async fn a_receiver_answering_503_twice_then_200_gets_three_identical_deliveries(backend: Backend) {
     let db = TestDb::new(backend).await;

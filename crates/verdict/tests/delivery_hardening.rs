@@ -6,46 +6,11 @@ mod common;
 
 use std::time::Duration;
 
+use common::deliveries::{delivery_after, delivery_of, wait_for_next_round};
 use common::receiver::{Receiver, Step};
 use common::{Backend, MANUAL_WORKER, Reply, Server, Tenant, TestDb, new_key, sim_swap};
 
 const RETRY_INTERVAL: [(&str, &str); 1] = [("VERDICT_RETRY_INTERVAL_SECS", "1")];
-
-/// The delivery (with its attempts) of the event a signal reply names.
-async fn delivery_of(server: &Server, tenant: &Tenant, reply: &Reply) -> serde_json::Value {
-    let event_id = reply.json()["event_id"].as_str().unwrap().to_owned();
-    let event = server
-        .get(tenant, &format!("/v1/events/{event_id}"))
-        .await
-        .json();
-    let id = event["deliveries"][0]["id"].as_str().unwrap().to_owned();
-    server
-        .get(tenant, &format!("/v1/deliveries/{id}"))
-        .await
-        .json()
-}
-
-/// The delivery once `n` attempts are recorded (an attempt past the inline deadline records
-/// itself in the background).
-async fn delivery_after(
-    server: &Server,
-    tenant: &Tenant,
-    reply: &Reply,
-    n: usize,
-) -> serde_json::Value {
-    for _ in 0..100 {
-        let d = delivery_of(server, tenant, reply).await;
-        if d["attempts"].as_array().unwrap().len() >= n {
-            return d;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("fewer than {n} attempts were recorded");
-}
-
-async fn wait_for_next_round() {
-    tokio::time::sleep(Duration::from_millis(1100)).await;
-}
 
 async fn with_every_webhook_secret_retired_nothing_goes_out_unsigned(backend: Backend) {
     let db = TestDb::new(backend).await;

@@ -8,6 +8,7 @@ use std::net::ToSocketAddrs;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use common::deliveries::delivery_of;
 use common::{Backend, Server, Tenant, TestDb, new_key, sim_swap};
 
 /// Listeners on 127.0.0.1 and (where this machine has it) ::1, on one port, counting every
@@ -198,20 +199,6 @@ fn set_callback(db: &TestDb, tenant: &Tenant, url: &str, env: &[(&str, &str)]) -
 
 const STRICT: [(&str, &str); 1] = [("VERDICT_ALLOW_PRIVATE_DESTINATIONS", "0")];
 
-/// The delivery of the event a signal reply names.
-async fn delivery(server: &Server, tenant: &Tenant, reply: &common::Reply) -> serde_json::Value {
-    let event_id = reply.json()["event_id"].as_str().unwrap().to_owned();
-    let event = server
-        .get(tenant, &format!("/v1/events/{event_id}"))
-        .await
-        .json();
-    let id = event["deliveries"][0]["id"].as_str().unwrap().to_owned();
-    server
-        .get(tenant, &format!("/v1/deliveries/{id}"))
-        .await
-        .json()
-}
-
 async fn every_spelling_of_an_internal_address_is_refused_when_set_and_unreachable_when_stored(
     backend: Backend,
 ) {
@@ -249,7 +236,7 @@ async fn every_spelling_of_an_internal_address_is_refused_when_set_and_unreachab
             )
             .await;
         assert_eq!(reply.status, 200, "{url}");
-        let d = delivery(&server, &tenant, &reply).await;
+        let d = delivery_of(&server, &tenant, &reply).await;
         assert_eq!(d["status"], "failed", "{url}: {d}");
         let error = d["attempts"][0]["error"].as_str().unwrap_or_default();
         assert!(error.starts_with("destination refused: "), "{url}: {d}");
@@ -332,7 +319,7 @@ async fn allowing_private_destinations_still_refuses_link_local_ones(backend: Ba
     let reply = server
         .send(&tenant, Some(&new_key()), &sim_swap("+447700900701"))
         .await;
-    let d = delivery(&server, &tenant, &reply).await;
+    let d = delivery_of(&server, &tenant, &reply).await;
     assert_eq!(d["status"], "failed", "{d}");
     assert!(
         d["last_error"]
@@ -352,7 +339,7 @@ async fn allowing_private_destinations_still_refuses_link_local_ones(backend: Ba
         .await;
     let mut d = serde_json::Value::Null;
     for _ in 0..50 {
-        d = delivery(&server, &tenant, &reply).await;
+        d = delivery_of(&server, &tenant, &reply).await;
         if !d["attempts"].as_array().unwrap().is_empty() {
             break;
         }

@@ -9,9 +9,10 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::deliveries::delivery_after;
 use common::hostile::{Hostile, Hostility};
 use common::receiver::{Receiver, Step};
-use common::{Backend, Reply, Server, Tenant, TestDb, new_key, sim_swap};
+use common::{Backend, Server, TestDb, new_key, sim_swap};
 use serde_json::Value;
 
 /// The attempt deadline of these tests.
@@ -26,28 +27,6 @@ fn env(deadline_ms: &str) -> [(&str, &str); 4] {
         ("VERDICT_NO_WORKER", "1"),
         ("VERDICT_INLINE_DEADLINE_MS", deadline_ms),
     ]
-}
-
-/// The delivery of the event a reply names, once it has `n` attempts recorded (an attempt
-/// past the inline deadline records itself in the background).
-async fn delivery_after(server: &Server, tenant: &Tenant, reply: &Reply, n: usize) -> Value {
-    let event_id = reply.json()["event_id"].as_str().unwrap().to_owned();
-    for _ in 0..100 {
-        let event = server
-            .get(tenant, &format!("/v1/events/{event_id}"))
-            .await
-            .json();
-        let id = event["deliveries"][0]["id"].as_str().unwrap().to_owned();
-        let d = server
-            .get(tenant, &format!("/v1/deliveries/{id}"))
-            .await
-            .json();
-        if d["attempts"].as_array().unwrap().len() >= n {
-            return d;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("fewer than {n} attempts were recorded for event {event_id}");
 }
 
 /// One hostile receiver and what the rules make of it.

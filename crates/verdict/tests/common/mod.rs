@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod deliveries;
 pub mod hostile;
 pub mod proxy;
 pub mod receiver;

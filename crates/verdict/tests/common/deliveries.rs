@@ -1,0 +1,47 @@
+//! A signal's callback delivery as the API shows it, and the worker's rounds.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::{Reply, Server, Tenant};
+
+/// The delivery (with its attempts) of the event a signal reply names.
+pub async fn delivery_of(server: &Server, tenant: &Tenant, reply: &Reply) -> Value {
+    let event_id = reply.json()["event_id"].as_str().unwrap().to_owned();
+    let event = server
+        .get(tenant, &format!("/v1/events/{event_id}"))
+        .await
+        .json();
+    let id = event["deliveries"][0]["id"].as_str().unwrap().to_owned();
+    let detail = server.get(tenant, &format!("/v1/deliveries/{id}")).await;
+    let text = String::from_utf8_lossy(&detail.body);
+    assert_eq!(
+        text.matches("\"attempts\":").count(),
+        1,
+        "one `attempts` member, the list: {text}"
+    );
+    detail.json()
+}
+
+/// The delivery once `n` attempts are recorded (an attempt past the inline deadline records
+/// itself in the background).
+pub async fn delivery_after(server: &Server, tenant: &Tenant, reply: &Reply, n: usize) -> Value {
+    for _ in 0..100 {
+        let d = delivery_of(server, tenant, reply).await;
+        if d["attempts"].as_array().unwrap().len() >= n {
+            return d;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!(
+        "fewer than {n} attempts were recorded for event {}",
+        reply.json()["event_id"]
+    );
+}
+
+/// Waits out one retry interval of a worker run with `VERDICT_RETRY_INTERVAL_SECS=1`, so that
+/// its next round finds the retry due.
+pub async fn wait_for_next_round() {
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+}
