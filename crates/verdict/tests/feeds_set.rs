@@ -446,11 +446,14 @@ const LEAVING_REVOKED_UNMAPPED: &str =
 /// playbook `then`, and pushes the same token to a new server until it is accepted (the dead
 /// holder's lock lasts 1 s). Returns the one stored event.
 async fn retried_after_a_crash_and_a_new_mapping(
-    db: &TestDb,
-    tenant: &common::Tenant,
+    backend: Backend,
     first: &str,
     then: &str,
-) -> Value {
+) -> (TestDb, Receiver, Value) {
+    let owned = TestDb::new(backend).await;
+    let db = &owned;
+    let receiver = Receiver::start(vec![]).await;
+    let tenant = &db.tenant(&["--callback-url", &receiver.url]);
     let transmitter = Transmitter::new(db.dir());
     sets::register_file(db, tenant, &transmitter, &["ec-1"]);
     db.set_playbook(tenant, first);
@@ -492,18 +495,15 @@ async fn retried_after_a_crash_and_a_new_mapping(
     assert_accepted(&reply, "the retry after the lock expired");
     assert_accepted(&push(&server, &tenant.api_key, &token).await, "once more");
     assert_eq!(claimed(db).await, (1, 1), "one key, one event");
-    server.get(tenant, "/v1/events").await.json()["data"][0].clone()
+    let event = server.get(tenant, "/v1/events").await.json()["data"][0].clone();
+    (owned, receiver, event)
 }
 
 async fn a_set_retried_after_a_crash_stays_the_signal_it_was_decided_as_when_its_type_is_no_longer_mapped(
     backend: Backend,
 ) {
-    let db = TestDb::new(backend).await;
-    let receiver = Receiver::start(vec![]).await;
-    let tenant = db.tenant(&["--callback-url", &receiver.url]);
-    let event = retried_after_a_crash_and_a_new_mapping(
-        &db,
-        &tenant,
+    let (db, receiver, event) = retried_after_a_crash_and_a_new_mapping(
+        backend,
         &mapping_revoked_to("sim_swap"),
         LEAVING_REVOKED_UNMAPPED,
     )
@@ -518,12 +518,8 @@ async fn a_set_retried_after_a_crash_stays_the_signal_it_was_decided_as_when_its
 async fn a_set_retried_after_a_crash_stays_the_signal_it_was_decided_as_when_its_type_maps_elsewhere(
     backend: Backend,
 ) {
-    let db = TestDb::new(backend).await;
-    let receiver = Receiver::start(vec![]).await;
-    let tenant = db.tenant(&["--callback-url", &receiver.url]);
-    let event = retried_after_a_crash_and_a_new_mapping(
-        &db,
-        &tenant,
+    let (db, receiver, event) = retried_after_a_crash_and_a_new_mapping(
+        backend,
         &mapping_revoked_to("sim_swap"),
         &mapping_revoked_to("port_out"),
     )
@@ -541,12 +537,8 @@ async fn a_set_retried_after_a_crash_stays_the_signal_it_was_decided_as_when_its
 async fn a_set_retried_after_a_crash_stays_ignored_when_its_type_has_been_mapped_since(
     backend: Backend,
 ) {
-    let db = TestDb::new(backend).await;
-    let receiver = Receiver::start(vec![]).await;
-    let tenant = db.tenant(&["--callback-url", &receiver.url]);
-    let event = retried_after_a_crash_and_a_new_mapping(
-        &db,
-        &tenant,
+    let (db, receiver, event) = retried_after_a_crash_and_a_new_mapping(
+        backend,
         LEAVING_REVOKED_UNMAPPED,
         &mapping_revoked_to("sim_swap"),
     )

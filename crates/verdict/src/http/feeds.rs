@@ -21,7 +21,7 @@ use crate::feeds::camara::{self, CamaraError, Notification};
 use crate::feeds::set::SetError;
 use crate::feeds::{Feed, natural_key};
 use crate::idempotency::Fingerprint;
-use crate::ingest::{Ignored, Inbound, IngestError, Reply};
+use crate::ingest::{FeedEvent, Inbound, IngestError, Reply};
 use crate::signal::{Signal, SignalType, Subject};
 use crate::store::{KeyGrant, Scope, StoreError};
 
@@ -106,45 +106,20 @@ async fn receive_set(app: &AppState, headers: &HeaderMap, body: Body) -> Result<
     let metadata = object(json!({ "set": { "iss": set.issuer, "jti": set.jti } }));
     metrics::counter!("verdict_feed_events_total", "feed" => "set", "mapped" => mapped(signal_type))
         .increment(1);
+    let event = FeedEvent {
+        tenant,
+        feed: Feed::Set,
+        subject: set.subject,
+        observed_at: set.observed_at,
+        attributes,
+        metadata,
+        fingerprint,
+        raw_body,
+        playbook_version: version,
+    };
     let reply = match signal_type {
-        Some(signal_type) => {
-            run(
-                app,
-                Inbound {
-                    tenant,
-                    feed: Feed::Set,
-                    key: Some(key),
-                    signal: Signal {
-                        signal_type,
-                        subject: set.subject,
-                        observed_at: set.observed_at,
-                        attributes,
-                        metadata,
-                    },
-                    fingerprint,
-                    raw_body,
-                },
-            )
-            .await?
-        }
-        None => {
-            app.ingest
-                .record_ignored(
-                    Ignored {
-                        tenant,
-                        feed: Feed::Set,
-                        subject: set.subject,
-                        observed_at: set.observed_at,
-                        attributes,
-                        metadata,
-                        fingerprint,
-                        raw_body,
-                        playbook_version: version,
-                    },
-                    key,
-                )
-                .await?
-        }
+        Some(signal_type) => run(app, event.into_signal(key, signal_type)).await?,
+        None => app.ingest.record_ignored(event, key).await?,
     };
     settled(reply)?;
     Ok(())

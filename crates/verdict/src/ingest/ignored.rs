@@ -30,8 +30,8 @@ pub const IGNORED_DECISION: &str = "ignored";
 /// The rule it records.
 const IGNORED_RULE: &str = "unmapped_event_type";
 
-/// An authenticated feed event that maps to no signal type.
-pub struct Ignored<'a> {
+/// An authenticated feed event, before its event type is mapped to a signal type (or to none).
+pub struct FeedEvent<'a> {
     pub tenant: &'a TenantRecord,
     pub feed: Feed,
     pub subject: Subject,
@@ -42,11 +42,11 @@ pub struct Ignored<'a> {
     pub fingerprint: Fingerprint,
     /// SHA-256 of the raw body.
     pub raw_body: [u8; 32],
-    /// The playbook version whose mapping left it unmapped.
+    /// The playbook version whose mapping it was mapped under.
     pub playbook_version: i64,
 }
 
-impl<'a> Ignored<'a> {
+impl<'a> FeedEvent<'a> {
     /// A keyed request being retried whose key recorded it as unmapped.
     pub(super) fn retrying(inbound: &Inbound<'a>, decided: &Decided) -> Self {
         let signal = &inbound.signal;
@@ -63,18 +63,18 @@ impl<'a> Ignored<'a> {
         }
     }
 
-    /// The same event as a signal of type `signal_type`, under its natural key.
-    fn as_signal(&self, key: IdempotencyKey, signal_type: SignalType) -> Inbound<'a> {
+    /// The event as a signal of type `signal_type`, under its natural key.
+    pub fn into_signal(self, key: IdempotencyKey, signal_type: SignalType) -> Inbound<'a> {
         Inbound {
             tenant: self.tenant,
             feed: self.feed,
             key: Some(key),
             signal: Signal {
                 signal_type,
-                subject: self.subject.clone(),
+                subject: self.subject,
                 observed_at: self.observed_at,
-                attributes: self.attributes.clone(),
-                metadata: self.metadata.clone(),
+                attributes: self.attributes,
+                metadata: self.metadata,
             },
             fingerprint: self.fingerprint,
             raw_body: self.raw_body,
@@ -88,7 +88,7 @@ impl Ingest {
     #[tracing::instrument(skip_all, fields(tenant_id = %ignored.tenant.id, feed = ignored.feed.as_str()))]
     pub async fn record_ignored(
         &self,
-        ignored: Ignored<'_>,
+        ignored: FeedEvent<'_>,
         key: IdempotencyKey,
     ) -> Result<Reply, IngestError> {
         let tenant_id = ignored.tenant.id;
@@ -157,7 +157,7 @@ impl Ingest {
                                 ..
                             },
                         )) => {
-                            let inbound = ignored.as_signal(key, signal_type);
+                            let inbound = ignored.into_signal(key, signal_type);
                             let taken = Holding {
                                 decided: recorded,
                                 ..taken
@@ -200,7 +200,7 @@ impl Ingest {
     /// nothing, and completes the key.
     pub(super) async fn finish_ignored(
         &self,
-        ignored: Ignored<'_>,
+        ignored: FeedEvent<'_>,
         key: &KeyRef,
         holding: Holding,
     ) -> Result<Reply, IngestError> {

@@ -42,7 +42,7 @@ pub use decision::{Decided, DecisionRecord, Mapping};
 use decision_reads::DecisionReads;
 use group_commit::GroupCommit;
 pub use group_commit::MAX_BATCH;
-pub use ignored::{IGNORED_DECISION, Ignored, UNMAPPED_TYPE};
+pub use ignored::{FeedEvent, IGNORED_DECISION, UNMAPPED_TYPE};
 use record::Draft;
 pub use record::SignalResponse;
 
@@ -293,7 +293,7 @@ impl Ingest {
         // finished as it was decided.
         match holding.decided.mapping {
             Some(Mapping::Unmapped) => {
-                let ignored = Ignored::retrying(signal.inbound, &holding.decided);
+                let ignored = FeedEvent::retrying(signal.inbound, &holding.decided);
                 self.finish_ignored(ignored, key, holding).await
             }
             Some(Mapping::Type(recorded)) if recorded != signal.inbound.signal.signal_type => {
