@@ -9,22 +9,26 @@
 //! 3. **act**: every effect, the callback's outbox row, the event and the response, in one
 //!    transaction that also completes the key if our lock still holds: recovery point
 //!    `completed`. Claims and acts of the signals in flight share commits ([`group_commit`]);
-//! 4. **send**: the inline callback attempt, from the outbox row just stored.
+//! 4. **send**: the inline callback attempt, from the outbox row just stored ([`inline`]).
+//!
+//! A request that fails while it holds a key releases the lock or stores a final error
+//! ([`settle`]).
 
 mod decision;
 mod decision_reads;
 mod group_commit;
 mod ignored;
+mod inline;
 mod record;
+mod settle;
 
 use std::sync::Arc;
 
-use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::clock::{now_ms, to_ms};
 use crate::delivery::Deliverer;
-use crate::delivery::schedule::{self, Trigger};
+use crate::delivery::schedule;
 use crate::failpoint::failpoint;
 use crate::feeds::Feed;
 use crate::idempotency::{
@@ -548,102 +552,6 @@ impl Ingest {
         }
         Ok(committed.response)
     }
-
-    /// The callback's inline attempt. It waits at most the deadline: an attempt still running
-    /// then finishes (and records itself) in the background while the response goes out. The
-    /// attempt keeps the request's span, so its log lines carry the request id.
-    async fn attempt_inline(&self, due: DueDelivery) {
-        let due_id = due.id;
-        let (deliverer, commits) = (self.deliverer.clone(), self.commits.clone());
-        let deadline = deliverer.settings().deadline;
-        let attempt = tokio::spawn(
-            async move {
-                // Recorded through the group commit: the record shares a commit with other
-                // signals' work instead of costing one of its own.
-                let (attempt, record) = deliverer.send(&due, Trigger::Inline, now_ms()).await?;
-                match commits.record_attempt(record.clone()).await {
-                    Ok(()) => crate::delivery::observe(&attempt),
-                    // The database went away after the send: the record is retried in the
-                    // background, and the response does not wait for it.
-                    Err(err) if err.is_unreachable() => {
-                        tokio::spawn(record_later(commits, attempt, record).in_current_span());
-                    }
-                    Err(err) => return Err(err),
-                }
-                Ok::<_, StoreError>(())
-            }
-            .instrument(tracing::info_span!("delivery", delivery_id = %due_id, trigger = "inline")),
-        );
-        match tokio::time::timeout(deadline, attempt).await {
-            Ok(Ok(Ok(_))) => {}
-            Ok(Ok(Err(err))) => {
-                // The delivery stays leased, then due: the worker retries it.
-                tracing::warn!(error = ?err, "could not record the inline delivery attempt");
-            }
-            Ok(Err(err)) => tracing::error!(error = ?err, "the inline delivery attempt panicked"),
-            Err(_) => tracing::info!(
-                "inline delivery attempt passed its deadline; continuing in the background"
-            ),
-        }
-    }
-
-    /// After a failure with the key held: a transient one releases the lock so the retry
-    /// resumes from the recovery point; a final one is stored and replayed. A lost lock is
-    /// not ours to touch.
-    async fn settle_failure(&self, err: &IngestError, held: &HeldKey) {
-        match err {
-            IngestError::Unavailable(StoreError::LockLost) => {}
-            IngestError::Unavailable(_) | IngestError::InProgress | IngestError::KeyReused => {
-                self.release_soon(held).await;
-            }
-            IngestError::Store(cause) => {
-                tracing::error!(error = ?cause, "signal failed permanently; storing the 500");
-                let response = StoredResponse {
-                    status: 500,
-                    body: crate::http::problem::Problem::internal().to_json(),
-                };
-                if let Err(store) = self
-                    .store
-                    .complete_failed(&held.key, held.lock_token, &response)
-                    .await
-                {
-                    tracing::warn!(error = ?store, "could not store a final error");
-                }
-            }
-        }
-    }
-
-    /// Releases a held lock so that the client's retry resumes at once. The failure that
-    /// brought us here is often the database going away, and the 503 must not wait out the
-    /// outage: the release gets [`RELEASE_INLINE`] (a reachable database answers in
-    /// milliseconds, so a retry sent at once finds the lock released), then goes on in the
-    /// background, retried while the database stays unreachable, until it answers or the lock
-    /// expires anyway (then a retry takes the key over).
-    async fn release_soon(&self, held: &HeldKey) {
-        let (store, held) = (self.store.clone(), held.clone());
-        let give_up_at = now_ms().saturating_add(self.settings.lock_timeout_ms);
-        let release = async move {
-            let mut wait = RELEASE_RETRY_MIN;
-            loop {
-                match store.release(&held.key, held.lock_token).await {
-                    Ok(()) => return,
-                    Err(err) if err.is_transient() && now_ms() < give_up_at => {
-                        tokio::time::sleep(wait).await;
-                        wait = (wait * 2).min(RELEASE_RETRY_MAX);
-                    }
-                    Err(err) => {
-                        tracing::warn!(
-                            error = ?err,
-                            "could not release an idempotency lock; it expires with its timeout"
-                        );
-                        return;
-                    }
-                }
-            }
-        };
-        let releasing = tokio::spawn(release.in_current_span());
-        let _ = tokio::time::timeout(RELEASE_INLINE, releasing).await;
-    }
 }
 
 /// The subject's keyed digest, scoped to the tenant so digests do not correlate across tenants;
@@ -659,41 +567,6 @@ pub fn subject_digest(keys: &Keyring, tenant_id: Uuid, subject: &Subject) -> [u8
         ]),
     }
 }
-
-/// Records an inline attempt that the database was unreachable for, retrying for as long as
-/// the lease reserves for bookkeeping after a send ([`crate::delivery::LEASE_MARGIN`]): an
-/// attempt made just before an outage is recorded when the database returns, instead of its
-/// delivery waiting out the lease and being sent again by the worker.
-async fn record_later(
-    commits: Arc<GroupCommit>,
-    attempt: crate::delivery::attempt::Attempt,
-    record: crate::store::AttemptRecord,
-) {
-    let give_up = tokio::time::Instant::now() + crate::delivery::LEASE_MARGIN;
-    let mut wait = RELEASE_RETRY_MIN;
-    loop {
-        tokio::time::sleep(wait).await;
-        match commits.record_attempt(record.clone()).await {
-            Ok(()) => return crate::delivery::observe(&attempt),
-            Err(err) if err.is_transient() && tokio::time::Instant::now() + wait < give_up => {
-                wait = (wait * 2).min(RELEASE_RETRY_MAX);
-            }
-            Err(err) => {
-                // The delivery stays leased, then due: the worker retries it.
-                return tracing::warn!(error = ?err, "could not record the inline delivery attempt");
-            }
-        }
-    }
-}
-
-/// How long a failed request waits for its lock's release before answering; the release goes
-/// on in the background after that.
-const RELEASE_INLINE: std::time::Duration = std::time::Duration::from_millis(250);
-
-/// The first wait before a failed lock release (or attempt record) is tried again; it doubles
-/// up to [`RELEASE_RETRY_MAX`].
-const RELEASE_RETRY_MIN: std::time::Duration = std::time::Duration::from_millis(100);
-const RELEASE_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// What the completed-key cache compares a request's payload by.
 fn payload(inbound: &Inbound<'_>) -> Payload {
