@@ -322,29 +322,37 @@ enum SetRefusal {
     Api(ApiError),
 }
 
-impl From<SetError> for SetRefusal {
-    fn from(err: SetError) -> Self {
-        Self::Set(err)
-    }
+/// The `From`s a refusal needs: from the feed's own error (into `$variant`) and from the API
+/// layer's errors (into `Api`).
+macro_rules! refusal_from {
+    ($refusal:ident, $variant:ident($own:ty)) => {
+        impl From<$own> for $refusal {
+            fn from(err: $own) -> Self {
+                Self::$variant(err)
+            }
+        }
+
+        impl From<ApiError> for $refusal {
+            fn from(err: ApiError) -> Self {
+                Self::Api(err)
+            }
+        }
+
+        impl From<IngestError> for $refusal {
+            fn from(err: IngestError) -> Self {
+                Self::Api(err.into())
+            }
+        }
+
+        impl From<StoreError> for $refusal {
+            fn from(err: StoreError) -> Self {
+                Self::Api(err.into())
+            }
+        }
+    };
 }
 
-impl From<ApiError> for SetRefusal {
-    fn from(err: ApiError) -> Self {
-        Self::Api(err)
-    }
-}
-
-impl From<IngestError> for SetRefusal {
-    fn from(err: IngestError) -> Self {
-        Self::Api(err.into())
-    }
-}
-
-impl From<StoreError> for SetRefusal {
-    fn from(err: StoreError) -> Self {
-        Self::Api(err.into())
-    }
-}
+refusal_from!(SetRefusal, Set(SetError));
 
 /// An RFC 8935 error response.
 fn rfc8935(status: StatusCode, err: &'static str, description: impl Into<String>) -> Response {
@@ -422,29 +430,7 @@ enum CamaraRefusal {
     Api(ApiError),
 }
 
-impl From<CamaraError> for CamaraRefusal {
-    fn from(err: CamaraError) -> Self {
-        Self::Invalid(err)
-    }
-}
-
-impl From<ApiError> for CamaraRefusal {
-    fn from(err: ApiError) -> Self {
-        Self::Api(err)
-    }
-}
-
-impl From<IngestError> for CamaraRefusal {
-    fn from(err: IngestError) -> Self {
-        Self::Api(err.into())
-    }
-}
-
-impl From<StoreError> for CamaraRefusal {
-    fn from(err: StoreError) -> Self {
-        Self::Api(err.into())
-    }
-}
+refusal_from!(CamaraRefusal, Invalid(CamaraError));
 
 /// A CAMARA error response.
 fn camara_error(status: StatusCode, code: &'static str, message: impl Into<String>) -> Response {
