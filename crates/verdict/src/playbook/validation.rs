@@ -1,0 +1,169 @@
+//! What a playbook must be to be accepted: well formed (names, actions, windows, event type
+//! URIs) and, for an upload, within the size limits (`MAX_*`), checked before anything quotes
+//! a rule's name.
+
+use super::{Playbook, PlaybookError, Rule};
+
+/// Largest playbook document accepted, in bytes.
+pub const MAX_PLAYBOOK_BYTES: usize = 64 * 1024;
+/// Most rules a playbook may have.
+pub const MAX_RULES: usize = 100;
+/// Longest rule name, in characters: the name is copied into every response and event.
+pub const MAX_RULE_NAME_CHARS: usize = 64;
+/// Longest attribute name a condition may name, in characters.
+pub const MAX_ATTRIBUTE_NAME_CHARS: usize = 64;
+/// Most values an `attribute_in` condition may list, and the longest of them.
+pub const MAX_ATTRIBUTE_VALUES: usize = 100;
+const MAX_ATTRIBUTE_VALUE_CHARS: usize = 256;
+/// Longest window a condition may name: ten years, in hours.
+pub const MAX_HOURS: f64 = 10.0 * 365.25 * 24.0;
+/// Most SET event types `[feeds] set_events` may map, and the longest URI.
+pub const MAX_SET_EVENTS: usize = 50;
+const MAX_EVENT_TYPE_CHARS: usize = 256;
+
+impl Playbook {
+    /// Whether the document is well formed: rule names, actions, windows and event type URIs.
+    pub(super) fn validate(&self) -> Result<(), PlaybookError> {
+        if self.rules.is_empty() {
+            return Err(PlaybookError::Invalid(
+                "a playbook needs at least one [[rule]]".into(),
+            ));
+        }
+        let mut names = std::collections::HashSet::new();
+        for (i, rule) in self.rules.iter().enumerate() {
+            let at = |msg: String| {
+                PlaybookError::Invalid(format!("rule {} (`{}`): {msg}", i + 1, rule.name))
+            };
+            if rule.name.trim().is_empty() {
+                return Err(PlaybookError::Invalid(format!(
+                    "rule {}: `name` must not be empty",
+                    i + 1
+                )));
+            }
+            if !names.insert(rule.name.as_str()) {
+                return Err(at("another rule has the same name".into()));
+            }
+            let mut seen = std::collections::HashSet::new();
+            for action in &rule.actions {
+                if !seen.insert(action) {
+                    return Err(at(format!("action `{}` is listed twice", action.as_str())));
+                }
+            }
+            let w = &rule.when;
+            for (field, value) in w.windows() {
+                if value.is_some_and(|h| !h.is_finite() || h <= 0.0) {
+                    return Err(at(format!("`{field}` must be a positive number")));
+                }
+            }
+            if w.attribute_at_least
+                .as_ref()
+                .is_some_and(|a| !a.value.is_finite())
+            {
+                return Err(at(
+                    "`when.attribute_at_least.value` must be a finite number".into(),
+                ));
+            }
+            if w.types.as_ref().is_some_and(Vec::is_empty) {
+                return Err(at("`when.type` must list at least one signal type".into()));
+            }
+            if w.attribute_in.as_ref().is_some_and(|a| a.values.is_empty()) {
+                return Err(at("`when.attribute_in.values` must not be empty".into()));
+            }
+        }
+        for uri in self.feeds.set_events.keys() {
+            if !is_absolute_uri(uri) {
+                return Err(PlaybookError::Invalid(format!(
+                    "`feeds.set_events`: `{uri}` is not an absolute URI (an event type URI \
+                     such as https://schemas.openid.net/secevent/risc/event-type/…)"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The size limits on what a tenant may upload.
+    pub(super) fn check_limits(&self) -> Result<(), PlaybookError> {
+        if self.rules.len() > MAX_RULES {
+            return Err(PlaybookError::OverLimit(format!(
+                "it has {} rules; at most {MAX_RULES} are accepted",
+                self.rules.len()
+            )));
+        }
+        for (i, rule) in self.rules.iter().enumerate() {
+            rule.check_limits(i + 1)?;
+        }
+        let events = &self.feeds.set_events;
+        if events.len() > MAX_SET_EVENTS
+            || events
+                .keys()
+                .any(|uri| uri.chars().count() > MAX_EVENT_TYPE_CHARS)
+        {
+            return Err(PlaybookError::OverLimit(format!(
+                "`feeds.set_events` may map at most {MAX_SET_EVENTS} event types of at most \
+                 {MAX_EVENT_TYPE_CHARS} characters"
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Rule {
+    /// The size limits; checked before anything quotes the rule's name.
+    fn check_limits(&self, number: usize) -> Result<(), PlaybookError> {
+        let over = |msg: String| PlaybookError::OverLimit(format!("rule {number}: {msg}"));
+        let too_long = |s: &str, max: usize| s.chars().count() > max;
+        if too_long(&self.name, MAX_RULE_NAME_CHARS) {
+            return Err(over(format!(
+                "`name` is longer than {MAX_RULE_NAME_CHARS} characters"
+            )));
+        }
+        let w = &self.when;
+        let attributes = [
+            w.attribute_within_hours.as_ref().map(|a| &a.attribute),
+            w.attribute_in.as_ref().map(|a| &a.attribute),
+            w.attribute_at_least.as_ref().map(|a| &a.attribute),
+        ];
+        if attributes
+            .into_iter()
+            .flatten()
+            .any(|a| too_long(a, MAX_ATTRIBUTE_NAME_CHARS))
+        {
+            return Err(over(format!(
+                "an attribute name is longer than {MAX_ATTRIBUTE_NAME_CHARS} characters"
+            )));
+        }
+        if let Some(within) = &w.attribute_in
+            && (within.values.len() > MAX_ATTRIBUTE_VALUES
+                || within
+                    .values
+                    .iter()
+                    .any(|v| too_long(&v.0, MAX_ATTRIBUTE_VALUE_CHARS)))
+        {
+            return Err(over(format!(
+                "`when.attribute_in.values` may list at most {MAX_ATTRIBUTE_VALUES} values \
+                 of at most {MAX_ATTRIBUTE_VALUE_CHARS} characters"
+            )));
+        }
+        for (field, value) in w.windows() {
+            if value.is_some_and(|h| h > MAX_HOURS) {
+                return Err(over(format!(
+                    "`{field}` is more than {MAX_HOURS} hours (ten years)"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `scheme:rest` with an RFC 3986 scheme: what an event type URI must look like.
+fn is_absolute_uri(uri: &str) -> bool {
+    let Some((scheme, rest)) = uri.split_once(':') else {
+        return false;
+    };
+    !rest.is_empty()
+        && scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+        && scheme
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+        && !uri.chars().any(|c| c.is_whitespace() || c.is_control())
+}
