@@ -253,6 +253,78 @@ async fn without_a_phone_number_the_registered_subscription_supplies_the_subject
     assert_camara_error(&removed, 422, "MISSING_IDENTIFIER", "removed");
 }
 
+/// Registers `subscription` for `phone` with the CLI (a new registration replaces the last).
+fn register(db: &TestDb, tenant: &Tenant, subscription: &str, phone: &str) {
+    db.cli(&[
+        "camara",
+        "subscription",
+        "add",
+        "--tenant",
+        &tenant.id,
+        "--subscription-id",
+        subscription,
+        "--phone",
+        phone,
+    ]);
+}
+
+async fn a_notification_retried_after_a_crash_keeps_the_subject_it_was_decided_for(
+    backend: Backend,
+) {
+    let db = TestDb::new(backend).await;
+    let tenant = db.tenant(&[]);
+    register(&db, &tenant, "sub-moved", "+447700900781");
+    let lock = ("VERDICT_LOCK_TIMEOUT_SECS", "1");
+    let doomed = Server::start(
+        &db,
+        &[lock, ("FAILPOINTS", "ingest::after_claim=return(abort)")],
+    );
+    let notification = swap("sub-moved", None, 5);
+    let sent = doomed
+        .client
+        .post(format!("{}/v1/camara/sim-swap", doomed.base))
+        .bearer_auth(&tenant.api_key)
+        .header("content-type", "application/cloudevents+json")
+        .body(notification.clone())
+        .send()
+        .await;
+    assert!(sent.is_err(), "the connection dies with the process");
+    assert!(
+        doomed.wait_for_crash(),
+        "the process aborted after the claim"
+    );
+    assert_eq!(claimed(&db).await, (1, 0), "the claim survived the crash");
+
+    // The subscription now names another number; the retry is still about the first one.
+    register(&db, &tenant, "sub-moved", "+447700900782");
+    let server = Server::start(&db, &[lock]);
+    let mut reply = notify(&server, &tenant.api_key, &notification).await;
+    for _ in 0..50 {
+        if reply.status != 409 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        reply = notify(&server, &tenant.api_key, &notification).await;
+    }
+    assert_no_content(&reply, "the retry after the lock expired");
+    assert_eq!(claimed(&db).await, (1, 1));
+    let event = latest_event(&server, &tenant).await;
+    assert_eq!(db.count("account_locks").await, 1);
+    let first = server
+        .send(&tenant, None, &common::sim_swap("+447700900781"))
+        .await;
+    assert_eq!(
+        first.json()["subject_hash"],
+        event["subject_hash"],
+        "{event}"
+    );
+    assert_eq!(first.json()["rule"], "subject_already_locked");
+    let second = server
+        .send(&tenant, None, &common::sim_swap("+447700900782"))
+        .await;
+    assert_ne!(second.json()["rule"], "subject_already_locked");
+}
+
 async fn lifecycle_events_are_acknowledged_and_errors_take_camaras_shape(backend: Backend) {
     let db = TestDb::new(backend).await;
     let tenant = db.tenant(&[]);
@@ -325,5 +397,6 @@ async fn lifecycle_events_are_acknowledged_and_errors_take_camaras_shape(backend
 on_both_backends!(
     the_published_example_delivered_twice_makes_one_decision,
     without_a_phone_number_the_registered_subscription_supplies_the_subject,
+    a_notification_retried_after_a_crash_keeps_the_subject_it_was_decided_for,
     lifecycle_events_are_acknowledged_and_errors_take_camaras_shape,
 );

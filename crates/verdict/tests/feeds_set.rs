@@ -496,6 +496,10 @@ async fn retried_after_a_crash_and_a_new_mapping(
     assert_accepted(&push(&server, &tenant.api_key, &token).await, "once more");
     assert_eq!(claimed(db).await, (1, 1), "one key, one event");
     let event = server.get(tenant, "/v1/events").await.json()["data"][0].clone();
+    assert_eq!(
+        event["playbook_version"], 1,
+        "the recorded decision's playbook: {event}"
+    );
     (owned, receiver, event)
 }
 
@@ -546,6 +550,19 @@ async fn a_set_retried_after_a_crash_stays_ignored_when_its_type_has_been_mapped
     assert_eq!(event["type"], "unmapped", "{event}");
     assert_eq!(event["decision"], "ignored");
     assert_eq!(db.count("account_locks").await, 0, "nothing was decided");
+    assert!(receiver.received().is_empty(), "no callback");
+}
+
+async fn a_set_retried_after_a_crash_stays_ignored_as_recorded_under_a_newer_playbook(
+    backend: Backend,
+) {
+    let still_unmapped = "[[rule]]\nname = \"deny_all\"\ndecision = \"deny\"\nactions = []\n";
+    let (db, receiver, event) =
+        retried_after_a_crash_and_a_new_mapping(backend, LEAVING_REVOKED_UNMAPPED, still_unmapped)
+            .await;
+    assert_eq!(event["type"], "unmapped", "{event}");
+    assert_eq!(event["decision"], "ignored");
+    assert_eq!(db.count("account_locks").await, 0);
     assert!(receiver.received().is_empty(), "no callback");
 }
 
@@ -690,4 +707,5 @@ on_both_backends!(
     a_set_retried_after_a_crash_stays_the_signal_it_was_decided_as_when_its_type_is_no_longer_mapped,
     a_set_retried_after_a_crash_stays_the_signal_it_was_decided_as_when_its_type_maps_elsewhere,
     a_set_retried_after_a_crash_stays_ignored_when_its_type_has_been_mapped_since,
+    a_set_retried_after_a_crash_stays_ignored_as_recorded_under_a_newer_playbook,
 );

@@ -21,6 +21,38 @@ pub struct Decided {
     /// What the signal was decided as; `None` in rows recorded before it was kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mapping: Option<Mapping>,
+    /// The digest of the subject it was decided for (a feed may resolve a retry's subject
+    /// otherwise, from a subscription re-registered since); `None` in rows recorded before it
+    /// was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "digest")]
+    pub subject: Option<[u8; 32]>,
+}
+
+/// A subject digest in a recorded decision, as base64.
+mod digest {
+    use base64::Engine;
+    use base64::engine::general_purpose::STANDARD;
+    use serde::de::Error;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(digest: &Option<[u8; 32]>, s: S) -> Result<S::Ok, S::Error> {
+        match digest {
+            Some(digest) => s.serialize_some(&STANDARD.encode(digest)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<[u8; 32]>, D::Error> {
+        Option::<String>::deserialize(d)?
+            .map(|text| {
+                STANDARD
+                    .decode(text)
+                    .ok()
+                    .and_then(|bytes| <[u8; 32]>::try_from(bytes).ok())
+                    .ok_or_else(|| D::Error::custom("a subject digest is 32 bytes in base64"))
+            })
+            .transpose()
+    }
 }
 
 /// What a signal was decided as: its type, as sent or as a feed's event type mapped to it under
@@ -67,6 +99,7 @@ impl Decided {
             evaluated_at: 0,
             facts: SubjectFacts::default(),
             mapping: None,
+            subject: None,
         }
     }
 }

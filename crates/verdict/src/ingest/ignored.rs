@@ -28,7 +28,7 @@ pub const UNMAPPED_TYPE: &str = "unmapped";
 /// The decision it records.
 pub const IGNORED_DECISION: &str = "ignored";
 /// The rule it records.
-const IGNORED_RULE: &str = "unmapped_event_type";
+pub(super) const IGNORED_RULE: &str = "unmapped_event_type";
 
 /// An authenticated feed event, before its event type is mapped to a signal type (or to none).
 pub struct FeedEvent<'a> {
@@ -53,7 +53,9 @@ impl<'a> FeedEvent<'a> {
         Self {
             tenant: inbound.tenant,
             feed: inbound.feed,
-            subject: signal.subject.clone(),
+            subject: decided
+                .subject
+                .map_or_else(|| signal.subject.clone(), Subject::Digested),
             observed_at: signal.observed_at,
             attributes: signal.attributes.clone(),
             metadata: signal.metadata.clone(),
@@ -116,6 +118,7 @@ impl Ingest {
             evaluated_at: now,
             facts: SubjectFacts::default(),
             mapping: Some(Mapping::Unmapped),
+            subject: Some(subject_digest(&self.keys, tenant_id, &ignored.subject)),
         };
         let claim = Claim {
             key: key_ref.clone(),
@@ -157,14 +160,23 @@ impl Ingest {
                                 ..
                             },
                         )) => {
-                            let inbound = ignored.into_signal(key, signal_type);
+                            let mut inbound = ignored.into_signal(key, signal_type);
+                            if let Some(subject) = recorded.subject {
+                                inbound.signal.subject = Subject::Digested(subject);
+                            }
                             let taken = Holding {
                                 decided: recorded,
                                 ..taken
                             };
                             return self.finish_as_signal(&inbound, &key_ref, taken).await;
                         }
-                        Ok(_) => taken,
+                        // Recorded as ignored: finished with that record's subject, version
+                        // and time.
+                        Ok(Some(recorded)) => Holding {
+                            decided: recorded,
+                            ..taken
+                        },
+                        Ok(None) => taken,
                         Err(err) => {
                             // The key is ours now: a final error is stored, not left locked.
                             let err = IngestError::from(err);
@@ -209,10 +221,13 @@ impl Ingest {
             held,
             event_id,
             expires_at,
-            ..
+            decided,
         } = holding;
         let now = now_ms();
-        let subject_hash = subject_digest(&self.keys, tenant_id, &ignored.subject).to_vec();
+        let subject_hash = decided
+            .subject
+            .unwrap_or_else(|| subject_digest(&self.keys, tenant_id, &ignored.subject))
+            .to_vec();
         let event = NewEvent {
             id: event_id,
             tenant_id,
@@ -222,11 +237,11 @@ impl Ingest {
             attributes: record::json(&ignored.attributes),
             metadata: record::json(&ignored.metadata),
             decision: IGNORED_DECISION,
-            playbook_version: ignored.playbook_version,
+            playbook_version: decided.playbook_version,
             rule: IGNORED_RULE.into(),
             actions: "[]".into(),
             created_at: now,
-            evaluated_at: now,
+            evaluated_at: decided.evaluated_at,
             facts: record::json(&SubjectFacts::default()),
             feed: ignored.feed.as_str(),
         };

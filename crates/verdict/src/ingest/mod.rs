@@ -105,23 +105,6 @@ pub struct Inbound<'a> {
     pub raw_body: [u8; 32],
 }
 
-impl<'a> Inbound<'a> {
-    /// The same request as a signal of type `signal_type`.
-    fn as_type(&self, signal_type: crate::signal::SignalType) -> Inbound<'a> {
-        Inbound {
-            tenant: self.tenant,
-            feed: self.feed,
-            key: self.key.clone(),
-            signal: Signal {
-                signal_type,
-                ..self.signal.clone()
-            },
-            fingerprint: self.fingerprint,
-            raw_body: self.raw_body,
-        }
-    }
-}
-
 /// What a request derives once from its signal: every digest the phases need.
 struct Prepared<'a> {
     inbound: &'a Inbound<'a>,
@@ -131,6 +114,34 @@ struct Prepared<'a> {
     signal_key: [u8; 32],
     /// The idempotency key's row, if the request has a key.
     key: Option<KeyRef>,
+}
+
+impl<'a> Prepared<'a> {
+    /// The request as `decided` saw it, if a feed resolved its type or subject otherwise this
+    /// time.
+    fn as_decided(&self, decided: &Decided) -> Option<Inbound<'a>> {
+        let signal = &self.inbound.signal;
+        let signal_type = match decided.mapping {
+            Some(Mapping::Type(recorded)) if recorded != signal.signal_type => Some(recorded),
+            _ => None,
+        };
+        let subject = decided.subject.filter(|&s| s != self.subject_hash);
+        if signal_type.is_none() && subject.is_none() {
+            return None;
+        }
+        Some(Inbound {
+            tenant: self.inbound.tenant,
+            feed: self.inbound.feed,
+            key: self.inbound.key.clone(),
+            signal: Signal {
+                signal_type: signal_type.unwrap_or(signal.signal_type),
+                subject: subject.map_or_else(|| signal.subject.clone(), Subject::Digested),
+                ..signal.clone()
+            },
+            fingerprint: self.inbound.fingerprint,
+            raw_body: self.inbound.raw_body,
+        })
+    }
 }
 
 /// Where a signal's callback goes, as read with its decision.
@@ -293,19 +304,18 @@ impl Ingest {
             Err(reply) => return Ok(reply),
         };
         failpoint!("ingest::after_claim");
-        // A feed event taken over after its playbook mapped its event type otherwise is
-        // finished as it was decided.
-        match holding.decided.mapping {
-            Some(Mapping::Unmapped) => {
-                let ignored = FeedEvent::retrying(signal.inbound, &holding.decided);
-                self.finish_ignored(ignored, key, holding).await
-            }
-            Some(Mapping::Type(recorded)) if recorded != signal.inbound.signal.signal_type => {
-                let inbound = signal.inbound.as_type(recorded);
+        // A feed resolves a retry's type and subject again (its playbook's mapping, a
+        // subscription); a key taken over is finished as its recorded decision saw them.
+        if holding.decided.mapping == Some(Mapping::Unmapped) {
+            let ignored = FeedEvent::retrying(signal.inbound, &holding.decided);
+            return self.finish_ignored(ignored, key, holding).await;
+        }
+        match signal.as_decided(&holding.decided) {
+            Some(inbound) => {
                 let signal = self.prepare(&inbound);
                 self.act_held(&signal, key, holding, &destination).await
             }
-            _ => self.act_held(signal, key, holding, &destination).await,
+            None => self.act_held(signal, key, holding, &destination).await,
         }
     }
 
@@ -398,6 +408,7 @@ impl Ingest {
             evaluated_at: to_ms(now),
             facts,
             mapping: Some(Mapping::Type(signal.inbound.signal.signal_type)),
+            subject: Some(signal.subject_hash),
         };
         let destination = Destination {
             url: inputs.callback_url,
@@ -594,9 +605,77 @@ fn recorded_decision(from: RecoveryPoint) -> Result<Option<Decided>, StoreError>
         RecoveryPoint::InFlight { ruling: None } => None,
         RecoveryPoint::InFlight {
             ruling: Some(ruling),
-        } => Some(serde_json::from_str(&ruling).map_err(corrupt)?),
+        } => {
+            let mut recorded: Decided = serde_json::from_str(&ruling).map_err(corrupt)?;
+            // Recorded before the mapping was kept: an ignored feed event says so by its rule.
+            if recorded.mapping.is_none() && recorded.rule == ignored::IGNORED_RULE {
+                recorded.mapping = Some(Mapping::Unmapped);
+            }
+            Some(recorded)
+        }
         RecoveryPoint::Dispatched { action_results } => Some(Decided::from_v1_record(
             serde_json::from_str(&action_results).map_err(corrupt)?,
         )),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::playbook::Decision;
+
+    fn in_flight(ruling: serde_json::Value) -> RecoveryPoint {
+        RecoveryPoint::InFlight {
+            ruling: Some(ruling.to_string()),
+        }
+    }
+
+    #[test]
+    fn a_recorded_decision_keeps_its_mapping_and_subject() {
+        let decided = Decided {
+            decision: Decision::Deny,
+            rule: "recent_sim_swap".into(),
+            actions: vec![],
+            playbook_version: 3,
+            evaluated_at: 1,
+            facts: SubjectFacts::default(),
+            mapping: Some(Mapping::Type(crate::signal::SignalType::PortOut)),
+            subject: Some([7; 32]),
+        };
+        let ruling = serde_json::to_value(&decided).unwrap();
+        assert_eq!(recorded_decision(in_flight(ruling)).unwrap(), Some(decided));
+    }
+
+    #[test]
+    fn an_ignored_event_recorded_before_mappings_were_kept_is_still_unmapped() {
+        let ruling = serde_json::json!({
+            "decision": "allow", "rule": "unmapped_event_type", "actions": [],
+            "playbook_version": 2, "evaluated_at": 1, "facts": { "locked": false },
+        });
+        let recorded = recorded_decision(in_flight(ruling)).unwrap().unwrap();
+        assert_eq!(recorded.mapping, Some(Mapping::Unmapped));
+        assert_eq!(recorded.subject, None);
+    }
+
+    #[test]
+    fn a_signal_recorded_before_mappings_were_kept_has_none() {
+        let ruling = serde_json::json!({
+            "decision": "deny", "rule": "recent_sim_swap", "actions": ["lock_account"],
+            "playbook_version": 2, "evaluated_at": 1, "facts": { "locked": false },
+        });
+        let recorded = recorded_decision(in_flight(ruling)).unwrap().unwrap();
+        assert_eq!(recorded.mapping, None);
+    }
+
+    #[test]
+    fn a_recorded_subject_that_is_not_a_digest_is_corrupt() {
+        let ruling = serde_json::json!({
+            "decision": "deny", "rule": "r", "actions": [], "playbook_version": 2,
+            "evaluated_at": 1, "facts": { "locked": false }, "subject": "c2hvcnQ=",
+        });
+        assert!(matches!(
+            recorded_decision(in_flight(ruling)),
+            Err(StoreError::Corrupt(_))
+        ));
+    }
 }
