@@ -1,0 +1,121 @@
+//! `verdict deliveries …`: list, show and redeliver a tenant's callbacks.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Subcommand;
+use uuid::Uuid;
+
+use crate::config::{Config, DeliveryArgs};
+use crate::delivery::{REDELIVER_INTERVAL, Redelivered};
+use crate::store;
+
+/// `verdict deliveries …`.
+#[derive(Debug, Subcommand)]
+pub enum DeliveriesCommand {
+    /// List a tenant's deliveries, newest first, as JSON lines.
+    List {
+        #[arg(long)]
+        tenant: Uuid,
+        /// pending, succeeded, failed or dead.
+        #[arg(long)]
+        status: Option<crate::delivery::DeliveryStatus>,
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+    },
+    /// Show one delivery and its attempts as JSON.
+    Show {
+        #[arg(long)]
+        tenant: Uuid,
+        id: Uuid,
+    },
+    /// Attempt a delivery again now, with the same webhook-id, and a fresh retry budget.
+    Redeliver {
+        #[arg(long)]
+        tenant: Uuid,
+        id: Uuid,
+        #[command(flatten)]
+        delivery: DeliveryArgs,
+    },
+}
+
+pub(super) async fn run_deliveries(
+    config: &Config,
+    file: &crate::config::FileConfig,
+    cmd: DeliveriesCommand,
+) -> anyhow::Result<()> {
+    let keys = Arc::new(config.master_key()?.keyring());
+    let store = store::connect(&config.database_url)
+        .await
+        .context("connecting to the database")?;
+    let show = |d: crate::store::DeliveryRecord| {
+        serde_json::json!({
+            "id": d.id, "event_id": d.event_id, "webhook_id": d.webhook_id,
+            "status": d.status.as_str(), "attempts": d.attempts, "last_error": d.last_error,
+        })
+    };
+    match cmd {
+        DeliveriesCommand::List {
+            tenant,
+            status,
+            limit,
+        } => {
+            for d in store
+                .deliveries(tenant, status, None, limit.clamp(1, 10_000))
+                .await?
+            {
+                println!("{}", show(d));
+            }
+        }
+        DeliveriesCommand::Show { tenant, id } => {
+            let d = store
+                .delivery(tenant, id)
+                .await?
+                .context("no such delivery")?;
+            let attempts: Vec<_> = store
+                .delivery_attempts(id)
+                .await?
+                .into_iter()
+                .map(|a| {
+                    serde_json::json!({
+                        "trigger": a.trigger, "status_code": a.status_code,
+                        "latency_ms": a.latency_ms, "error": a.error,
+                    })
+                })
+                .collect();
+            let mut out = show(d);
+            out["attempts"] = attempts.into();
+            println!("{out}");
+        }
+        DeliveriesCommand::Redeliver {
+            tenant,
+            id,
+            delivery,
+        } => {
+            let deliverer =
+                crate::delivery::Deliverer::new(store.clone(), keys, delivery.resolve(file)?)?;
+            match deliverer.redeliver(tenant, id).await? {
+                Redelivered::Attempted(verdict) => {
+                    let d = store
+                        .delivery(tenant, id)
+                        .await?
+                        .context("no such delivery")?;
+                    println!("{}", show(d));
+                    tracing::info!(?verdict, "redelivered");
+                }
+                Redelivered::TooSoon(wait) => anyhow::bail!(
+                    "delivery {id} was not redelivered: it was redelivered less than {} s ago \
+                     (at most one redelivery per delivery every {} s); retry in {} s",
+                    REDELIVER_INTERVAL.as_secs(),
+                    REDELIVER_INTERVAL.as_secs(),
+                    wait.as_millis().div_ceil(1000)
+                ),
+                Redelivered::Unavailable => anyhow::bail!(
+                    "delivery {id} was not redelivered: it does not exist, an attempt is in \
+                     progress, or the endpoint is disabled"
+                ),
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,142 @@
+//! The `verdict` command line: one module per command group.
+
+mod camara;
+mod deliveries;
+mod playbook;
+mod tenant;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+use crate::config::{Config, DatabaseArgs, DeliveryArgs, RetentionArgs, ServeArgs, ServeConfig};
+use crate::retention::RetentionSettings;
+use crate::store;
+
+use camara::run_camara;
+pub use camara::{CamaraCommand, CamaraSubscriptionCommand};
+pub use deliveries::DeliveriesCommand;
+use deliveries::run_deliveries;
+pub use playbook::PlaybookCommand;
+use playbook::run_playbook;
+use tenant::run_tenant;
+pub use tenant::{KeyCommand, Purpose, TenantCommand};
+
+/// verdict: exactly-once trust decisions for identity-risk signals.
+#[derive(Debug, Parser)]
+#[command(name = "verdict", version)]
+pub struct Cli {
+    #[command(flatten)]
+    pub db: DatabaseArgs,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the HTTP API.
+    Serve(ServeArgs),
+    /// Apply database migrations and exit.
+    Migrate,
+    /// Manage tenants.
+    #[command(subcommand)]
+    Tenant(TenantCommand),
+    /// Read or replace a tenant's playbook.
+    #[command(subcommand)]
+    Playbook(PlaybookCommand),
+    /// Run the delivery worker (retries of callbacks).
+    Worker {
+        #[command(flatten)]
+        delivery: DeliveryArgs,
+        /// Run one round (every delivery due now, once) and exit.
+        #[arg(long)]
+        once: bool,
+    },
+    /// Inspect and redeliver callbacks.
+    #[command(subcommand)]
+    Deliveries(DeliveriesCommand),
+    /// Delete expired idempotency keys and everything past retention now, and print what was
+    /// deleted as JSON (`serve` does the same every prune interval).
+    Prune {
+        #[command(flatten)]
+        retention: RetentionArgs,
+    },
+    /// Send one signal (JSON from FILE or stdin) and print the decision.
+    Send {
+        /// The signal; `-` reads standard input.
+        #[arg(default_value = "-")]
+        file: std::path::PathBuf,
+        /// The verdict API's base URL.
+        #[arg(long, env = "VERDICT_URL", default_value = "http://127.0.0.1:8080")]
+        url: String,
+        /// The tenant's API key.
+        #[arg(long, env = "VERDICT_API_KEY", hide_env_values = true)]
+        api_key: String,
+        /// The tenant's inbound signing secret (omit if the tenant accepts unsigned signals).
+        #[arg(long, env = "VERDICT_SIGNING_SECRET", hide_env_values = true)]
+        signing_secret: Option<String>,
+    },
+    /// Register CAMARA SIM Swap subscriptions (for notifications without a phone number).
+    #[command(subcommand)]
+    Camara(CamaraCommand),
+    /// Receive callbacks: print each verified, deduplicated one once, as a JSON line.
+    Listen {
+        /// The tenant's webhook secret (`whsec_…`).
+        #[arg(long, env = "VERDICT_WEBHOOK_SECRET", hide_env_values = true)]
+        secret: String,
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:9000")]
+        listen: std::net::SocketAddr,
+        /// Dedup store that survives restarts: `sqlite://PATH` or `postgres://…` (default: memory).
+        #[arg(long)]
+        db: Option<String>,
+    },
+}
+
+/// Runs the parsed command line.
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    let (config, file) = Config::resolve(&cli.db)?;
+    match cli.command {
+        Command::Serve(args) => {
+            let serve = ServeConfig::resolve(&args, &file)?;
+            crate::server::serve(&config, serve).await
+        }
+        Command::Migrate => {
+            store::connect(&config.database_url)
+                .await
+                .context("connecting to the database and migrating")?;
+            println!("migrations applied");
+            Ok(())
+        }
+        Command::Tenant(cmd) => run_tenant(&config, &file, cmd).await,
+        Command::Playbook(cmd) => run_playbook(&config, cmd).await,
+        Command::Worker { delivery, once } => {
+            crate::server::work(&config, delivery.resolve(&file)?, once).await
+        }
+        Command::Deliveries(cmd) => run_deliveries(&config, &file, cmd).await,
+        Command::Prune { retention } => run_prune(&config, retention.resolve(&file, 0)?).await,
+        Command::Send {
+            file,
+            url,
+            api_key,
+            signing_secret,
+        } => crate::send::run(&file, &url, &api_key, signing_secret.as_deref()).await,
+        Command::Camara(CamaraCommand::Subscription(cmd)) => run_camara(&config, cmd).await,
+        Command::Listen { secret, listen, db } => {
+            crate::listen::run(&secret, listen, db.as_deref()).await
+        }
+    }
+}
+
+async fn run_prune(config: &Config, retention: RetentionSettings) -> anyhow::Result<()> {
+    let store = store::connect(&config.database_url)
+        .await
+        .context("connecting to the database")?;
+    let now = crate::clock::now_ms();
+    let keys = store.prune_expired_keys(now).await?;
+    let pruned = crate::retention::prune(&*store, retention, now, usize::MAX).await?;
+    let mut out = serde_json::to_value(pruned)?;
+    out["idempotency_keys"] = keys.into();
+    println!("{out}");
+    Ok(())
+}

@@ -1,0 +1,346 @@
+//! `verdict tenant …`: tenants, their secrets, callback endpoint and API keys.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::{Subcommand, ValueEnum};
+use uuid::Uuid;
+
+use crate::config::{Config, DestinationArgs};
+use crate::delivery::destination::CallbackUrl;
+use crate::store::{self, Scope, SecretPurpose};
+use crate::tenant::{self, TenantSpec};
+
+/// `verdict tenant …`.
+#[derive(Debug, Subcommand)]
+pub enum TenantCommand {
+    /// Create a tenant and print its credentials (shown once).
+    Create {
+        /// A name for people to recognise the tenant by.
+        #[arg(long)]
+        name: String,
+        /// Accept unsigned signals from this tenant (a deliberate, recorded choice).
+        #[arg(long)]
+        no_inbound_signature: bool,
+        /// Where signed callbacks are sent.
+        #[arg(long)]
+        callback_url: Option<String>,
+        #[command(flatten)]
+        destinations: DestinationArgs,
+        /// Print one JSON object.
+        #[arg(long, conflicts_with = "env")]
+        json: bool,
+        /// Print `export VERDICT_…=…` lines for a shell to `eval`.
+        #[arg(long)]
+        env: bool,
+    },
+    /// Set the callback URL and re-enable the endpoint (after a 410 disabled it).
+    SetCallback {
+        /// The tenant's id.
+        #[arg(long)]
+        tenant: Uuid,
+        /// The new callback URL (omit to remove it).
+        #[arg(long)]
+        url: Option<String>,
+        #[command(flatten)]
+        destinations: DestinationArgs,
+    },
+    /// Replace a signing secret; the old one stays valid for the grace period.
+    RotateSecret {
+        /// The tenant's id.
+        #[arg(long)]
+        tenant: Uuid,
+        /// Which secret to rotate.
+        #[arg(long, value_enum, default_value_t = Purpose::Inbound)]
+        purpose: Purpose,
+        /// How long the old secret stays valid, in seconds.
+        #[arg(long, default_value_t = 24 * 60 * 60)]
+        grace_secs: u64,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Issue, list and revoke the tenant's API keys.
+    #[command(subcommand)]
+    Key(KeyCommand),
+    /// Set the tenant's Security Event Token transmitter (OpenID Shared Signals): SETs pushed
+    /// to `POST /v1/sets` must carry its issuer and audience and verify with its keys.
+    SetTransmitter {
+        /// The tenant's id.
+        #[arg(long)]
+        tenant: Uuid,
+        /// The transmitter's `iss`.
+        #[arg(long)]
+        issuer: String,
+        /// The `aud` its SETs must name: this receiver, as the transmitter knows it.
+        #[arg(long)]
+        audience: String,
+        /// A JWKS document with the transmitter's public signing keys (stored).
+        #[arg(
+            long,
+            required_unless_present = "jwks_url",
+            conflicts_with = "jwks_url"
+        )]
+        jwks_file: Option<std::path::PathBuf>,
+        /// Where the transmitter publishes its JWKS: fetched through the callbacks'
+        /// destination guard, cached, and fetched again when a SET names an unknown `kid`.
+        #[arg(long)]
+        jwks_url: Option<String>,
+        #[command(flatten)]
+        destinations: DestinationArgs,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Set the tenant's own rate limit, which wins over the server's setting.
+    SetRateLimit {
+        /// The tenant's id.
+        #[arg(long)]
+        tenant: Uuid,
+        /// Requests per second, with an equal burst; 0 removes the tenant's own limit.
+        #[arg(long, required_unless_present = "clear", conflicts_with = "clear")]
+        per_second: Option<u32>,
+        /// Remove the tenant's own limit: the server's setting applies again.
+        #[arg(long)]
+        clear: bool,
+    },
+}
+
+/// `verdict tenant key …`.
+#[derive(Debug, Subcommand)]
+pub enum KeyCommand {
+    /// Issue a key and print it (shown once).
+    Create {
+        /// The tenant's id.
+        #[arg(long)]
+        tenant: Uuid,
+        /// ingest (send signals), read (the GET endpoints) or admin (everything).
+        #[arg(long)]
+        scope: Scope,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke a key: every instance refuses it within 5 seconds.
+    Revoke {
+        /// The tenant's id.
+        #[arg(long)]
+        tenant: Uuid,
+        /// The key's id (from `create` or `list`).
+        #[arg(long)]
+        key_id: Uuid,
+    },
+    /// List the tenant's keys (never the keys themselves), oldest first.
+    List {
+        /// The tenant's id.
+        #[arg(long)]
+        tenant: Uuid,
+        /// Print one JSON array.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Which of a tenant's secrets.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Purpose {
+    /// Verifies inbound `Verdict-Signature`.
+    Inbound,
+    /// Signs outbound callbacks.
+    Webhook,
+}
+
+impl From<Purpose> for SecretPurpose {
+    fn from(p: Purpose) -> Self {
+        match p {
+            Purpose::Inbound => SecretPurpose::Inbound,
+            Purpose::Webhook => SecretPurpose::Webhook,
+        }
+    }
+}
+
+pub(super) async fn run_tenant(
+    config: &Config,
+    file: &crate::config::FileConfig,
+    cmd: TenantCommand,
+) -> anyhow::Result<()> {
+    let keys = Arc::new(config.master_key()?.keyring());
+    let store = store::connect(&config.database_url)
+        .await
+        .context("connecting to the database")?;
+    match cmd {
+        TenantCommand::Create {
+            name,
+            no_inbound_signature,
+            callback_url,
+            destinations,
+            json,
+            env,
+        } => {
+            // The destination guard judges the URL before anything is created.
+            let policy = destinations.resolve(file);
+            let callback_url = callback_url
+                .map(|url| CallbackUrl::parse(&url, policy))
+                .transpose()?;
+            let created = tenant::create(
+                &*store,
+                &keys,
+                TenantSpec {
+                    name,
+                    inbound_signature_required: !no_inbound_signature,
+                    callback_url,
+                },
+            )
+            .await?;
+            if json {
+                println!("{}", serde_json::to_string(&created)?);
+            } else if env {
+                println!("export VERDICT_TENANT_ID='{}'", created.tenant_id);
+                println!("export VERDICT_API_KEY='{}'", created.api_key);
+                println!("export VERDICT_SIGNING_SECRET='{}'", created.signing_secret);
+                println!("export VERDICT_WEBHOOK_SECRET='{}'", created.webhook_secret);
+            } else {
+                println!("tenant_id       {}", created.tenant_id);
+                println!("api_key         {}", created.api_key);
+                println!("signing_secret  {}", created.signing_secret);
+                println!("webhook_secret  {}", created.webhook_secret);
+                println!("(secrets are shown once; store them now)");
+            }
+        }
+        TenantCommand::SetCallback {
+            tenant,
+            url,
+            destinations,
+        } => {
+            let policy = destinations.resolve(file);
+            let url = url
+                .map(|url| CallbackUrl::parse(&url, policy))
+                .transpose()?;
+            tenant::set_callback(&*store, tenant, url.as_ref()).await?;
+            println!("callback endpoint set and enabled");
+        }
+        TenantCommand::RotateSecret {
+            tenant,
+            purpose,
+            grace_secs,
+            json,
+        } => {
+            let grace_ms = i64::try_from(grace_secs.saturating_mul(1000)).unwrap_or(i64::MAX);
+            let secret =
+                tenant::rotate_secret(&*store, &keys, tenant, purpose.into(), grace_ms).await?;
+            if json {
+                let out = serde_json::json!({
+                    "tenant_id": tenant,
+                    "purpose": SecretPurpose::from(purpose).as_str(),
+                    "secret": secret.to_whsec(),
+                    "previous_valid_for_secs": grace_secs,
+                });
+                println!("{out}");
+            } else {
+                println!("{}", secret.to_whsec());
+            }
+        }
+        TenantCommand::Key(cmd) => run_key(&*store, cmd).await?,
+        TenantCommand::SetTransmitter {
+            tenant,
+            issuer,
+            audience,
+            jwks_file,
+            jwks_url,
+            destinations,
+            json,
+        } => {
+            let keys = match (jwks_file, jwks_url) {
+                (Some(path), _) => crate::feeds::TransmitterKeys::Document(
+                    std::fs::read_to_string(&path)
+                        .with_context(|| format!("reading {}", path.display()))?,
+                ),
+                (None, Some(url)) => crate::feeds::TransmitterKeys::Url(url),
+                (None, None) => anyhow::bail!("give --jwks-file or --jwks-url"),
+            };
+            let set = crate::feeds::set_transmitter(
+                &*store,
+                tenant,
+                issuer,
+                audience,
+                keys,
+                destinations.resolve(file),
+            )
+            .await?;
+            if json {
+                println!("{}", serde_json::to_string(&set)?);
+            } else {
+                match set.keys {
+                    Some(n) => println!("SET transmitter set: {n} signing key(s) from the file"),
+                    None => println!("SET transmitter set: keys fetched from the JWKS URL"),
+                }
+                println!("(running instances use it within 5 seconds)");
+            }
+        }
+        TenantCommand::SetRateLimit {
+            tenant,
+            per_second,
+            clear: _,
+        } => {
+            // `--clear` and `--per-second 0` both leave `None`.
+            let per_second = per_second.and_then(std::num::NonZeroU32::new);
+            tenant::set_rate_limit(&*store, tenant, per_second).await?;
+            match per_second {
+                Some(n) => println!("rate limit set to {n} requests per second (burst {n})"),
+                None => println!("the tenant's own rate limit is removed; the server's applies"),
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn run_key(store: &dyn store::Store, cmd: KeyCommand) -> anyhow::Result<()> {
+    match cmd {
+        KeyCommand::Create {
+            tenant,
+            scope,
+            json,
+        } => {
+            let issued = tenant::issue_key(store, tenant, scope).await?;
+            if json {
+                println!("{}", serde_json::to_string(&issued)?);
+            } else {
+                println!("key_id   {}", issued.key_id);
+                println!("api_key  {}", issued.api_key);
+                println!("scope    {}", issued.scope);
+                println!("(the key is shown once; store it now)");
+            }
+        }
+        KeyCommand::Revoke { tenant, key_id } => {
+            tenant::revoke_key(store, tenant, key_id).await?;
+            println!("key {key_id} revoked; every instance refuses it within 5 seconds");
+        }
+        KeyCommand::List { tenant, json } => {
+            let keys: Vec<crate::http::KeyView> = tenant::list_keys(store, tenant)
+                .await?
+                .into_iter()
+                .map(Into::into)
+                .collect();
+            if json {
+                println!("{}", serde_json::to_string(&keys)?);
+            } else {
+                println!(
+                    "{:<36}  {:<6}  {:<25}  {:<25}  revoked",
+                    "key_id", "scope", "created", "last used"
+                );
+                for k in keys {
+                    let or_dash = |t: Option<String>| t.unwrap_or_else(|| "-".into());
+                    println!(
+                        "{:<36}  {:<6}  {:<25}  {:<25}  {}",
+                        k.key_id,
+                        k.scope.as_str(),
+                        k.created_at,
+                        or_dash(k.last_used_at),
+                        or_dash(k.revoked_at)
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
