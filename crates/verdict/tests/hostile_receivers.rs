@@ -274,7 +274,82 @@ async fn a_hanging_receiver_does_not_hold_back_another_tenants_delivery_in_the_s
     assert!(d["attempts"][1]["latency_ms"].as_u64().unwrap() <= DEADLINE_MS + SLACK_MS);
 }
 
+async fn a_tenant_with_more_hanging_deliveries_than_slots_does_not_hold_back_another_tenant(
+    backend: Backend,
+) {
+    // More hanging deliveries than the worker has slots (16), all due before the other
+    // tenant's: a worker that filled every slot with them would make the other wait a deadline.
+    const DEADLINE_MS: u64 = 2500;
+    const HANGING: usize = 18;
+    let db = TestDb::new(backend).await;
+    let hanging = Hostile::start(Hostility::Hang).await;
+    let healthy = Receiver::start(vec![Step::status(503)]).await;
+    let hostile_tenant = db.tenant(&["--callback-url", &hanging.url]);
+    let tenant = db.tenant(&["--callback-url", &healthy.url]);
+    let deadline = DEADLINE_MS.to_string();
+    let env = env(&deadline);
+    let server = Server::start(&db, &env);
+    let hung: Vec<_> = (0..HANGING)
+        .map(|i| {
+            let (base, client, tenant) = (
+                server.base.clone(),
+                server.client.clone(),
+                hostile_tenant.clone(),
+            );
+            tokio::spawn(async move {
+                let req = common::signed(
+                    client.post(format!("{base}/v1/signals")),
+                    &tenant,
+                    Some(&new_key()),
+                    &sim_swap(&format!("+4477009008{i:02}")),
+                    common::now(),
+                );
+                common::Reply::from(req.send().await.unwrap()).await
+            })
+        })
+        .collect();
+    for reply in hung {
+        assert_eq!(reply.await.unwrap().status, 200);
+    }
+    let refused = server
+        .send(&tenant, Some(&new_key()), &sim_swap("+447700900899"))
+        .await;
+    assert_eq!(refused.status, 200);
+    assert_eq!(healthy.received().len(), 1);
+    // Every inline attempt is recorded (the hanging ones at their deadline) and due next round.
+    tokio::time::sleep(Duration::from_millis(DEADLINE_MS + 1100)).await;
+
+    let started = Instant::now();
+    let mut worker = db
+        .worker_once_command(&env)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut delivered_after = None;
+    while started.elapsed() < Duration::from_millis(4 * DEADLINE_MS + 5000) {
+        if delivered_after.is_none() && healthy.received().len() == 2 {
+            delivered_after = Some(started.elapsed());
+        }
+        if worker.try_wait().unwrap().is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let out = worker.wait_with_output().unwrap();
+    let round: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let delivered_after =
+        delivered_after.expect("the healthy receiver got no retry in the worker's round");
+    eprintln!("{backend:?}: healthy tenant delivered {delivered_after:?} into the round: {round}");
+    assert_eq!(round["attempted"], HANGING + 1, "{round}");
+    assert_eq!(round["delivered"], 1, "{round}");
+    assert!(
+        delivered_after < Duration::from_millis(DEADLINE_MS / 2),
+        "the healthy delivery waited behind the hanging ones: {delivered_after:?}"
+    );
+}
+
 on_both_backends!(
     every_hostile_answer_ends_within_the_deadline_and_is_recorded_and_classified,
     a_hanging_receiver_does_not_hold_back_another_tenants_delivery_in_the_same_round,
+    a_tenant_with_more_hanging_deliveries_than_slots_does_not_hold_back_another_tenant,
 );

@@ -10,6 +10,7 @@
 //! round began, so it never attempts a delivery twice. It leases only what it attempts at once,
 //! for longer than one attempt can take ([`super::lease_for`]).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,11 +21,18 @@ use super::schedule::{AttemptOutcome, Trigger};
 use super::{Deliverer, lease_for};
 use crate::clock::now_ms;
 use crate::store::StoreError;
+use uuid::Uuid;
 
-/// Attempts in flight at once per worker.
+/// Attempts in flight at once per worker; each delivery is leased only when a slot takes it,
+/// so none waits on its lease.
 const CONCURRENCY: usize = 16;
-/// Deliveries leased per batch: only what is attempted at once, so none waits on its lease.
-const BATCH: usize = CONCURRENCY;
+/// Attempts in flight from which a tenant is skipped by the next lease: with leases of at most
+/// [`REFILL`], one tenant holds at most `PER_TENANT + REFILL - 1` slots, and the rest stay for
+/// everyone else.
+const PER_TENANT: usize = CONCURRENCY / 2;
+/// Deliveries leased at once, and the free slots that make the worker lease again while
+/// attempts are in flight (one query per few attempts, not one per attempt).
+const REFILL: usize = 4;
 
 /// What one round did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -129,6 +137,11 @@ pub async fn round(
 
 /// One round scheduled at `due_by`: attempts every delivery due, once, and schedules the
 /// retries it makes from `due_by`.
+///
+/// Attempts run side by side in [`CONCURRENCY`] slots, and a slot is refilled as soon as its
+/// attempt ends, so a receiver that hangs holds only its own slots. No tenant has more than
+/// about [`PER_TENANT`] attempts in flight: a tenant whose receiver hangs on many deliveries
+/// cannot take every slot and hold back other tenants' retries for a deadline per batch.
 pub async fn round_at(
     deliverer: &Arc<Deliverer>,
     due_by: i64,
@@ -136,43 +149,75 @@ pub async fn round_at(
 ) -> Result<Round, StoreError> {
     let began = now_ms();
     let lease =
-        i64::try_from(lease_for(deliverer.settings.deadline, BATCH, CONCURRENCY).as_millis())
-            .unwrap_or(i64::MAX);
+        i64::try_from(lease_for(deliverer.settings.deadline, 1, 1).as_millis()).unwrap_or(i64::MAX);
     let mut report = Round::default();
+    let mut tasks = JoinSet::new();
+    let mut in_flight: HashMap<Uuid, usize> = HashMap::new();
+    // Why the round stops leasing (the database went away); it ends once in-flight attempts do.
+    let mut failed: Option<StoreError> = None;
     loop {
-        if stop.is_cancelled() {
-            break;
-        }
-        // What is due now, but nothing attempted since the round began: a delivery this round
-        // rescheduled waits for the next one.
-        let now = now_ms().max(due_by);
-        let due = deliverer
-            .store
-            .lease_due(now, began, now.saturating_add(lease), BATCH as i64)
-            .await?;
-        if due.is_empty() {
-            break;
-        }
-        let mut tasks = JoinSet::new();
-        for delivery in due {
-            let deliverer = deliverer.clone();
-            tasks.spawn(async move {
-                deliverer
-                    .attempt_due_at(&delivery, Trigger::Worker, due_by)
-                    .await
-            });
-        }
-        let mut unrecorded = None;
-        while let Some(done) = tasks.join_next().await {
-            if let Some(err) = collect(done, &mut report) {
-                unrecorded = Some(err);
+        // Refill the free slots a few at a time, so that no one lease hands a single tenant
+        // more than its share before the next one skips it.
+        while failed.is_none() && !stop.is_cancelled() {
+            let free = CONCURRENCY - tasks.len();
+            if free < REFILL && !tasks.is_empty() {
+                break;
+            }
+            let want = free.min(REFILL);
+            // What is due now, but nothing attempted since the round began: a delivery this
+            // round rescheduled waits for the next one.
+            let now = now_ms().max(due_by);
+            let full: Vec<Uuid> = in_flight
+                .iter()
+                .filter(|&(_, &n)| n >= PER_TENANT)
+                .map(|(&tenant, _)| tenant)
+                .collect();
+            let due = match deliverer
+                .store
+                .lease_due(now, began, now.saturating_add(lease), want as i64, &full)
+                .await
+            {
+                Ok(due) => due,
+                Err(err) => {
+                    failed = Some(err);
+                    break;
+                }
+            };
+            let leased = due.len();
+            for delivery in due {
+                *in_flight.entry(delivery.tenant_id).or_default() += 1;
+                let deliverer = deliverer.clone();
+                tasks.spawn(async move {
+                    let outcome = deliverer
+                        .attempt_due_at(&delivery, Trigger::Worker, due_by)
+                        .await;
+                    (delivery.tenant_id, outcome)
+                });
+            }
+            if leased < want {
+                break;
             }
         }
-        // The database went away mid-round: its attempts wait for their leases to expire, and
+        let Some(done) = tasks.join_next().await else {
+            break;
+        };
+        let done = done.map(|(tenant, outcome)| {
+            if let Some(n) = in_flight.get_mut(&tenant) {
+                *n -= 1;
+                if *n == 0 {
+                    in_flight.remove(&tenant);
+                }
+            }
+            outcome
+        });
+        // The database went away mid-round: this attempt waits for its lease to expire, and
         // the round ends as an outage (logged once by the caller, not once per row).
-        if let Some(err) = unrecorded {
-            return Err(err);
+        if let Some(err) = collect(done, &mut report) {
+            failed.get_or_insert(err);
         }
+    }
+    if let Some(err) = failed {
+        return Err(err);
     }
     metrics::gauge!("verdict_delivery_queue_depth")
         .set(deliverer.store.queue_depth(now_ms()).await? as f64);

@@ -90,13 +90,15 @@ pub trait DeliveryStore {
         event_id: Uuid,
     ) -> Result<Vec<DeliveryRecord>, StoreError>;
     /// Leases up to `limit` deliveries due at `now`, and not attempted (nor otherwise updated)
-    /// at or after `since`, until `lease_until`; no two callers get the same delivery.
+    /// at or after `since`, until `lease_until`, none of the tenants in `skip`; no two callers
+    /// get the same delivery.
     async fn lease_due(
         &self,
         now: i64,
         since: i64,
         lease_until: i64,
         limit: i64,
+        skip: &[Uuid],
     ) -> Result<Vec<DueDelivery>, StoreError>;
     /// Records an attempt and moves the delivery to its next state, in one transaction (and
     /// disables the tenant's endpoint after a 410).
@@ -328,12 +330,18 @@ macro_rules! deliveries_sql {
                 since: i64,
                 lease_until: i64,
                 limit: i64,
+                skip: &[uuid::Uuid],
             ) -> Result<Vec<$crate::store::DueDelivery>, $crate::store::StoreError> {
+                // The tenants to skip as a JSON array of UUID strings: one parameter, whatever
+                // their number, that both databases can read as a set.
+                let skip = serde_json::to_string(skip)
+                    .map_err(|e| $crate::store::StoreError::Corrupt(e.to_string()))?;
                 Ok(sqlx::query_as($lease_due)
                     .bind(now)
                     .bind(lease_until)
                     .bind(limit)
                     .bind(since)
+                    .bind(skip)
                     .fetch_all(self.write())
                     .await?)
             }

@@ -177,6 +177,7 @@ const LEASE_DUE: &str = "UPDATE deliveries SET leased_until = $2 WHERE id IN ( \
      SELECT d.id FROM deliveries d JOIN tenants t ON t.id = d.tenant_id \
      WHERE d.status = 'pending' AND d.next_attempt_at <= $1 AND d.leased_until <= $1 \
      AND d.updated_at < $4 AND d.retries_left > 0 AND NOT t.callback_disabled \
+     AND d.tenant_id::text NOT IN (SELECT jsonb_array_elements_text($5::jsonb)) \
      ORDER BY d.next_attempt_at LIMIT $3 FOR UPDATE OF d SKIP LOCKED) \
      RETURNING id, tenant_id, webhook_id, payload, retries_left, \
      (SELECT callback_url FROM tenants WHERE tenants.id = deliveries.tenant_id) AS callback_url";
