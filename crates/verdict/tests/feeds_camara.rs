@@ -201,17 +201,7 @@ async fn without_a_phone_number_the_registered_subscription_supplies_the_subject
         &[],
     );
     assert!(!refused.status.success(), "a number that is not E.164");
-    db.cli(&[
-        "camara",
-        "subscription",
-        "add",
-        "--tenant",
-        &tenant.id,
-        "--subscription-id",
-        "sub-3legs",
-        "--phone",
-        "+447700900777",
-    ]);
+    register(&db, &tenant, "sub-3legs", "+447700900777");
 
     let notification = swap("sub-3legs", None, 5);
     assert_no_content(
@@ -280,15 +270,14 @@ async fn a_notification_retried_after_a_crash_keeps_the_subject_it_was_decided_f
         &[lock, ("FAILPOINTS", "ingest::after_claim=return(abort)")],
     );
     let notification = swap("sub-moved", None, 5);
-    let sent = doomed
-        .client
-        .post(format!("{}/v1/camara/sim-swap", doomed.base))
-        .bearer_auth(&tenant.api_key)
-        .header("content-type", "application/cloudevents+json")
-        .body(notification.clone())
-        .send()
+    doomed
+        .post_expecting_crash(
+            "/v1/camara/sim-swap",
+            &tenant.api_key,
+            "application/cloudevents+json",
+            &notification,
+        )
         .await;
-    assert!(sent.is_err(), "the connection dies with the process");
     assert!(
         doomed.wait_for_crash(),
         "the process aborted after the claim"
@@ -298,14 +287,8 @@ async fn a_notification_retried_after_a_crash_keeps_the_subject_it_was_decided_f
     // The subscription now names another number; the retry is still about the first one.
     register(&db, &tenant, "sub-moved", "+447700900782");
     let server = Server::start(&db, &[lock]);
-    let mut reply = notify(&server, &tenant.api_key, &notification).await;
-    for _ in 0..50 {
-        if reply.status != 409 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        reply = notify(&server, &tenant.api_key, &notification).await;
-    }
+    let reply =
+        common::until_not_in_progress(|| notify(&server, &tenant.api_key, &notification)).await;
     assert_no_content(&reply, "the retry after the lock expired");
     assert_eq!(claimed(&db).await, (1, 1));
     let event = latest_event(&server, &tenant).await;

@@ -193,6 +193,38 @@ async fn every_hostile_answer_ends_within_the_deadline_and_is_recorded_and_class
     assert!(!server.logs().contains("panicked"));
 }
 
+/// Runs one `worker --once` round (for at most `limit`), watching `healthy` for its second
+/// request: the round's report, when the retry arrived, and how long the round took.
+async fn watched_round(
+    db: &TestDb,
+    env: &[(&str, &str)],
+    healthy: &Receiver,
+    limit: Duration,
+) -> (Value, Duration, Duration) {
+    let started = Instant::now();
+    let mut worker = db
+        .worker_once_command(env)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut delivered_after = None;
+    while started.elapsed() < limit {
+        if delivered_after.is_none() && healthy.received().len() == 2 {
+            delivered_after = Some(started.elapsed());
+        }
+        if worker.try_wait().unwrap().is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let round_took = started.elapsed();
+    let out = worker.wait_with_output().unwrap();
+    let round: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let delivered_after =
+        delivered_after.expect("the healthy receiver got no retry in the worker's round");
+    (round, delivered_after, round_took)
+}
+
 async fn a_hanging_receiver_does_not_hold_back_another_tenants_delivery_in_the_same_round(
     backend: Backend,
 ) {
@@ -224,27 +256,13 @@ async fn a_hanging_receiver_does_not_hold_back_another_tenants_delivery_in_the_s
     assert_eq!(healthy.received().len(), 1);
     tokio::time::sleep(Duration::from_millis(1100)).await;
 
-    let started = Instant::now();
-    let mut worker = db
-        .worker_once_command(&env)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut delivered_after = None;
-    while started.elapsed() < Duration::from_millis(DEADLINE_MS + 5000) {
-        if delivered_after.is_none() && healthy.received().len() == 2 {
-            delivered_after = Some(started.elapsed());
-        }
-        if worker.try_wait().unwrap().is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let round_took = started.elapsed();
-    let out = worker.wait_with_output().unwrap();
-    let round: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let delivered_after =
-        delivered_after.expect("the healthy receiver got no retry in the worker's round");
+    let (round, delivered_after, round_took) = watched_round(
+        &db,
+        &env,
+        &healthy,
+        Duration::from_millis(DEADLINE_MS + 5000),
+    )
+    .await;
     eprintln!(
         "{backend:?}: healthy tenant delivered {delivered_after:?} into the round, round took \
          {round_took:?}: {round}"
@@ -319,26 +337,13 @@ async fn a_tenant_with_more_hanging_deliveries_than_slots_does_not_hold_back_ano
     // Every inline attempt is recorded (the hanging ones at their deadline) and due next round.
     tokio::time::sleep(Duration::from_millis(DEADLINE_MS + 1100)).await;
 
-    let started = Instant::now();
-    let mut worker = db
-        .worker_once_command(&env)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut delivered_after = None;
-    while started.elapsed() < Duration::from_millis(4 * DEADLINE_MS + 5000) {
-        if delivered_after.is_none() && healthy.received().len() == 2 {
-            delivered_after = Some(started.elapsed());
-        }
-        if worker.try_wait().unwrap().is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let out = worker.wait_with_output().unwrap();
-    let round: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let delivered_after =
-        delivered_after.expect("the healthy receiver got no retry in the worker's round");
+    let (round, delivered_after, _) = watched_round(
+        &db,
+        &env,
+        &healthy,
+        Duration::from_millis(4 * DEADLINE_MS + 5000),
+    )
+    .await;
     eprintln!("{backend:?}: healthy tenant delivered {delivered_after:?} into the round: {round}");
     assert_eq!(round["attempted"], HANGING + 1, "{round}");
     assert_eq!(round["delivered"], 1, "{round}");

@@ -153,6 +153,7 @@ pub async fn round_at(
     let mut report = Round::default();
     let mut tasks = JoinSet::new();
     let mut in_flight: HashMap<Uuid, usize> = HashMap::new();
+    let mut tenants: HashMap<tokio::task::Id, Uuid> = HashMap::new();
     // Why the round stops leasing (the database went away); it ends once in-flight attempts do.
     let mut failed: Option<StoreError> = None;
     loop {
@@ -186,30 +187,36 @@ pub async fn round_at(
             let leased = due.len();
             for delivery in due {
                 *in_flight.entry(delivery.tenant_id).or_default() += 1;
+                let tenant = delivery.tenant_id;
                 let deliverer = deliverer.clone();
-                tasks.spawn(async move {
-                    let outcome = deliverer
+                let task = tasks.spawn(async move {
+                    deliverer
                         .attempt_due_at(&delivery, Trigger::Worker, due_by)
-                        .await;
-                    (delivery.tenant_id, outcome)
+                        .await
                 });
+                tenants.insert(task.id(), tenant);
             }
             if leased < want {
                 break;
             }
         }
-        let Some(done) = tasks.join_next().await else {
+        let Some(done) = tasks.join_next_with_id().await else {
             break;
         };
-        let done = done.map(|(tenant, outcome)| {
-            if let Some(n) = in_flight.get_mut(&tenant) {
-                *n -= 1;
-                if *n == 0 {
-                    in_flight.remove(&tenant);
-                }
+        // The attempt's tenant has one fewer in flight, however the attempt ended.
+        let id = match &done {
+            Ok((id, _)) => *id,
+            Err(err) => err.id(),
+        };
+        if let Some(tenant) = tenants.remove(&id)
+            && let Some(n) = in_flight.get_mut(&tenant)
+        {
+            *n -= 1;
+            if *n == 0 {
+                in_flight.remove(&tenant);
             }
-            outcome
-        });
+        }
+        let done = done.map(|(_, outcome)| outcome);
         // The database went away mid-round: this attempt waits for its lease to expire, and
         // the round ends as an outage (logged once by the caller, not once per row).
         if let Some(err) = collect(done, &mut report) {

@@ -485,6 +485,26 @@ impl Server {
         panic!("the server did not exit at the failpoint");
     }
 
+    /// Posts `body` as `content_type` to `path`, with `api_key` as the bearer, to a server that
+    /// is expected to die at a failpoint on the way.
+    pub async fn post_expecting_crash(
+        &self,
+        path: &str,
+        api_key: &str,
+        content_type: &str,
+        body: &str,
+    ) {
+        let sent = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(api_key)
+            .header("content-type", content_type)
+            .body(body.to_owned())
+            .send()
+            .await;
+        assert!(sent.is_err(), "the connection dies with the process");
+    }
+
     /// Sends a keyed signal to a server that is expected to die at a failpoint on the way.
     pub async fn send_raw_expecting_crash(&self, tenant: &Tenant, key: &str, body: &str) {
         let req = signed(
@@ -659,4 +679,22 @@ pub fn random_between(lo: u64, hi: u64) -> u64 {
 /// A fresh random UUIDv4 idempotency key.
 pub fn new_key() -> String {
     Uuid::new_v4().to_string()
+}
+
+/// Sends with `send` until the answer is not 409, for up to 5 s: a key a dead holder left in
+/// flight is taken over once its lock runs out.
+pub async fn until_not_in_progress<F, Fut>(mut send: F) -> Reply
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Reply>,
+{
+    let mut reply = send().await;
+    for _ in 0..50 {
+        if reply.status != 409 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        reply = send().await;
+    }
+    reply
 }
