@@ -17,8 +17,8 @@ use std::time::Duration;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use super::Deliverer;
 use super::schedule::{AttemptOutcome, Trigger};
-use super::{Deliverer, lease_for};
 use crate::clock::now_ms;
 use crate::store::StoreError;
 use uuid::Uuid;
@@ -148,8 +148,7 @@ pub async fn round_at(
     stop: &CancellationToken,
 ) -> Result<Round, StoreError> {
     let began = now_ms();
-    let lease =
-        i64::try_from(lease_for(deliverer.settings.deadline, 1, 1).as_millis()).unwrap_or(i64::MAX);
+    let lease = i64::try_from(deliverer.settings.lease().as_millis()).unwrap_or(i64::MAX);
     let mut report = Round::default();
     let mut tasks = JoinSet::new();
     let mut in_flight: HashMap<Uuid, usize> = HashMap::new();

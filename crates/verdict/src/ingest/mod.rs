@@ -38,8 +38,8 @@ use crate::playbook::{Library, Playbook, SubjectFacts};
 use crate::secrets::Keyring;
 use crate::signal::{Signal, Subject};
 use crate::store::{
-    Act, ActionTarget, CallbackDraft, Claim, ClaimOutcome, DueDelivery, HeldKey, KeyRef,
-    RecoveryPoint, Store, StoreError, StoredResponse, TenantRecord,
+    Act, ActionTarget, CallbackDraft, Claim, ClaimOutcome, DecisionInputs, DueDelivery, HeldKey,
+    KeyRef, RecoveryPoint, Store, StoreError, StoredResponse, TenantRecord,
 };
 
 pub use decision::{Decided, DecisionRecord, Mapping};
@@ -149,6 +149,15 @@ impl<'a> Prepared<'a> {
 struct Destination {
     url: Option<String>,
     disabled: bool,
+}
+
+impl Destination {
+    fn of(inputs: &DecisionInputs) -> Self {
+        Self {
+            url: inputs.callback_url.clone(),
+            disabled: inputs.callback_disabled,
+        }
+    }
 }
 
 /// A key this request holds, and the row's lifetime.
@@ -341,15 +350,16 @@ impl Ingest {
 
     /// Where the signal's callback goes, read now.
     async fn destination(&self, signal: &Prepared<'_>) -> Result<Destination, StoreError> {
-        let inputs = self
-            .reads
+        Ok(Destination::of(&self.inputs(signal).await?))
+    }
+
+    /// What a decision reads about the signal's tenant and subject, in one batched read.
+    async fn inputs(&self, signal: &Prepared<'_>) -> Result<DecisionInputs, StoreError> {
+        self.reads
             .read(signal.inbound.tenant.id, &signal.subject_hash)
             .await?
-            .ok_or_else(|| StoreError::Corrupt("the tenant is gone".into()))?;
-        Ok(Destination {
-            url: inputs.callback_url,
-            disabled: inputs.callback_disabled,
-        })
+            // The tenant authenticated a moment ago; gone now means it was deleted under us.
+            .ok_or_else(|| StoreError::Corrupt("the tenant is gone".into()))
     }
 
     /// Acts on a signal whose key this request holds, caching the response it completes with
@@ -385,12 +395,7 @@ impl Ingest {
     /// Decides the signal from the playbook in force and the subject's facts before it.
     async fn decide(&self, signal: &Prepared<'_>) -> Result<(Decided, Destination), StoreError> {
         let tenant_id = signal.inbound.tenant.id;
-        let inputs = self
-            .reads
-            .read(tenant_id, &signal.subject_hash)
-            .await?
-            // The tenant authenticated a moment ago; gone now means it was deleted under us.
-            .ok_or_else(|| StoreError::Corrupt("the tenant is gone".into()))?;
+        let inputs = self.inputs(signal).await?;
         let (playbook, playbook_version) = self
             .playbooks
             .get(&*self.store, tenant_id, inputs.playbook_version)
@@ -410,11 +415,7 @@ impl Ingest {
             mapping: Some(Mapping::Type(signal.inbound.signal.signal_type)),
             subject: Some(signal.subject_hash),
         };
-        let destination = Destination {
-            url: inputs.callback_url,
-            disabled: inputs.callback_disabled,
-        };
-        Ok((decided, destination))
+        Ok((decided, Destination::of(&inputs)))
     }
 
     /// Claims the key with a frozen decision, or learns what holds it. `Err(reply)` when the

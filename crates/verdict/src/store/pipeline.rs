@@ -5,11 +5,9 @@
 //! lock was taken over, is reported for that signal alone, and every effect is
 //! `ON CONFLICT DO NOTHING`, so one signal's conflict never fails the others.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use uuid::Uuid;
 
 use super::{
     ActionTarget, AttemptRecord, Claim, KeyRef, NewDelivery, NewEvent, StoreError, StoredResponse,
@@ -110,15 +108,11 @@ pub trait PipelineStore {
     async fn commit(&self, batch: &Batch) -> Result<BatchResult, StoreError>;
 }
 
-/// The acts whose key is still ours (`ours`, as the held locks' re-check returns it) and the
-/// keyless ones, by index in the batch.
-pub(crate) fn live_acts(batch: &Batch, ours: &HashSet<(Uuid, Vec<u8>, Uuid)>) -> Vec<usize> {
+/// The acts that go ahead, by index in the batch: the keyless ones and those whose held key
+/// `still_ours` confirms (as the held locks' re-check found it).
+pub(crate) fn live_acts(batch: &Batch, still_ours: impl Fn(usize, &HeldKey) -> bool) -> Vec<usize> {
     (0..batch.acts.len())
-        .filter(|&i| {
-            batch.acts[i].held.as_ref().is_none_or(|h| {
-                ours.contains(&(h.key.tenant_id, h.key.digest.clone(), h.lock_token))
-            })
-        })
+        .filter(|&i| batch.acts[i].held.as_ref().is_none_or(|h| still_ours(i, h)))
         .collect()
 }
 
@@ -258,7 +252,9 @@ macro_rules! pipeline_sql {
                 // Acts whose key is still ours, and keyless ones.
                 let held: Vec<_> = batch.acts.iter().filter_map(|a| a.held.as_ref()).collect();
                 let ours = hold_keys(conn, &held).await?;
-                let live = $crate::store::pipeline::live_acts(batch, &ours);
+                let live = $crate::store::pipeline::live_acts(batch, |_, h| {
+                    ours.contains(&(h.key.tenant_id, h.key.digest.clone(), h.lock_token))
+                });
                 let acts: Vec<_> = live.iter().map(|&i| &batch.acts[i]).collect();
                 let (outcomes, deliveries) =
                     apply_effects(conn, &acts, batch.alert_window_ms).await?;

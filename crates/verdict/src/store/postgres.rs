@@ -196,7 +196,7 @@ impl super::PipelineStore for PostgresStore {
         let mut tx = self.begin_with(fused::BEGIN).await?;
         let found = fused::apply(&mut tx, batch).await?;
         disable_endpoints(&mut tx, &batch.attempts.iter().collect::<Vec<_>>()).await?;
-        let live = fused::live_acts(batch, &found);
+        let live = super::pipeline::live_acts(batch, |i, _| fused::held(&found, i));
         let mut outcomes = fused::outcomes_of(batch, &live, &found);
         for action in ActionKind::LOCAL {
             if live

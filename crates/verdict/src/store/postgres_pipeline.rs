@@ -250,11 +250,9 @@ fn index(i: usize) -> i32 {
     i32::try_from(i).unwrap_or(i32::MAX)
 }
 
-/// The acts that went ahead, by index: the keyless ones and those whose lock held.
-pub(super) fn live_acts(batch: &Batch, found: &Found) -> Vec<usize> {
-    (0..batch.acts.len())
-        .filter(|&i| batch.acts[i].held.is_none() || found.held.contains(&index(i)))
-        .collect()
+/// Whether act `i`'s held lock passed [`APPLY`]'s re-check.
+pub(super) fn held(found: &Found, i: usize) -> bool {
+    found.held.contains(&index(i))
 }
 
 /// Whether each claim inserted its key.
