@@ -44,13 +44,14 @@ pub async fn serve(config: &Config, serve: ServeConfig) -> anyhow::Result<()> {
             serve.sets.jwks_refresh,
         ),
     ));
+    let ingest = Arc::new(Ingest::new(
+        store.clone(),
+        keys.clone(),
+        serve.ingest,
+        deliverer.clone(),
+    ));
     let state = AppState {
-        ingest: Arc::new(Ingest::new(
-            store.clone(),
-            keys.clone(),
-            serve.ingest,
-            deliverer.clone(),
-        )),
+        ingest: ingest.clone(),
         deliverer: deliverer.clone(),
         credentials: Arc::new(Credentials::new(store.clone(), keys.clone())),
         rate_limits: Arc::new(RateLimits::new(serve.rate_limit_per_tenant)),
@@ -87,6 +88,7 @@ pub async fn serve(config: &Config, serve: ServeConfig) -> anyhow::Result<()> {
         stop.cancel();
     });
     connections::serve(listener, router(state), serve.inbound, shutdown.clone()).await;
+    ingest.drain().await;
     background.wait().await;
     tracing::info!("stopped");
     Ok(())

@@ -24,6 +24,7 @@ mod settle;
 
 use std::sync::Arc;
 
+use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 use crate::clock::{now_ms, to_ms};
@@ -178,6 +179,9 @@ pub struct Ingest {
     completed: CompletedCache,
     commits: Arc<GroupCommit>,
     reads: DecisionReads,
+    /// Inline attempts still sending or recording after their response went out; shutdown
+    /// waits for them.
+    background: TaskTracker,
 }
 
 impl Ingest {
@@ -197,7 +201,15 @@ impl Ingest {
             playbooks: Library::default(),
             deliverer,
             completed: CompletedCache::new(DEFAULT_CAPACITY_BYTES),
+            background: TaskTracker::new(),
         }
+    }
+
+    /// Waits for the inline attempts still running (their sends and records) to end; called
+    /// once the server has stopped taking requests.
+    pub async fn drain(&self) {
+        self.background.close();
+        self.background.wait().await;
     }
 
     /// The subject's keyed digest, scoped to the tenant so digests do not correlate across
