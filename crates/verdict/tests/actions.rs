@@ -5,6 +5,8 @@ mod common;
 
 use std::time::Duration;
 
+use serde_json::Value;
+
 use common::{
     ALL_ACTIONS_PLAYBOOK, Backend, Server, Tenant, TestDb, UNUSED_CALLBACK, new_key, sim_swap,
 };
@@ -216,11 +218,18 @@ async fn concurrent_duplicates_without_a_key_still_have_each_effect_once(backend
             common::now(),
         );
         tasks.push(tokio::spawn(async move {
-            req.send().await.unwrap().status().as_u16()
+            let response = req.send().await.unwrap();
+            (
+                response.status().as_u16(),
+                response.json::<Value>().await.unwrap(),
+            )
         }));
     }
+    let mut replies = Vec::new();
     for t in tasks {
-        assert_eq!(t.await.unwrap(), 200);
+        let (status, reply) = t.await.unwrap();
+        assert_eq!(status, 200, "{reply}");
+        replies.push(reply);
     }
     for table in [
         "account_locks",
@@ -231,6 +240,25 @@ async fn concurrent_duplicates_without_a_key_still_have_each_effect_once(backend
         "deliveries",
     ] {
         assert_eq!(db.count(table).await, 1, "{table}");
+    }
+    // One of them did the work and says so; every other one reports it already done, and
+    // each event stores what its response said.
+    let all = |reply: &Value, outcome: &str| {
+        reply["actions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|a| a["outcome"] == outcome)
+    };
+    let doers = replies.iter().filter(|r| all(r, "done")).count();
+    assert_eq!(doers, 1, "{replies:#?}");
+    for reply in replies.iter().filter(|r| !all(r, "done")) {
+        assert!(all(reply, "already_done"), "{reply}");
+    }
+    for reply in &replies {
+        let event_id = reply["event_id"].as_str().unwrap();
+        let event = server.get(&tenant, &format!("/v1/events/{event_id}")).await;
+        assert_eq!(event.json()["actions"], reply["actions"], "{event_id}");
     }
 }
 

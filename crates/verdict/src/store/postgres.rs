@@ -184,20 +184,21 @@ const LEASE_DUE: &str = "UPDATE deliveries SET leased_until = $2 WHERE id IN ( \
 
 sql_store!(PostgresStore, sqlx::PgConnection, LEASE_DUE, COMMITTERS);
 
-/// The group commit in fewer statements ([`super::postgres_pipeline`]): `BEGIN`; the held
-/// locks' re-check, claims, effects and attempts' records; the outbox; the events and
-/// completions; `COMMIT`.
+/// The group commit in fewer statements ([`super::postgres_pipeline`]): `BEGIN`; one statement
+/// for the held locks' re-check, claims, effects, attempts' records, and the outbox rows, events
+/// and completions of the acts whose effects came out as expected; for any other act, the
+/// outbox, then the events and completions; `COMMIT`.
 #[async_trait::async_trait]
 impl super::PipelineStore for PostgresStore {
     async fn commit(&self, batch: &super::Batch) -> Result<super::BatchResult, StoreError> {
         use super::postgres_pipeline as fused;
         use crate::actions::ActionKind;
         use crate::failpoint::failpoint;
+        let expected: Vec<fused::Expected> = batch.acts.iter().map(fused::expected).collect();
         let mut tx = self.begin_with(fused::BEGIN).await?;
-        let found = fused::apply(&mut tx, batch).await?;
+        let found = fused::apply(&mut tx, batch, &expected).await?;
         disable_endpoints(&mut tx, &batch.attempts.iter().collect::<Vec<_>>()).await?;
         let live = super::pipeline::live_acts(batch, |i, _| fused::held(&found, i));
-        let mut outcomes = fused::outcomes_of(batch, &live, &found);
         for action in ActionKind::LOCAL {
             if live
                 .iter()
@@ -206,13 +207,16 @@ impl super::PipelineStore for PostgresStore {
                 failpoint!(crate::failpoint::after_action(action));
             }
         }
-        let deliveries = fused::outbox(&mut tx, batch, &live, &mut outcomes).await?;
-        let finished: Vec<super::pipeline::Finished> = live
+        // The acts APPLY did not settle are finished with their actual outcomes.
+        let unsettled = fused::unsettled(&live, &found);
+        let mut outcomes = fused::outcomes_of(batch, &unsettled, &found);
+        let deliveries = fused::outbox(&mut tx, batch, &unsettled, &mut outcomes).await?;
+        let finished: Vec<super::pipeline::Finished> = unsettled
             .iter()
             .zip(&outcomes)
             .map(|(&i, o)| (batch.acts[i].finish)(o))
             .collect();
-        let completions: Vec<_> = live
+        let completions: Vec<_> = unsettled
             .iter()
             .zip(&finished)
             .filter_map(|(&i, f)| batch.acts[i].held.as_ref().map(|h| (h, &f.response)))
@@ -223,6 +227,8 @@ impl super::PipelineStore for PostgresStore {
         }
         tx.commit().await?;
 
+        let (outcomes, finished, deliveries) =
+            fused::in_live_order(&live, &found, expected, outcomes, finished, deliveries)?;
         let claims = fused::claims_won(batch, &found);
         Ok(super::pipeline::batch_result(
             batch, live, outcomes, finished, deliveries, claims,
