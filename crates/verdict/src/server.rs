@@ -12,7 +12,7 @@ use crate::config::{Config, ServeConfig};
 use crate::delivery::{self, Deliverer, DeliverySettings, worker};
 use crate::feeds::jwks::{self, KeyCache};
 use crate::feeds::set::SetReceiver;
-use crate::http::{AppState, connections, router};
+use crate::http::{AppState, Shared, connections, router};
 use crate::ingest::Ingest;
 use crate::rate_limit::RateLimits;
 use crate::retention::{self, RetentionSettings};
@@ -50,7 +50,7 @@ pub async fn serve(config: &Config, serve: ServeConfig) -> anyhow::Result<()> {
         serve.ingest,
         deliverer.clone(),
     ));
-    let state = AppState {
+    let state = AppState::new(Shared {
         ingest: ingest.clone(),
         deliverer: deliverer.clone(),
         credentials: Arc::new(Credentials::new(store.clone(), keys.clone())),
@@ -59,7 +59,7 @@ pub async fn serve(config: &Config, serve: ServeConfig) -> anyhow::Result<()> {
         store: store.clone(),
         keys,
         metrics,
-    };
+    });
     let shutdown = CancellationToken::new();
     let background = TaskTracker::new();
     background.spawn(prune(

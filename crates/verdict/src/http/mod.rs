@@ -37,9 +37,28 @@ use crate::tenant::Credentials;
 pub use keys::KeyView;
 pub use signals::MAX_BODY_BYTES;
 
-/// What handlers share.
+/// What handlers share, behind one `Arc`: axum clones the state for every request (and its
+/// middleware), and one reference count is cheaper to move than eight.
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<Shared>);
+
+impl AppState {
+    /// Shares `shared` with every handler.
+    pub fn new(shared: Shared) -> Self {
+        Self(Arc::new(shared))
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+/// What [`AppState`] holds.
+pub struct Shared {
     pub store: Arc<dyn Store>,
     pub keys: Arc<Keyring>,
     pub ingest: Arc<Ingest>,
