@@ -245,9 +245,9 @@ impl Ingest {
             facts: record::json(&SubjectFacts::default()),
             feed: ignored.feed.as_str(),
         };
-        let act = Act {
-            held: Some(held.clone()),
-            target: ActionTarget {
+        let act = Act::new(
+            Some(held.clone()),
+            ActionTarget {
                 tenant_id,
                 event_id,
                 subject_hash,
@@ -256,16 +256,16 @@ impl Ingest {
                 signal_type: UNMAPPED_TYPE,
                 now,
             },
-            effects: Vec::new(),
-            callback: None,
-            finish: Arc::new(move |_| Finished {
+            Vec::new(),
+            None,
+            Arc::new(move |_| Finished {
                 event: event.clone(),
                 response: StoredResponse {
                     status: 202,
                     body: Vec::new(),
                 },
             }),
-        };
+        );
         match self.commits.act(act).await {
             Ok(committed) => {
                 tracing::info!(%event_id, "unmapped feed event recorded as ignored");

@@ -546,16 +546,13 @@ impl Ingest {
         });
         let committed = self
             .commits
-            .act(Act {
+            .act(Act::new(
                 held,
                 target,
-                effects: decided.effects(),
+                decided.effects(),
                 callback,
-                finish: {
-                    let draft = draft.clone();
-                    Arc::new(move |outcome| draft.finish(outcome))
-                },
-            })
+                Arc::new(move |outcome| draft.finish(outcome)),
+            ))
             .await?;
         failpoint!("ingest::after_dispatch");
         metrics::counter!("verdict_decisions_total", "decision" => decided.decision.as_str())

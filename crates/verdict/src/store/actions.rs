@@ -153,7 +153,7 @@ macro_rules! actions_sql {
         }
 
         /// Looks up who holds `keys` with `select` (a statement ending in `IN `), as a map.
-        // Only SQLite runs this; PostgreSQL fuses it into store/postgres_pipeline.rs.
+        // Only SQLite runs this; PostgreSQL fuses it into store/postgres_pipeline/.
         #[allow(dead_code)]
         async fn holders_of(
             conn: &mut $conn,
@@ -172,7 +172,7 @@ macro_rules! actions_sql {
 
         /// Applies an effect held once per key for each target: `Done` where the target's
         /// event holds the key afterwards (now, or from an earlier attempt of the same event).
-        // Only SQLite runs this; PostgreSQL fuses it into store/postgres_pipeline.rs.
+        // Only SQLite runs this; PostgreSQL fuses it into store/postgres_pipeline/.
         #[allow(dead_code)]
         async fn apply_once_per_key(
             conn: &mut $conn,
@@ -224,7 +224,7 @@ macro_rules! actions_sql {
         }
 
         /// `Done` when the target's own event holds the effect.
-        // Only SQLite runs this; PostgreSQL fuses it into store/postgres_pipeline.rs.
+        // Only SQLite runs this; PostgreSQL fuses it into store/postgres_pipeline/.
         #[allow(dead_code)]
         fn applied(ours: bool) -> $crate::actions::Applied {
             if ours {
@@ -235,7 +235,7 @@ macro_rules! actions_sql {
         }
 
         /// Opens a case per subject, or attaches each event to its subject's open case.
-        // Only SQLite runs this; PostgreSQL fuses it into store/postgres_pipeline.rs.
+        // Only SQLite runs this; PostgreSQL fuses it into store/postgres_pipeline/.
         #[allow(dead_code)]
         async fn apply_open_case(
             conn: &mut $conn,
@@ -309,7 +309,7 @@ macro_rules! actions_sql {
         /// Alerts each subject unless it was alerted about this signal type within
         /// `window_ms`: claims the window (inserting it, or moving an expired one to this
         /// event), then records the alert of each event that holds its window.
-        // Only SQLite runs this; PostgreSQL fuses it into store/postgres_pipeline.rs.
+        // Only SQLite runs this; PostgreSQL fuses it into store/postgres_pipeline/.
         #[allow(dead_code)]
         async fn apply_alert_customer(
             conn: &mut $conn,

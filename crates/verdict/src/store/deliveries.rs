@@ -154,7 +154,7 @@ macro_rules! deliveries_sql {
         /// Records callbacks in the outbox, one per signal: returns, per row, whether this
         /// event holds the delivery and whether this statement inserted it (only then does the
         /// inline attempt go out, with exactly the bytes stored).
-        // Only SQLite runs this; PostgreSQL fuses it into store/postgres_pipeline.rs.
+        // Only SQLite runs this; PostgreSQL fuses it into store/postgres_pipeline/.
         #[allow(dead_code)]
         async fn insert_deliveries(
             conn: &mut $conn,

@@ -100,7 +100,7 @@ macro_rules! events_sql {
         }
 
         /// Inserts events in one statement; an event already stored (a retry) is left alone.
-        // Only SQLite runs this; PostgreSQL fuses it into store/postgres_pipeline.rs.
+        // Only SQLite runs this; PostgreSQL fuses it into store/postgres_pipeline/.
         #[allow(dead_code)]
         async fn insert_events(
             conn: &mut $conn,

@@ -239,7 +239,7 @@ macro_rules! keys_sql {
 
         /// Re-checks the locks of keyed acts (token and state), taking each row's lock for the
         /// rest of the transaction; returns the keys still ours.
-        // Only SQLite runs this; PostgreSQL fuses it into store/postgres_pipeline.rs.
+        // Only SQLite runs this; PostgreSQL fuses it into store/postgres_pipeline/.
         #[allow(dead_code)]
         async fn hold_keys(
             conn: &mut $conn,
@@ -272,7 +272,7 @@ macro_rules! keys_sql {
         }
 
         /// Completes held keys with their responses, in one statement.
-        // Only SQLite runs this; PostgreSQL fuses it into store/postgres_pipeline.rs.
+        // Only SQLite runs this; PostgreSQL fuses it into store/postgres_pipeline/.
         #[allow(dead_code)]
         async fn complete_keys(
             conn: &mut $conn,

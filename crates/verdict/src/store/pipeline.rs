@@ -79,6 +79,84 @@ pub struct Act {
     pub effects: Vec<ActionKind>,
     pub callback: Option<CallbackDraft>,
     pub finish: Finish,
+    /// What it stores if everything it asks for comes out as its own, built by [`Act::new`].
+    pub expected: Arc<Expected>,
+}
+
+/// What an act stores when each of its local effects is `Done` and its outbox row is inserted
+/// now: what a fresh signal stores. Built by the request before it queues, so a committer
+/// (which works one batch at a time) builds envelopes and bodies only for the acts that come
+/// out otherwise.
+#[derive(Clone, Debug)]
+pub struct Expected {
+    pub outcome: ActOutcome,
+    pub delivery: Option<NewDelivery>,
+    pub finished: Finished,
+}
+
+impl Act {
+    /// An act, with what it stores if everything comes out as its own.
+    pub fn new(
+        held: Option<HeldKey>,
+        target: ActionTarget,
+        effects: Vec<ActionKind>,
+        callback: Option<CallbackDraft>,
+        finish: Finish,
+    ) -> Self {
+        let done: Vec<(ActionKind, Applied)> = ActionKind::LOCAL
+            .into_iter()
+            .filter(|action| effects.contains(action))
+            .map(|action| (action, Applied::Done))
+            .collect();
+        let delivery = delivery_of(callback.as_ref(), &done);
+        let outcome = ActOutcome {
+            effects: done,
+            callback: callback.as_ref().map(|_| Applied::Done),
+            callback_inserted: callback.is_some(),
+        };
+        let finished = finish(&outcome);
+        Self {
+            held,
+            target,
+            effects,
+            callback,
+            finish,
+            expected: Arc::new(Expected {
+                outcome,
+                delivery,
+                finished,
+            }),
+        }
+    }
+
+    /// Its outbox row for local effects that came out as `effects`.
+    pub(crate) fn delivery_for(&self, effects: &[(ActionKind, Applied)]) -> Option<NewDelivery> {
+        if self.expected.outcome.effects == effects {
+            return self.expected.delivery.clone();
+        }
+        delivery_of(self.callback.as_ref(), effects)
+    }
+
+    /// What it stores for `outcome`.
+    pub(crate) fn finished_for(&self, outcome: &ActOutcome) -> Finished {
+        if self.expected.outcome == *outcome {
+            return self.expected.finished.clone();
+        }
+        (self.finish)(outcome)
+    }
+}
+
+/// The outbox row of a callback, if there is one, its envelope built from `effects`.
+fn delivery_of(
+    callback: Option<&CallbackDraft>,
+    effects: &[(ActionKind, Applied)],
+) -> Option<NewDelivery> {
+    callback.map(|c| NewDelivery {
+        id: c.id,
+        webhook_id: c.webhook_id.clone(),
+        payload: (c.envelope)(effects),
+        leased_until: c.leased_until,
+    })
 }
 
 /// Work for one group commit.
@@ -195,14 +273,7 @@ macro_rules! pipeline_sql {
             let deliveries: Vec<Option<$crate::store::NewDelivery>> = acts
                 .iter()
                 .zip(&outcomes)
-                .map(|(a, o)| {
-                    a.callback.as_ref().map(|c| $crate::store::NewDelivery {
-                        id: c.id,
-                        webhook_id: c.webhook_id.clone(),
-                        payload: (c.envelope)(&o.effects),
-                        leased_until: c.leased_until,
-                    })
-                })
+                .map(|(a, o)| a.delivery_for(&o.effects))
                 .collect();
             let with_callback: Vec<usize> = (0..acts.len())
                 .filter(|&i| deliveries[i].is_some())
@@ -261,7 +332,7 @@ macro_rules! pipeline_sql {
                 let finished: Vec<_> = acts
                     .iter()
                     .zip(&outcomes)
-                    .map(|(a, o)| (a.finish)(o))
+                    .map(|(a, o)| a.finished_for(o))
                     .collect();
                 insert_events(conn, &finished.iter().map(|f| &f.event).collect::<Vec<_>>()).await?;
                 let completions: Vec<_> = acts

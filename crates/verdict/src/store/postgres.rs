@@ -194,9 +194,8 @@ impl super::PipelineStore for PostgresStore {
         use super::postgres_pipeline as fused;
         use crate::actions::ActionKind;
         use crate::failpoint::failpoint;
-        let expected: Vec<fused::Expected> = batch.acts.iter().map(fused::expected).collect();
         let mut tx = self.begin_with(fused::BEGIN).await?;
-        let found = fused::apply(&mut tx, batch, &expected).await?;
+        let found = fused::apply(&mut tx, batch).await?;
         disable_endpoints(&mut tx, &batch.attempts.iter().collect::<Vec<_>>()).await?;
         let live = super::pipeline::live_acts(batch, |i, _| fused::held(&found, i));
         for action in ActionKind::LOCAL {
@@ -214,7 +213,7 @@ impl super::PipelineStore for PostgresStore {
         let finished: Vec<super::pipeline::Finished> = unsettled
             .iter()
             .zip(&outcomes)
-            .map(|(&i, o)| (batch.acts[i].finish)(o))
+            .map(|(&i, o)| batch.acts[i].finished_for(o))
             .collect();
         let completions: Vec<_> = unsettled
             .iter()
@@ -228,7 +227,7 @@ impl super::PipelineStore for PostgresStore {
         tx.commit().await?;
 
         let (outcomes, finished, deliveries) =
-            fused::in_live_order(&live, &found, expected, outcomes, finished, deliveries)?;
+            fused::in_live_order(batch, &live, &found, outcomes, finished, deliveries)?;
         let claims = fused::claims_won(batch, &found);
         Ok(super::pipeline::batch_result(
             batch, live, outcomes, finished, deliveries, claims,

@@ -4,7 +4,7 @@ use sqlx::PgConnection;
 use sqlx::Row;
 use uuid::Uuid;
 
-use super::expected::{Expected, OutboxRow, PgQuery, bind_events, bind_outbox, bind_responses};
+use super::arrays::{OutboxRow, PgQuery, bind_events, bind_outbox, bind_responses};
 use super::{Found, index, kind_name};
 use crate::actions::ActionKind;
 use crate::store::{Act, AttemptRecord, Batch, Claim, StoreError};
@@ -208,34 +208,35 @@ UNION ALL SELECT 'settled', i, TRUE FROM settled
 
 /// Runs [`APPLY`]: the held locks' re-check, the batch's claims, the effects of the acts
 /// whose lock held (and the keyless ones), the inline attempts' records, and what the acts
-/// whose effects came out as `expected` (one per act) store.
+/// whose effects all came out as their own store (each act's [`crate::store::Expected`]).
 pub(in crate::store) async fn apply(
     conn: &mut PgConnection,
     batch: &Batch,
-    expected: &[Expected],
 ) -> Result<Found, StoreError> {
     let outbox_rows: Vec<OutboxRow> = batch
         .acts
         .iter()
-        .zip(expected)
         .enumerate()
-        .filter_map(|(i, (act, e))| {
-            e.delivery.as_ref().map(|delivery| OutboxRow {
+        .filter_map(|(i, act)| {
+            act.expected.delivery.as_ref().map(|delivery| OutboxRow {
                 i: index(i),
                 act,
                 delivery,
             })
         })
         .collect();
-    let events: Vec<_> = expected.iter().map(|e| &e.finished.event).collect();
+    let events: Vec<_> = batch
+        .acts
+        .iter()
+        .map(|a| &a.expected.finished.event)
+        .collect();
     // The keyed acts, and the responses their keys replay.
     let (keyed, responses): (Vec<i32>, Vec<_>) = batch
         .acts
         .iter()
-        .zip(expected)
         .enumerate()
-        .filter(|(_, (act, _))| act.held.is_some())
-        .map(|(i, (_, e))| (index(i), &e.finished.response))
+        .filter(|(_, act)| act.held.is_some())
+        .map(|(i, act)| (index(i), &act.expected.finished.response))
         .unzip();
     let query = bind_claims(sqlx::query(APPLY), &batch.claims);
     let query = bind_acts(query, &batch.acts, batch.alert_window_ms);

@@ -3,7 +3,7 @@
 
 use sqlx::PgConnection;
 
-use super::expected::{bind_events, bind_responses};
+use super::arrays::{bind_events, bind_responses};
 use crate::store::pipeline::Finished;
 use crate::store::{HeldKey, StoreError, StoredResponse};
 

@@ -10,7 +10,7 @@
 //! new claims, every local effect of the acts that go ahead, the inline attempts' records, and,
 //! for each act whose effects all came out as its own (a fresh signal, the common case), its
 //! outbox row, event and key completion, built before the statement ran from the outcomes
-//! expected of it ([`expected`]). A batch is then three round trips: `BEGIN`, `APPLY`,
+//! expected of it ([`super::Expected`], built by each request before it queued). A batch is then three round trips: `BEGIN`, `APPLY`,
 //! `COMMIT`. An act that found an effect or its callback already another event's (a duplicate
 //! of a signal, or two signals about one subject in one batch) is finished after it with its
 //! actual outcomes: [`outbox::OUTBOX`], whose envelopes need them, then [`finish::FINISH`],
@@ -23,12 +23,11 @@
 //! not attached to that case.
 
 mod apply;
-mod expected;
+mod arrays;
 mod finish;
 mod outbox;
 
 pub(super) use apply::apply;
-pub(super) use expected::{Expected, expected};
 pub(super) use finish::finish;
 pub(super) use outbox::outbox;
 
@@ -126,27 +125,25 @@ pub(super) fn unsettled(live: &[usize], found: &Found) -> Vec<usize> {
 /// Per live act: its outcome, what it stores, and the outbox row its commit inserted.
 pub(super) type Stored = (Vec<ActOutcome>, Vec<Finished>, Vec<Option<NewDelivery>>);
 
-/// What each live act stores, in `live`'s order: the expected outcomes of the acts
-/// [`apply::APPLY`] settled, the actual ones (`outcomes`, `finished`, `deliveries`, in
-/// `unsettled`'s order) of the others.
+/// What each live act stores, in `live`'s order: what the acts [`apply::APPLY`] settled
+/// expected to store, and for the others their actual outcomes (`outcomes`, `finished`,
+/// `deliveries`, in `unsettled`'s order).
 pub(super) fn in_live_order(
+    batch: &Batch,
     live: &[usize],
     found: &Found,
-    expected: Vec<Expected>,
     outcomes: Vec<ActOutcome>,
     finished: Vec<Finished>,
     deliveries: Vec<Option<NewDelivery>>,
 ) -> Result<Stored, StoreError> {
-    let mut expected: Vec<Option<Expected>> = expected.into_iter().map(Some).collect();
     let mut actual = outcomes.into_iter().zip(finished).zip(deliveries);
     let mut merged = (Vec::new(), Vec::new(), Vec::new());
     for &i in live {
-        let settled = found.settled.contains(&index(i));
-        let stored = if settled {
-            expected
-                .get_mut(i)
-                .and_then(Option::take)
-                .map(|e| ((e.outcome, e.finished), e.delivery))
+        let stored = if found.settled.contains(&index(i)) {
+            batch.acts.get(i).map(|act| {
+                let e = &act.expected;
+                ((e.outcome.clone(), e.finished.clone()), e.delivery.clone())
+            })
         } else {
             actual.next()
         };

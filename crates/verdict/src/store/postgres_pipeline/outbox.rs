@@ -4,7 +4,7 @@
 use sqlx::PgConnection;
 use sqlx::Row;
 
-use super::expected::{OutboxRow, bind_outbox, delivery_of};
+use super::arrays::{OutboxRow, bind_outbox};
 use super::index;
 use crate::actions::Applied;
 use crate::store::pipeline::ActOutcome;
@@ -45,7 +45,7 @@ pub(in crate::store) async fn outbox(
     let deliveries: Vec<Option<NewDelivery>> = live
         .iter()
         .zip(outcomes.iter())
-        .map(|(&i, o)| delivery_of(&batch.acts[i], &o.effects))
+        .map(|(&i, o)| batch.acts[i].delivery_for(&o.effects))
         .collect();
     // Each row reports its position among the live acts.
     let rows: Vec<OutboxRow> = live

@@ -1,52 +1,10 @@
-//! What an act stores when every effect it asks for comes out as its own, built before the
-//! batch's statement runs, and the array bindings the statements that store it share.
+//! The array bindings the statements share: outbox rows, events, stored responses.
 
 use sqlx::Postgres;
 use sqlx::postgres::PgArguments;
 use sqlx::query::Query;
 
-use crate::actions::{ActionKind, Applied};
-use crate::store::pipeline::{ActOutcome, Finished};
 use crate::store::{Act, NewDelivery, NewEvent, StoredResponse};
-
-/// An act's outcome, outbox row, event and response if each of its local effects is `Done`
-/// and its outbox row is inserted now: what a fresh signal stores.
-pub(in crate::store) struct Expected {
-    pub outcome: ActOutcome,
-    pub delivery: Option<NewDelivery>,
-    pub finished: Finished,
-}
-
-/// What `act` stores if everything it asks for comes out as its own.
-pub(in crate::store) fn expected(act: &Act) -> Expected {
-    let effects: Vec<(ActionKind, Applied)> = ActionKind::LOCAL
-        .into_iter()
-        .filter(|action| act.effects.contains(action))
-        .map(|action| (action, Applied::Done))
-        .collect();
-    let delivery = delivery_of(act, &effects);
-    let outcome = ActOutcome {
-        effects,
-        callback: act.callback.as_ref().map(|_| Applied::Done),
-        callback_inserted: act.callback.is_some(),
-    };
-    let finished = (act.finish)(&outcome);
-    Expected {
-        outcome,
-        delivery,
-        finished,
-    }
-}
-
-/// The outbox row of `act`'s callback, if it has one, its envelope built from `effects`.
-pub(super) fn delivery_of(act: &Act, effects: &[(ActionKind, Applied)]) -> Option<NewDelivery> {
-    act.callback.as_ref().map(|c| NewDelivery {
-        id: c.id,
-        webhook_id: c.webhook_id.clone(),
-        payload: (c.envelope)(effects),
-        leased_until: c.leased_until,
-    })
-}
 
 /// A statement with its arguments still being bound.
 pub(super) type PgQuery<'q> = Query<'q, Postgres, PgArguments>;
