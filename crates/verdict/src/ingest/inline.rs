@@ -23,7 +23,11 @@ impl Ingest {
     /// leaves the delivery to the worker once the lease runs out, which sends it again with
     /// the same `webhook-id` and bytes. The attempt keeps the request's span, so its log
     /// lines carry the request id.
-    pub(super) async fn attempt_inline(&self, due: DueDelivery) {
+    ///
+    /// The record is retried after transient failures only while the delivery's lease
+    /// (`leased_until`, unix ms) has [`RECORD_BEFORE_LEASE_ENDS_MS`] to run: a record landing
+    /// after the lease could overwrite the state a worker's own attempt of it gave it.
+    pub(super) async fn attempt_inline(&self, due: DueDelivery, leased_until: i64) {
         let due_id = due.id;
         let (deliverer, commits) = (self.deliverer.clone(), self.commits.clone());
         let deadline = deliverer.settings().deadline;
@@ -33,7 +37,9 @@ impl Ingest {
                 let outcome = deliverer.send(&due, Trigger::Inline, now_ms()).await;
                 let _ = sent.send(());
                 match outcome {
-                    Ok((attempt, record)) => record_attempt(commits, attempt, record).await,
+                    Ok((attempt, record)) => {
+                        record_attempt(commits, attempt, record, leased_until).await;
+                    }
                     // The delivery stays leased, then due: the worker retries it.
                     Err(err) => {
                         tracing::warn!(error = ?err, "could not make the inline delivery attempt");
@@ -52,22 +58,25 @@ impl Ingest {
     }
 }
 
-/// Records an inline attempt. One the database was unreachable for is retried for as long as
-/// the lease reserves for bookkeeping after a send ([`crate::delivery::LEASE_MARGIN`]): an
+/// Records an inline attempt. One that met a transient failure (the database unreachable, a
+/// deadlock) is retried while the delivery's lease has [`RECORD_BEFORE_LEASE_ENDS_MS`] to run: an
 /// attempt made just before an outage is recorded when the database returns, instead of its
-/// delivery waiting out the lease and being sent again by the worker.
+/// delivery waiting out the lease and being sent again by the worker, and no record lands after
+/// the lease, when a worker may have leased and sent the delivery itself.
 async fn record_attempt(
     commits: Arc<GroupCommit>,
     attempt: crate::delivery::attempt::Attempt,
     record: AttemptRecord,
+    leased_until: i64,
 ) {
-    let give_up = tokio::time::Instant::now() + crate::delivery::LEASE_MARGIN;
+    let give_up_at = leased_until.saturating_sub(RECORD_BEFORE_LEASE_ENDS_MS);
     let mut wait = RELEASE_RETRY_MIN;
     loop {
         match commits.record_attempt(record.clone()).await {
             Ok(()) => return crate::delivery::observe(&attempt),
             Err(err) if err.is_transient() => {
-                if tokio::time::Instant::now() + wait >= give_up {
+                let wait_ms = i64::try_from(wait.as_millis()).unwrap_or(i64::MAX);
+                if now_ms().saturating_add(wait_ms) >= give_up_at {
                     return give_up_on(&err);
                 }
                 tokio::time::sleep(wait).await;
@@ -77,6 +86,10 @@ async fn record_attempt(
         }
     }
 }
+
+/// How long (ms) before its delivery's lease ends an inline attempt's record stops being
+/// retried: room for the last try to commit.
+const RECORD_BEFORE_LEASE_ENDS_MS: i64 = 10_000;
 
 /// The delivery stays leased, then due: the worker retries it.
 fn give_up_on(err: &StoreError) {

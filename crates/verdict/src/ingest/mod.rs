@@ -169,6 +169,10 @@ struct Holding {
     expires_at: i64,
 }
 
+/// How long shutdown waits for inline attempts still sending or recording: within the usual
+/// 30 s between a termination signal and a kill.
+const DRAIN_LIMIT: std::time::Duration = std::time::Duration::from_secs(15);
+
 /// The pipeline and what it needs.
 pub struct Ingest {
     store: Arc<dyn Store>,
@@ -205,11 +209,21 @@ impl Ingest {
         }
     }
 
-    /// Waits for the inline attempts still running (their sends and records) to end; called
-    /// once the server has stopped taking requests.
+    /// Waits for the inline attempts still running (their sends and records) to end, for at
+    /// most [`DRAIN_LIMIT`]; called once the server has stopped taking requests. An attempt
+    /// cut off then is left to the worker once its delivery's lease ends, which sends the
+    /// same bytes under the same `webhook-id`.
     pub async fn drain(&self) {
         self.background.close();
-        self.background.wait().await;
+        if tokio::time::timeout(DRAIN_LIMIT, self.background.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                running = self.background.len(),
+                "stopping with inline delivery attempts unrecorded; the worker retries them"
+            );
+        }
     }
 
     /// The subject's keyed digest, scoped to the tenant so digests do not correlate across
@@ -561,14 +575,18 @@ impl Ingest {
         // Only the event whose commit inserted the outbox row makes the inline attempt; a
         // duplicate's callback is the earlier event's.
         if let Some(delivery) = committed.delivery {
-            self.attempt_inline(DueDelivery {
-                id: delivery.id,
-                tenant_id: tenant.id,
-                webhook_id: delivery.webhook_id,
-                payload: delivery.payload,
-                retries_left: schedule::MAX_RETRIES,
-                callback_url: destination.url.clone(),
-            })
+            let leased_until = delivery.leased_until;
+            self.attempt_inline(
+                DueDelivery {
+                    id: delivery.id,
+                    tenant_id: tenant.id,
+                    webhook_id: delivery.webhook_id,
+                    payload: delivery.payload,
+                    retries_left: schedule::MAX_RETRIES,
+                    callback_url: destination.url.clone(),
+                },
+                leased_until,
+            )
             .await;
         }
         Ok(committed.response)
