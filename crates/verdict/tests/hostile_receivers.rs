@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use common::deliveries::delivery_after;
 use common::hostile::{Hostile, Hostility};
 use common::receiver::{Receiver, Step};
-use common::{Backend, Server, TestDb, new_key, sim_swap};
+use common::{Backend, Server, Tenant, TestDb, new_key, sim_swap};
 use serde_json::Value;
 
 /// The attempt deadline of these tests.
@@ -225,44 +225,68 @@ async fn watched_round(
     (round, delivered_after, round_took)
 }
 
+/// Two tenants on one server with a worker-less `deadline_ms`: one whose callbacks go to a
+/// receiver that hangs, one whose go to a receiver that answers 503 once, then 200.
+struct TwoTenants {
+    // Fields drop in this order: the server before its database.
+    server: Server,
+    hostile_tenant: Tenant,
+    tenant: Tenant,
+    healthy: Receiver,
+    _hanging: Hostile,
+    db: TestDb,
+    deadline: String,
+}
+
+impl TwoTenants {
+    async fn start(backend: Backend, deadline_ms: u64) -> Self {
+        let db = TestDb::new(backend).await;
+        let hanging = Hostile::start(Hostility::Hang).await;
+        let healthy = Receiver::start(vec![Step::status(503)]).await;
+        let hostile_tenant = db.tenant(&["--callback-url", &hanging.url]);
+        let tenant = db.tenant(&["--callback-url", &healthy.url]);
+        let deadline = deadline_ms.to_string();
+        let server = Server::start(&db, &env(&deadline));
+        Self {
+            server,
+            hostile_tenant,
+            tenant,
+            healthy,
+            _hanging: hanging,
+            db,
+            deadline,
+        }
+    }
+
+    fn env(&self) -> [(&str, &str); 4] {
+        env(&self.deadline)
+    }
+}
+
 async fn a_hanging_receiver_does_not_hold_back_another_tenants_delivery_in_the_same_round(
     backend: Backend,
 ) {
     // A longer deadline, so "at once" and "after the deadline" are far apart.
     const DEADLINE_MS: u64 = 4000;
-    let db = TestDb::new(backend).await;
-    let hanging = Hostile::start(Hostility::Hang).await;
-    let healthy = Receiver::start(vec![Step::status(503)]).await;
-    let hostile_tenant = db.tenant(&["--callback-url", &hanging.url]);
-    let tenant = db.tenant(&["--callback-url", &healthy.url]);
-    let deadline = DEADLINE_MS.to_string();
-    let env = env(&deadline);
-    let server = Server::start(&db, &env);
+    let two = TwoTenants::start(backend, DEADLINE_MS).await;
+    let (db, healthy, env, server) = (&two.db, &two.healthy, two.env(), &two.server);
+    let (hostile_tenant, tenant) = (&two.hostile_tenant, &two.tenant);
     // Both inline attempts fail (the hang at the deadline, the other with a 503): both due in
     // the next round.
     let hung = server
-        .send(
-            &hostile_tenant,
-            Some(&new_key()),
-            &sim_swap("+447700900801"),
-        )
+        .send(hostile_tenant, Some(&new_key()), &sim_swap("+447700900801"))
         .await;
     let refused = server
-        .send(&tenant, Some(&new_key()), &sim_swap("+447700900802"))
+        .send(tenant, Some(&new_key()), &sim_swap("+447700900802"))
         .await;
     assert_eq!(hung.status, 200);
     assert_eq!(refused.status, 200);
-    delivery_after(&server, &hostile_tenant, &hung, 1).await;
+    delivery_after(server, hostile_tenant, &hung, 1).await;
     assert_eq!(healthy.received().len(), 1);
     tokio::time::sleep(Duration::from_millis(1100)).await;
 
-    let (round, delivered_after, round_took) = watched_round(
-        &db,
-        &env,
-        &healthy,
-        Duration::from_millis(DEADLINE_MS + 5000),
-    )
-    .await;
+    let (round, delivered_after, round_took) =
+        watched_round(db, &env, healthy, Duration::from_millis(DEADLINE_MS + 5000)).await;
     eprintln!(
         "{backend:?}: healthy tenant delivered {delivered_after:?} into the round, round took \
          {round_took:?}: {round}"
@@ -284,10 +308,10 @@ async fn a_hanging_receiver_does_not_hold_back_another_tenants_delivery_in_the_s
         "the round overran the deadline: {round_took:?}"
     );
     assert_eq!(
-        delivery_after(&server, &tenant, &refused, 2).await["status"],
+        delivery_after(server, tenant, &refused, 2).await["status"],
         "succeeded"
     );
-    let d = delivery_after(&server, &hostile_tenant, &hung, 2).await;
+    let d = delivery_after(server, hostile_tenant, &hung, 2).await;
     assert_eq!(d["status"], "pending", "{d}");
     assert!(d["attempts"][1]["latency_ms"].as_u64().unwrap() <= DEADLINE_MS + SLACK_MS);
 }
@@ -299,14 +323,9 @@ async fn a_tenant_with_more_hanging_deliveries_than_slots_does_not_hold_back_ano
     // tenant's: a worker that filled every slot with them would make the other wait a deadline.
     const DEADLINE_MS: u64 = 2500;
     const HANGING: usize = 18;
-    let db = TestDb::new(backend).await;
-    let hanging = Hostile::start(Hostility::Hang).await;
-    let healthy = Receiver::start(vec![Step::status(503)]).await;
-    let hostile_tenant = db.tenant(&["--callback-url", &hanging.url]);
-    let tenant = db.tenant(&["--callback-url", &healthy.url]);
-    let deadline = DEADLINE_MS.to_string();
-    let env = env(&deadline);
-    let server = Server::start(&db, &env);
+    let two = TwoTenants::start(backend, DEADLINE_MS).await;
+    let (db, healthy, env, server) = (&two.db, &two.healthy, two.env(), &two.server);
+    let (hostile_tenant, tenant) = (&two.hostile_tenant, &two.tenant);
     let hung: Vec<_> = (0..HANGING)
         .map(|i| {
             let (base, client, tenant) = (
@@ -330,7 +349,7 @@ async fn a_tenant_with_more_hanging_deliveries_than_slots_does_not_hold_back_ano
         assert_eq!(reply.await.unwrap().status, 200);
     }
     let refused = server
-        .send(&tenant, Some(&new_key()), &sim_swap("+447700900899"))
+        .send(tenant, Some(&new_key()), &sim_swap("+447700900899"))
         .await;
     assert_eq!(refused.status, 200);
     assert_eq!(healthy.received().len(), 1);
@@ -338,9 +357,9 @@ async fn a_tenant_with_more_hanging_deliveries_than_slots_does_not_hold_back_ano
     tokio::time::sleep(Duration::from_millis(DEADLINE_MS + 1100)).await;
 
     let (round, delivered_after, _) = watched_round(
-        &db,
+        db,
         &env,
-        &healthy,
+        healthy,
         Duration::from_millis(4 * DEADLINE_MS + 5000),
     )
     .await;

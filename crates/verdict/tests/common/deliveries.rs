@@ -10,15 +10,29 @@ use super::{Reply, Server, Tenant};
 /// is recorded: the record joins a group commit after the response, so it may land a moment
 /// later. A delivery with no attempt after 3 s is returned as it is.
 pub async fn delivery_of(server: &Server, tenant: &Tenant, reply: &Reply) -> Value {
+    with_attempts(server, tenant, reply, 1, 30)
+        .await
+        .unwrap_or_else(|last| last)
+}
+
+/// The delivery once at least `n` attempts are recorded, polled `tries` times 100 ms apart;
+/// `Err` with the last one read if they never were.
+async fn with_attempts(
+    server: &Server,
+    tenant: &Tenant,
+    reply: &Reply,
+    n: usize,
+    tries: usize,
+) -> Result<Value, Value> {
     let mut d = delivery_now(server, tenant, reply).await;
-    for _ in 0..30 {
-        if !d["attempts"].as_array().unwrap().is_empty() {
-            break;
+    for _ in 0..tries {
+        if d["attempts"].as_array().unwrap().len() >= n {
+            return Ok(d);
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
         d = delivery_now(server, tenant, reply).await;
     }
-    d
+    Err(d)
 }
 
 /// The delivery of the event a signal reply names, as it is now.
@@ -42,17 +56,14 @@ pub async fn delivery_now(server: &Server, tenant: &Tenant, reply: &Reply) -> Va
 /// The delivery once `n` attempts are recorded (an attempt past the inline deadline records
 /// itself in the background).
 pub async fn delivery_after(server: &Server, tenant: &Tenant, reply: &Reply, n: usize) -> Value {
-    for _ in 0..100 {
-        let d = delivery_now(server, tenant, reply).await;
-        if d["attempts"].as_array().unwrap().len() >= n {
-            return d;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!(
-        "fewer than {n} attempts were recorded for event {}",
-        reply.json()["event_id"]
-    );
+    with_attempts(server, tenant, reply, n, 100)
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "fewer than {n} attempts were recorded for event {}",
+                reply.json()["event_id"]
+            )
+        })
 }
 
 /// Waits out one retry interval of a worker run with `VERDICT_RETRY_INTERVAL_SECS=1`, so that
