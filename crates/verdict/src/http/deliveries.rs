@@ -117,12 +117,11 @@ pub async fn show(
 }
 
 async fn detail(app: &AppState, tenant_id: Uuid, id: Uuid) -> Result<DeliveryDetail, ApiError> {
-    let delivery = app
+    let (delivery, attempts) = app
         .store
-        .delivery(tenant_id, id)
+        .delivery_with_attempts(tenant_id, id)
         .await?
         .ok_or(ApiError::NotFound)?;
-    let attempts = app.store.delivery_attempts(id).await?;
     Ok(DeliveryDetail {
         delivery: delivery.into(),
         attempts: attempts.into_iter().map(AttemptView::from).collect(),

@@ -131,6 +131,14 @@ pub trait DeliveryStore {
     ) -> Result<Option<DeliveryRecord>, StoreError>;
     /// A delivery's attempts, oldest first.
     async fn delivery_attempts(&self, delivery_id: Uuid) -> Result<Vec<AttemptRow>, StoreError>;
+    /// One of the tenant's deliveries with its attempts, read in one snapshot: an attempt is
+    /// committed together with its delivery's new state, and two separate reads could see the
+    /// one without the other.
+    async fn delivery_with_attempts(
+        &self,
+        tenant_id: Uuid,
+        id: Uuid,
+    ) -> Result<Option<(DeliveryRecord, Vec<AttemptRow>)>, StoreError>;
     /// Deliveries waiting for an attempt.
     async fn queue_depth(&self, now: i64) -> Result<i64, StoreError>;
 }
@@ -306,6 +314,28 @@ macro_rules! deliveries_sql {
             Ok(())
         }
 
+        /// One of a tenant's deliveries by id (`$1` tenant, `$2` id).
+        fn delivery_by_id() -> String {
+            format!(
+                "SELECT {} FROM deliveries WHERE tenant_id = $1 AND id = $2",
+                $crate::store::deliveries::DELIVERY_COLUMNS
+            )
+        }
+
+        /// A delivery's attempts, oldest first (`$1` the delivery).
+        const ATTEMPTS_OF: &str = "SELECT attempted_at, trigger_kind, status_code, latency_ms, \
+            error, response_excerpt FROM delivery_attempts WHERE delivery_id = $1 \
+            ORDER BY attempted_at, id";
+
+        fn attempt_rows(
+            rows: &[Row],
+        ) -> Result<Vec<$crate::store::AttemptRow>, $crate::store::StoreError> {
+            rows.iter()
+                .map(sqlx::FromRow::from_row)
+                .collect::<Result<_, sqlx::Error>>()
+                .map_err(Into::into)
+        }
+
         #[async_trait::async_trait]
         impl $crate::store::DeliveryStore for $store {
             async fn deliveries_for_event(
@@ -433,11 +463,7 @@ macro_rules! deliveries_sql {
                 tenant_id: uuid::Uuid,
                 id: uuid::Uuid,
             ) -> Result<Option<$crate::store::DeliveryRecord>, $crate::store::StoreError> {
-                let sql = format!(
-                    "SELECT {} FROM deliveries WHERE tenant_id = $1 AND id = $2",
-                    $crate::store::deliveries::DELIVERY_COLUMNS
-                );
-                Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                Ok(sqlx::query_as(sqlx::AssertSqlSafe(delivery_by_id()))
                     .bind(tenant_id)
                     .bind(id)
                     .fetch_optional(self.read())
@@ -448,18 +474,34 @@ macro_rules! deliveries_sql {
                 &self,
                 delivery_id: uuid::Uuid,
             ) -> Result<Vec<$crate::store::AttemptRow>, $crate::store::StoreError> {
-                let rows = sqlx::query(
-                    "SELECT attempted_at, trigger_kind, status_code, latency_ms, error, \
-                     response_excerpt FROM delivery_attempts WHERE delivery_id = $1 \
-                     ORDER BY attempted_at, id",
-                )
-                .bind(delivery_id)
-                .fetch_all(self.read())
-                .await?;
-                rows.iter()
-                    .map(sqlx::FromRow::from_row)
-                    .collect::<Result<_, sqlx::Error>>()
-                    .map_err(Into::into)
+                let rows = sqlx::query(ATTEMPTS_OF)
+                    .bind(delivery_id)
+                    .fetch_all(self.read())
+                    .await?;
+                attempt_rows(&rows)
+            }
+
+            async fn delivery_with_attempts(
+                &self,
+                tenant_id: uuid::Uuid,
+                id: uuid::Uuid,
+            ) -> Result<
+                Option<($crate::store::DeliveryRecord, Vec<$crate::store::AttemptRow>)>,
+                $crate::store::StoreError,
+            > {
+                let mut tx = self.read().begin_with(READ_SNAPSHOT).await?;
+                let delivery: Option<$crate::store::DeliveryRecord> =
+                    sqlx::query_as(sqlx::AssertSqlSafe(delivery_by_id()))
+                        .bind(tenant_id)
+                        .bind(id)
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                let Some(delivery) = delivery else {
+                    return Ok(None);
+                };
+                let rows = sqlx::query(ATTEMPTS_OF).bind(id).fetch_all(&mut *tx).await?;
+                tx.commit().await?;
+                Ok(Some((delivery, attempt_rows(&rows)?)))
             }
 
             async fn queue_depth(&self, now: i64) -> Result<i64, $crate::store::StoreError> {

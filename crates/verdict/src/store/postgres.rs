@@ -173,6 +173,9 @@ fn broken_connection(err: &sqlx::Error) -> bool {
 
 /// Leases due deliveries; `SKIP LOCKED` lets several workers share the queue without waiting on
 /// or double-leasing each other's rows.
+/// How a read that must see one snapshot begins (one snapshot for every statement of a read transaction).
+const READ_SNAPSHOT: &str = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY";
+
 const LEASE_DUE: &str = "UPDATE deliveries SET leased_until = $2 WHERE id IN ( \
      SELECT d.id FROM deliveries d JOIN tenants t ON t.id = d.tenant_id \
      WHERE d.status = 'pending' AND d.next_attempt_at <= $1 AND d.leased_until <= $1 \

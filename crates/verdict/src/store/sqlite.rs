@@ -71,6 +71,9 @@ impl SqliteStore {
 }
 
 /// Leases due deliveries; SQLite's single writer makes the `UPDATE` atomic across workers.
+/// How a read that must see one snapshot begins (a read transaction in WAL mode keeps one snapshot until it ends).
+const READ_SNAPSHOT: &str = "BEGIN";
+
 const LEASE_DUE: &str = "UPDATE deliveries SET leased_until = $2 WHERE id IN ( \
      SELECT d.id FROM deliveries d JOIN tenants t ON t.id = d.tenant_id \
      WHERE d.status = 'pending' AND d.next_attempt_at <= $1 AND d.leased_until <= $1 \
