@@ -388,7 +388,10 @@ impl Credentials {
     /// Records a key's use in the background, at most once per [`LAST_USED_PRECISION`]: the
     /// request never waits for, or fails by, this write.
     async fn note_use(&self, key_id: Uuid) {
-        if !self.used.entry(key_id).or_insert(()).await.is_fresh() {
+        // A read first: the entry API takes the cache's write path on every request.
+        if self.used.contains_key(&key_id)
+            || !self.used.entry(key_id).or_insert(()).await.is_fresh()
+        {
             return;
         }
         let store = self.store.clone();

@@ -39,7 +39,6 @@ const TIMESTAMP_TOLERANCE_SECS: i64 = 300;
         (status = 429, body = Problem, description = "Over the tenant's rate limit; retry after `Retry-After`"),
         (status = 503, body = Problem, description = "Transient; retry with the same key"),
     ))]
-#[tracing::instrument(skip_all)]
 pub async fn post_signal(
     State(app): State<AppState>,
     headers: HeaderMap,
