@@ -249,15 +249,67 @@ macro_rules! deliveries_sql {
         }
 
         /// Records attempts and moves each delivery to its next state (and disables the
-        /// endpoints that answered 410), in three statements whatever the number.
+        /// endpoints that answered 410), in three statements whatever the number. Each is its
+        /// own query: PostgreSQL prepares one statement per query.
         async fn record_attempts(
             conn: &mut $conn,
             attempts: &[&$crate::store::AttemptRecord],
         ) -> Result<(), sqlx::Error> {
-            if attempts.is_empty() {
-                return Ok(());
+            run_each(
+                conn,
+                &[push_insert_attempts, push_advance_deliveries, push_disable_endpoints],
+                attempts,
+            )
+            .await
+        }
+
+        /// Disables the callback endpoints that answered an attempt with 410.
+        #[allow(dead_code)]
+        async fn disable_endpoints(
+            conn: &mut $conn,
+            attempts: &[&$crate::store::AttemptRecord],
+        ) -> Result<(), sqlx::Error> {
+            run_each(conn, &[push_disable_endpoints], attempts).await
+        }
+
+        /// Runs each statement `steps` push for `attempts` as a query of its own, skipping
+        /// those that push nothing.
+        async fn run_each(
+            conn: &mut $conn,
+            steps: &[fn(&mut sqlx::QueryBuilder<Db>, &[&$crate::store::AttemptRecord])],
+            attempts: &[&$crate::store::AttemptRecord],
+        ) -> Result<(), sqlx::Error> {
+            for push in steps {
+                let mut q = sqlx::QueryBuilder::<Db>::new("");
+                push(&mut q, attempts);
+                if !q.sql().as_str().is_empty() {
+                    q.build().execute(&mut *conn).await?;
+                }
             }
-            let mut q = sqlx::QueryBuilder::<Db>::new(
+            Ok(())
+        }
+
+        /// Adds to `q` the statements of [`record_attempts`], for a backend that runs several
+        /// statements in one query (SQLite).
+        #[allow(dead_code)]
+        fn push_record_attempts(
+            q: &mut sqlx::QueryBuilder<Db>,
+            attempts: &[&$crate::store::AttemptRecord],
+        ) {
+            push_insert_attempts(q, attempts);
+            push_advance_deliveries(q, attempts);
+            push_disable_endpoints(q, attempts);
+        }
+
+        /// Adds to `q` the statement that inserts the attempts (none if there are none).
+        fn push_insert_attempts(
+            q: &mut sqlx::QueryBuilder<Db>,
+            attempts: &[&$crate::store::AttemptRecord],
+        ) {
+            if attempts.is_empty() {
+                return;
+            }
+            q.push(
                 "INSERT INTO delivery_attempts (id, delivery_id, attempted_at, trigger_kind, \
                  status_code, latency_ms, error, response_excerpt) ",
             );
@@ -271,8 +323,19 @@ macro_rules! deliveries_sql {
                     .push_bind(a.error.clone())
                     .push_bind(a.response_excerpt.clone());
             });
-            q.build().execute(&mut *conn).await?;
-            let mut q = sqlx::QueryBuilder::<Db>::new(
+            q.push("; ");
+        }
+
+        /// Adds to `q` the statement that moves each attempt's delivery to its next state
+        /// (none if there are no attempts).
+        fn push_advance_deliveries(
+            q: &mut sqlx::QueryBuilder<Db>,
+            attempts: &[&$crate::store::AttemptRecord],
+        ) {
+            if attempts.is_empty() {
+                return;
+            }
+            q.push(
                 "UPDATE deliveries SET status = v.column2, attempts = attempts + 1, \
                  retries_left = v.column3, next_attempt_at = v.column4, leased_until = 0, \
                  last_error = v.column5, updated_at = v.column6 FROM (",
@@ -285,33 +348,29 @@ macro_rules! deliveries_sql {
                     .push_bind(a.error.clone())
                     .push_bind(a.attempted_at);
             });
-            q.push(") AS v WHERE deliveries.id = v.column1");
-            q.build().execute(&mut *conn).await?;
-            disable_endpoints(conn, attempts).await
+            q.push(") AS v WHERE deliveries.id = v.column1; ");
         }
 
-        /// Disables the callback endpoints that answered an attempt with 410.
-        async fn disable_endpoints(
-            conn: &mut $conn,
+        /// Adds to `q` the statement that disables the callback endpoints that answered an
+        /// attempt with 410 (none if none did).
+        fn push_disable_endpoints(
+            q: &mut sqlx::QueryBuilder<Db>,
             attempts: &[&$crate::store::AttemptRecord],
-        ) -> Result<(), sqlx::Error> {
+        ) {
             let gone: Vec<uuid::Uuid> = attempts
                 .iter()
                 .filter(|a| a.next.disable_endpoint)
                 .map(|a| a.tenant_id)
                 .collect();
             if gone.is_empty() {
-                return Ok(());
+                return;
             }
-            let mut q =
-                sqlx::QueryBuilder::<Db>::new("UPDATE tenants SET callback_disabled = TRUE WHERE id IN (");
+            q.push("UPDATE tenants SET callback_disabled = TRUE WHERE id IN (");
             let mut list = q.separated(", ");
             for tenant in gone {
                 list.push_bind(tenant);
             }
-            q.push(")");
-            q.build().execute(&mut *conn).await?;
-            Ok(())
+            q.push("); ");
         }
 
         /// One of a tenant's deliveries by id (`$1` tenant, `$2` id).

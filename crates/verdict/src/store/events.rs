@@ -99,17 +99,18 @@ macro_rules! events_sql {
             q.push(")");
         }
 
-        /// Inserts events in one statement; an event already stored (a retry) is left alone.
+        /// Adds to `q` the statement that inserts `events` (none if there are none); an event
+        /// already stored (a retry) is left alone.
         // Only SQLite runs this; PostgreSQL fuses it into store/postgres_pipeline/.
         #[allow(dead_code)]
-        async fn insert_events(
-            conn: &mut $conn,
+        fn push_insert_events(
+            q: &mut sqlx::QueryBuilder<Db>,
             events: &[&$crate::store::NewEvent],
-        ) -> Result<(), sqlx::Error> {
+        ) {
             if events.is_empty() {
-                return Ok(());
+                return;
             }
-            let mut q = sqlx::QueryBuilder::<Db>::new(
+            q.push(
                 "INSERT INTO events (id, tenant_id, signal_type, subject_hash, observed_at, \
                  attributes, metadata, decision, playbook_version, rule, actions, created_at, \
                  evaluated_at, facts, feed) ",
@@ -131,9 +132,7 @@ macro_rules! events_sql {
                     .push_bind(e.facts.clone())
                     .push_bind(e.feed);
             });
-            q.push(" ON CONFLICT DO NOTHING");
-            q.build().execute(conn).await?;
-            Ok(())
+            q.push(" ON CONFLICT DO NOTHING; ");
         }
 
         #[async_trait::async_trait]

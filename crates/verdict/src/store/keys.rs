@@ -271,17 +271,18 @@ macro_rules! keys_sql {
             Ok(rows.into_iter().collect())
         }
 
-        /// Completes held keys with their responses, in one statement.
+        /// Adds to `q` the statement that completes held keys with their responses (none if
+        /// there are none).
         // Only SQLite runs this; PostgreSQL fuses it into store/postgres_pipeline/.
         #[allow(dead_code)]
-        async fn complete_keys(
-            conn: &mut $conn,
+        fn push_complete_keys(
+            q: &mut sqlx::QueryBuilder<Db>,
             done: &[(&$crate::store::HeldKey, &$crate::store::StoredResponse)],
-        ) -> Result<(), sqlx::Error> {
+        ) {
             if done.is_empty() {
-                return Ok(());
+                return;
             }
-            let mut q = sqlx::QueryBuilder::<Db>::new(
+            q.push(
                 "UPDATE idempotency_keys SET state = 'completed', response_status = v.column5, \
                  response_body = v.column6, lock_token = NULL, locked_until = 0 FROM (",
             );
@@ -297,10 +298,8 @@ macro_rules! keys_sql {
                 ") AS v WHERE idempotency_keys.tenant_id = v.column1 \
                  AND idempotency_keys.endpoint = v.column2 \
                  AND idempotency_keys.key_digest = v.column3 \
-                 AND idempotency_keys.lock_token = v.column4",
+                 AND idempotency_keys.lock_token = v.column4; ",
             );
-            q.build().execute(conn).await?;
-            Ok(())
         }
 
         impl $store {

@@ -334,14 +334,23 @@ macro_rules! pipeline_sql {
                     .zip(&outcomes)
                     .map(|(a, o)| a.finished_for(o))
                     .collect();
-                insert_events(conn, &finished.iter().map(|f| &f.event).collect::<Vec<_>>()).await?;
+                // What nothing later reads (events, completions, attempts' records) goes in
+                // one query: one hop to SQLite's connection thread instead of up to six.
                 let completions: Vec<_> = acts
                     .iter()
                     .zip(&finished)
                     .filter_map(|(a, f)| a.held.as_ref().map(|h| (h, &f.response)))
                     .collect();
-                complete_keys(conn, &completions).await?;
-                record_attempts(conn, &batch.attempts.iter().collect::<Vec<_>>()).await?;
+                let mut tail = sqlx::QueryBuilder::new("");
+                push_insert_events(
+                    &mut tail,
+                    &finished.iter().map(|f| &f.event).collect::<Vec<_>>(),
+                );
+                push_complete_keys(&mut tail, &completions);
+                push_record_attempts(&mut tail, &batch.attempts.iter().collect::<Vec<_>>());
+                if !tail.sql().as_str().is_empty() {
+                    tail.build().execute(&mut *conn).await?;
+                }
                 if !acts.is_empty() {
                     $crate::failpoint::failpoint!("act::before_commit");
                 }
