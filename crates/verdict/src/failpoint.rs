@@ -62,3 +62,46 @@ pub(crate) fn after_action(action: crate::actions::ActionKind) -> &'static str {
         ActionKind::Callback => "act::after_callback",
     }
 }
+
+/// The error PostgreSQL reports when it breaks a deadlock (SQLSTATE 40P01), for the
+/// `group_commit::conflict` failpoint.
+#[cfg(feature = "failpoints")]
+#[derive(Debug)]
+pub(crate) struct InjectedDeadlock;
+
+#[cfg(feature = "failpoints")]
+impl std::fmt::Display for InjectedDeadlock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("deadlock detected (injected)")
+    }
+}
+
+#[cfg(feature = "failpoints")]
+impl std::error::Error for InjectedDeadlock {}
+
+#[cfg(feature = "failpoints")]
+impl sqlx::error::DatabaseError for InjectedDeadlock {
+    fn message(&self) -> &str {
+        "deadlock detected (injected)"
+    }
+
+    fn code(&self) -> Option<std::borrow::Cow<'_, str>> {
+        Some("40P01".into())
+    }
+
+    fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        self
+    }
+
+    fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+        self
+    }
+
+    fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+        self
+    }
+
+    fn kind(&self) -> sqlx::error::ErrorKind {
+        sqlx::error::ErrorKind::Other
+    }
+}

@@ -236,6 +236,69 @@ async fn transient_failure_releases_the_lock_and_the_retry_resumes(backend: Back
     assert!(replay.replayed(), "a 503 is never stored; the 200 is");
 }
 
+async fn batch_rolled_back_by_a_deadlock_is_run_again_without_a_503(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = db.tenant(&[]);
+    // The first two commits are rolled back as PostgreSQL rolls back a deadlock's victim.
+    let server = Server::start(&db, &[("FAILPOINTS", "group_commit::conflict=2*return")]);
+    let key = new_key();
+    let body = sim_swap("+447700900016");
+
+    let response = server.send(&tenant, Some(&key), &body).await;
+    assert_eq!(
+        response.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&response.body)
+    );
+    assert_eq!(response.json()["rule"], "recent_sim_swap");
+    assert!(
+        response.json()["actions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|a| a["action"] != "callback") // this tenant has no callback URL
+            .all(|a| a["outcome"] == "done"),
+        "every local action done once, by this request: {}",
+        String::from_utf8_lossy(&response.body)
+    );
+    assert_eq!(db.count("events").await, 1);
+    assert_eq!(db.count("account_locks").await, 1);
+    assert!(
+        server
+            .logged("group commit rolled back by a conflict; running it again")
+            .await
+    );
+}
+
+async fn batch_rolled_back_by_conflicts_past_the_retries_gets_503_and_resumes(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = db.tenant(&[]);
+    // One more conflict than the committer runs a batch again for.
+    let server = Server::start(&db, &[("FAILPOINTS", "group_commit::conflict=3*return")]);
+    let key = new_key();
+    let body = sim_swap("+447700900017");
+
+    let failed = server.send(&tenant, Some(&key), &body).await;
+    assert_eq!(
+        failed.status,
+        503,
+        "{}",
+        String::from_utf8_lossy(&failed.body)
+    );
+    assert_eq!(db.count("idempotency_keys").await, 0, "nothing was claimed");
+    assert_eq!(db.count("events").await, 0);
+
+    let retried = server.send(&tenant, Some(&key), &body).await;
+    assert_eq!(
+        retried.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&retried.body)
+    );
+    assert_eq!(db.count("events").await, 1);
+}
+
 async fn a_replay_of_the_same_bytes_still_needs_a_valid_signature(backend: Backend) {
     let db = TestDb::new(backend).await;
     let tenant = db.tenant(&[]);
@@ -439,6 +502,8 @@ on_both_backends!(
     abandoned_in_flight_key_is_taken_over_after_the_lock_expires,
     crash_after_the_commit_replays_the_stored_response,
     transient_failure_releases_the_lock_and_the_retry_resumes,
+    batch_rolled_back_by_a_deadlock_is_run_again_without_a_503,
+    batch_rolled_back_by_conflicts_past_the_retries_gets_503_and_resumes,
     hundred_concurrent_requests_with_one_key_yield_one_event,
     a_replay_of_the_same_bytes_still_needs_a_valid_signature,
     reserialised_body_is_a_replay_not_a_422,

@@ -106,7 +106,7 @@ async fn committer(store: Arc<dyn Store>, queue: Arc<Mutex<mpsc::Receiver<Job>>>
 /// the failure if the batch failed because the database is unreachable.
 async fn run(store: &dyn Store, jobs: Vec<Job>, window: i64) -> Option<Arc<StoreError>> {
     let batch = batch_of(&jobs, window);
-    match store.commit(&batch).await {
+    match commit(store, &batch).await {
         Ok(result) => answer(jobs, result),
         Err(err) if jobs.len() > 1 && !err.is_transient() => {
             tracing::warn!(error = ?err, signals = jobs.len(), "group commit failed; committing its signals one by one");
@@ -123,6 +123,44 @@ async fn run(store: &dyn Store, jobs: Vec<Job>, window: i64) -> Option<Arc<Store
             fail(jobs, err.clone());
             return err.is_unreachable().then_some(err);
         }
+    }
+    None
+}
+
+/// Times a batch is run again after the database rolled it back to break a deadlock with
+/// another committer's batch.
+const CONFLICT_RETRIES: usize = 2;
+
+/// Commits a batch, running it again (at most [`CONFLICT_RETRIES`] times) when the database
+/// rolled it back to break a deadlock or a serialization conflict: nothing of it was stored,
+/// and the other transaction has gone ahead, so its signals need not see a 503 for it. (Two
+/// committers can deadlock when duplicates with different outcomes are split across their
+/// batches, each inserting an outbox row the other's next statement wants.)
+async fn commit(store: &dyn Store, batch: &Batch) -> Result<BatchResult, StoreError> {
+    let mut retries = 0;
+    loop {
+        let result = match injected_conflict() {
+            Some(err) => Err(err),
+            None => store.commit(batch).await,
+        };
+        match result {
+            Err(err) if err.is_conflict() && retries < CONFLICT_RETRIES => {
+                retries += 1;
+                metrics::counter!("verdict_group_commit_conflicts_total").increment(1);
+                tracing::warn!(error = ?err, retries, "group commit rolled back by a conflict; running it again");
+            }
+            result => return result,
+        }
+    }
+}
+
+/// A deadlock the `group_commit::conflict` failpoint stands in for (tests only).
+fn injected_conflict() -> Option<StoreError> {
+    #[cfg(feature = "failpoints")]
+    if fail::eval("group_commit::conflict", |_| ()).is_some() {
+        return Some(StoreError::Unavailable(sqlx::Error::Database(Box::new(
+            crate::failpoint::InjectedDeadlock,
+        ))));
     }
     None
 }

@@ -94,6 +94,19 @@ impl StoreError {
 }
 
 impl StoreError {
+    /// Whether the database rolled the whole transaction back to break a deadlock or a
+    /// serialization conflict with a concurrent one (PostgreSQL 40P01, 40001): nothing of it
+    /// was stored, and running it again is the documented remedy.
+    pub fn is_conflict(&self) -> bool {
+        match self {
+            Self::Unavailable(sqlx::Error::Database(db)) => db
+                .code()
+                .is_some_and(|code| matches!(&*code, "40001" | "40P01")),
+            Self::Batch(inner) => inner.is_conflict(),
+            _ => false,
+        }
+    }
+
     /// Whether the database could not be reached at all (no connection within the timeout, or
     /// the server going away), rather than a statement that may simply succeed when run again:
     /// work queued behind such a failure meets the same outage.
