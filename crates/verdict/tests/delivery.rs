@@ -131,6 +131,18 @@ async fn a_400_is_terminal_after_one_attempt(backend: Backend) {
     let delivery = delivery_of(&server, &tenant, &reply).await;
     assert_eq!(delivery["status"], "failed");
     assert_eq!(delivery["attempts"].as_array().unwrap().len(), 1);
+    // The CLI shows the same delivery and attempt, read together.
+    let shown: serde_json::Value = serde_json::from_str(&db.cli(&[
+        "deliveries",
+        "show",
+        "--tenant",
+        &tenant.id,
+        delivery["id"].as_str().unwrap(),
+    ]))
+    .unwrap();
+    assert_eq!(shown["status"], "failed", "{shown}");
+    assert_eq!(shown["attempts"][0]["status_code"], 400, "{shown}");
+    assert_eq!(shown["attempts"].as_array().unwrap().len(), 1, "{shown}");
     let failed = server
         .get(&tenant, "/v1/deliveries?status=failed")
         .await

@@ -68,13 +68,11 @@ pub(super) async fn run_deliveries(
             }
         }
         DeliveriesCommand::Show { tenant, id } => {
-            let d = store
-                .delivery(tenant, id)
+            let (d, attempts) = store
+                .delivery_with_attempts(tenant, id)
                 .await?
                 .context("no such delivery")?;
-            let attempts: Vec<_> = store
-                .delivery_attempts(id)
-                .await?
+            let attempts: Vec<_> = attempts
                 .into_iter()
                 .map(|a| {
                     serde_json::json!({

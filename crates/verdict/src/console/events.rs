@@ -148,7 +148,7 @@ pub async fn show(
     };
     let mut delivery_sections = Vec::new();
     for delivery in &deliveries {
-        match delivery_section(&app, &operator, delivery).await {
+        match delivery_section(&app, &operator, tenant.id, delivery).await {
             Ok(section) => delivery_sections.push(section),
             Err(err) => return unavailable(&err),
         }
@@ -204,12 +204,24 @@ fn event_summary(e: &EventRecord) -> Markup {
     }
 }
 
+/// A delivery and its attempts, read again together in one snapshot: the list's row may be
+/// older than an attempt recorded since, which would show an attempt on a pending delivery.
 async fn delivery_section(
     app: &AppState,
     operator: &Operator,
-    d: &DeliveryRecord,
+    tenant_id: Uuid,
+    listed: &DeliveryRecord,
 ) -> Result<Markup, crate::store::StoreError> {
-    let attempts = app.store.delivery_attempts(d.id).await?;
+    let (d, attempts) = match app
+        .store
+        .delivery_with_attempts(tenant_id, listed.id)
+        .await?
+    {
+        Some((d, attempts)) => (d, attempts),
+        // Gone since the list was read (pruned): shown as listed, without attempts.
+        None => (listed.clone(), Vec::new()),
+    };
+    let d = &d;
     let redeliverable = matches!(d.status, DeliveryStatus::Dead | DeliveryStatus::Failed);
     Ok(html! {
         section.delivery id={ "delivery-" (d.id) } {

@@ -129,9 +129,7 @@ pub trait DeliveryStore {
         tenant_id: Uuid,
         id: Uuid,
     ) -> Result<Option<DeliveryRecord>, StoreError>;
-    /// A delivery's attempts, oldest first.
-    async fn delivery_attempts(&self, delivery_id: Uuid) -> Result<Vec<AttemptRow>, StoreError>;
-    /// One of the tenant's deliveries with its attempts, read in one snapshot: an attempt is
+    /// One of the tenant's deliveries with its attempts (oldest first), read in one snapshot: an attempt is
     /// committed together with its delivery's new state, and two separate reads could see the
     /// one without the other.
     async fn delivery_with_attempts(
@@ -527,17 +525,6 @@ macro_rules! deliveries_sql {
                     .bind(id)
                     .fetch_optional(self.read())
                     .await?)
-            }
-
-            async fn delivery_attempts(
-                &self,
-                delivery_id: uuid::Uuid,
-            ) -> Result<Vec<$crate::store::AttemptRow>, $crate::store::StoreError> {
-                let rows = sqlx::query(ATTEMPTS_OF)
-                    .bind(delivery_id)
-                    .fetch_all(self.read())
-                    .await?;
-                attempt_rows(&rows)
             }
 
             async fn delivery_with_attempts(
