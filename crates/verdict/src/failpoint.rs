@@ -70,9 +70,14 @@ pub(crate) fn after_action(action: crate::actions::ActionKind) -> &'static str {
 pub(crate) struct InjectedDeadlock;
 
 #[cfg(feature = "failpoints")]
+impl InjectedDeadlock {
+    const MESSAGE: &str = "deadlock detected (injected)";
+}
+
+#[cfg(feature = "failpoints")]
 impl std::fmt::Display for InjectedDeadlock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("deadlock detected (injected)")
+        f.write_str(Self::MESSAGE)
     }
 }
 
@@ -82,7 +87,7 @@ impl std::error::Error for InjectedDeadlock {}
 #[cfg(feature = "failpoints")]
 impl sqlx::error::DatabaseError for InjectedDeadlock {
     fn message(&self) -> &str {
-        "deadlock detected (injected)"
+        Self::MESSAGE
     }
 
     fn code(&self) -> Option<std::borrow::Cow<'_, str>> {

@@ -2,6 +2,7 @@
 
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::fmt::writer::BoxMakeWriter;
 
 /// mimalloc instead of glibc's allocator: a request allocates and frees many small buffers on
 /// whichever runtime thread polls it, where glibc's arenas spent about a seventh of the
@@ -11,12 +12,12 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    let logs = init_logging();
+    let cli = verdict::cli::Cli::parse();
+    let logs = init_logging(matches!(cli.command, verdict::cli::Command::Serve(_)));
     #[cfg(feature = "failpoints")]
     let _failpoints = fail::FailScenario::setup();
-    let cli = verdict::cli::Cli::parse();
     let result = verdict::cli::run(cli).await;
-    // Every log line is written before the final error, and before the process exits.
+    // Every line queued is written before the final error, and before the process exits.
     drop(logs);
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -27,21 +28,33 @@ async fn main() -> std::process::ExitCode {
     }
 }
 
+/// Lines queued for the log thread before a request waits for it to catch up.
+const QUEUED_LOG_LINES: usize = 8 * 1024;
+
 /// Logs go to stderr; `VERDICT_LOG` filters (default `info`), `VERDICT_LOG_FORMAT=json`
 /// switches to one JSON object per line.
 ///
-/// Lines are written by a thread of their own, buffered and flushed whenever it has written
-/// every line queued: a request hands its line over instead of taking stderr's lock and making
-/// a system call on a runtime thread (about a tenth of a replay's CPU under `perf`). Not lossy: if stderr stops draining, logging waits, as it did before.
-/// The guard flushes what is queued when dropped.
-fn init_logging() -> tracing_appender::non_blocking::WorkerGuard {
-    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
-        .lossy(false)
-        .thread_name("verdict-logs")
-        .finish(std::io::BufWriter::with_capacity(
-            64 * 1024,
-            std::io::stderr(),
-        ));
+/// `serve` hands its lines to a thread of their own, which writes them buffered and flushes
+/// whenever it has written every line queued: a request no longer takes stderr's lock and makes
+/// a system call on a runtime thread (about a tenth of a replay's CPU under `perf`). At most
+/// [`QUEUED_LOG_LINES`] wait (each line's request path is capped, so a few MiB); past that,
+/// logging waits for stderr, as it always did, rather than dropping lines. Dropping the guard
+/// writes what is queued. The other commands, short-lived and some printing JSON on stdout,
+/// write to stderr directly.
+fn init_logging(serving: bool) -> Option<tracing_appender::non_blocking::WorkerGuard> {
+    let (writer, guard) = if serving {
+        let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+            .lossy(false)
+            .buffered_lines_limit(QUEUED_LOG_LINES)
+            .thread_name("verdict-logs")
+            .finish(std::io::BufWriter::with_capacity(
+                64 * 1024,
+                std::io::stderr(),
+            ));
+        (BoxMakeWriter::new(writer), Some(guard))
+    } else {
+        (BoxMakeWriter::new(std::io::stderr), None)
+    };
     let filter = EnvFilter::try_from_env("VERDICT_LOG")
         .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,tower_http=info"));
     let builder = tracing_subscriber::fmt()

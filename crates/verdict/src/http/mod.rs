@@ -121,13 +121,30 @@ pub fn router(state: AppState) -> Router {
                                 "request",
                                 request_id = %id,
                                 method = %req.method(),
-                                path = %req.uri().path(),
+                                path = %logged_path(req.uri().path()),
                             )
                         })
                         .on_response(DefaultOnResponse::new().level(Level::INFO)),
                 )
                 .layer(PropagateRequestIdLayer::new(REQUEST_ID)),
         )
+}
+
+/// Longest request path a log line carries: a client may send paths of tens of KiB, and every
+/// line of the request repeats it.
+const MAX_LOGGED_PATH: usize = 256;
+
+/// The request's path as logged: cut at [`MAX_LOGGED_PATH`] bytes (on a character boundary),
+/// marked with `…` where it was cut.
+fn logged_path(path: &str) -> std::borrow::Cow<'_, str> {
+    if path.len() <= MAX_LOGGED_PATH {
+        return path.into();
+    }
+    let mut end = MAX_LOGGED_PATH;
+    while !path.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &path[..end]).into()
 }
 
 /// Longest client-sent request id kept.
@@ -205,5 +222,24 @@ async fn metrics(State(app): State<AppState>) -> Response {
         )
             .into_response(),
         None => problem::Problem::not_found().into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_path_is_logged_cut_at_a_character_boundary() {
+        assert_eq!(logged_path("/v1/events"), "/v1/events");
+        let long = format!("/{}", "é".repeat(400));
+        let logged = logged_path(&long);
+        assert!(
+            logged.len() <= MAX_LOGGED_PATH + '…'.len_utf8(),
+            "{}",
+            logged.len()
+        );
+        assert!(logged.ends_with('…'));
+        assert!(long.starts_with(logged.trim_end_matches('…')));
     }
 }

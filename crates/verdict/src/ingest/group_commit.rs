@@ -112,7 +112,7 @@ async fn run(store: &dyn Store, jobs: Vec<Job>, window: i64) -> Option<Arc<Store
             tracing::warn!(error = ?err, signals = jobs.len(), "group commit failed; committing its signals one by one");
             for job in jobs {
                 let batch = batch_of(std::slice::from_ref(&job), window);
-                match store.commit(&batch).await {
+                match commit(store, &batch).await {
                     Ok(result) => answer(vec![job], result),
                     Err(err) => fail(vec![job], Arc::new(err)),
                 }

@@ -247,18 +247,14 @@ macro_rules! deliveries_sql {
         }
 
         /// Records attempts and moves each delivery to its next state (and disables the
-        /// endpoints that answered 410), in three statements whatever the number. Each is its
-        /// own query: PostgreSQL prepares one statement per query.
+        /// endpoints that answered 410), in at most three statements whatever the number: one
+        /// query on SQLite (one hop to its connection thread), one query each on PostgreSQL,
+        /// which prepares one statement per query.
         async fn record_attempts(
             conn: &mut $conn,
             attempts: &[&$crate::store::AttemptRecord],
         ) -> Result<(), sqlx::Error> {
-            run_each(
-                conn,
-                &[push_insert_attempts, push_advance_deliveries, push_disable_endpoints],
-                attempts,
-            )
-            .await
+            run_attempt_steps(conn, &ATTEMPT_STEPS, attempts).await
         }
 
         /// Disables the callback endpoints that answered an attempt with 410.
@@ -267,36 +263,29 @@ macro_rules! deliveries_sql {
             conn: &mut $conn,
             attempts: &[&$crate::store::AttemptRecord],
         ) -> Result<(), sqlx::Error> {
-            run_each(conn, &[push_disable_endpoints], attempts).await
+            run_attempt_steps(conn, &[push_disable_endpoints], attempts).await
         }
 
-        /// Runs each statement `steps` push for `attempts` as a query of its own, skipping
-        /// those that push nothing.
-        async fn run_each(
+        /// The statements that record attempts, in order; each pushes nothing when it has
+        /// nothing to do.
+        const ATTEMPT_STEPS: [fn(&mut sqlx::QueryBuilder<Db>, &[&$crate::store::AttemptRecord]);
+            3] = [push_insert_attempts, push_advance_deliveries, push_disable_endpoints];
+
+        /// Runs `steps` for `attempts`: together on a backend that runs several statements in
+        /// one query, one query each otherwise.
+        async fn run_attempt_steps(
             conn: &mut $conn,
             steps: &[fn(&mut sqlx::QueryBuilder<Db>, &[&$crate::store::AttemptRecord])],
             attempts: &[&$crate::store::AttemptRecord],
         ) -> Result<(), sqlx::Error> {
+            let mut q = sqlx::QueryBuilder::<Db>::new("");
             for push in steps {
-                let mut q = sqlx::QueryBuilder::<Db>::new("");
                 push(&mut q, attempts);
-                if !q.sql().as_str().is_empty() {
-                    q.build().execute(&mut *conn).await?;
+                if !MULTI_STATEMENT {
+                    execute_pushed(&mut *conn, &mut q).await?;
                 }
             }
-            Ok(())
-        }
-
-        /// Adds to `q` the statements of [`record_attempts`], for a backend that runs several
-        /// statements in one query (SQLite).
-        #[allow(dead_code)]
-        fn push_record_attempts(
-            q: &mut sqlx::QueryBuilder<Db>,
-            attempts: &[&$crate::store::AttemptRecord],
-        ) {
-            push_insert_attempts(q, attempts);
-            push_advance_deliveries(q, attempts);
-            push_disable_endpoints(q, attempts);
+            execute_pushed(conn, &mut q).await
         }
 
         /// Adds to `q` the statement that inserts the attempts (none if there are none).

@@ -219,6 +219,19 @@ macro_rules! sql_store {
         /// The backend's database type.
         type Db = <$conn as sqlx::Connection>::Database;
 
+        /// Runs what `q` holds, if anything, and empties it for the next statements.
+        #[allow(dead_code)]
+        async fn execute_pushed(
+            conn: &mut $conn,
+            q: &mut sqlx::QueryBuilder<Db>,
+        ) -> Result<(), sqlx::Error> {
+            if !q.sql().as_str().is_empty() {
+                q.build().execute(&mut *conn).await?;
+                q.reset();
+            }
+            Ok(())
+        }
+
         tenants_sql!($store, $conn);
         api_keys_sql!($store, $conn);
         keys_sql!($store, $conn);

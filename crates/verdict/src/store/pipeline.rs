@@ -14,8 +14,9 @@ use super::{
 };
 use crate::actions::{ActionKind, Applied};
 
-/// Prepared statements a connection keeps: about 16 multi-row statements, each in one shape
-/// per batch size up to [`crate::ingest::MAX_BATCH`], plus the single-row ones.
+/// Prepared statements a connection keeps: about 16 multi-row statements or multi-statement
+/// queries, each in one shape per batch size up to [`crate::ingest::MAX_BATCH`], plus the
+/// single-row ones.
 pub(crate) const STATEMENT_SHAPES: usize = 16 * crate::ingest::MAX_BATCH + 128;
 
 /// A key held by the request that acts on it, and its lock token.
@@ -334,23 +335,24 @@ macro_rules! pipeline_sql {
                     .zip(&outcomes)
                     .map(|(a, o)| a.finished_for(o))
                     .collect();
-                // What nothing later reads (events, completions, attempts' records) goes in
-                // one query: one hop to SQLite's connection thread instead of up to six.
+                // What nothing later reads goes in two queries, one hop each to SQLite's
+                // connection thread instead of up to six: the events with the key completions
+                // (their shape follows the number of acts), the attempts' records (theirs, the
+                // number of attempts). One query for all would take a shape per combination
+                // of the two, more than the statement cache keeps.
                 let completions: Vec<_> = acts
                     .iter()
                     .zip(&finished)
                     .filter_map(|(a, f)| a.held.as_ref().map(|h| (h, &f.response)))
                     .collect();
-                let mut tail = sqlx::QueryBuilder::new("");
+                let mut finish = sqlx::QueryBuilder::new("");
                 push_insert_events(
-                    &mut tail,
+                    &mut finish,
                     &finished.iter().map(|f| &f.event).collect::<Vec<_>>(),
                 );
-                push_complete_keys(&mut tail, &completions);
-                push_record_attempts(&mut tail, &batch.attempts.iter().collect::<Vec<_>>());
-                if !tail.sql().as_str().is_empty() {
-                    tail.build().execute(&mut *conn).await?;
-                }
+                push_complete_keys(&mut finish, &completions);
+                execute_pushed(conn, &mut finish).await?;
+                record_attempts(conn, &batch.attempts.iter().collect::<Vec<_>>()).await?;
                 if !acts.is_empty() {
                     $crate::failpoint::failpoint!("act::before_commit");
                 }

@@ -185,6 +185,9 @@ const LEASE_DUE: &str = "UPDATE deliveries SET leased_until = $2 WHERE id IN ( \
      RETURNING id, tenant_id, webhook_id, payload, retries_left, \
      (SELECT callback_url FROM tenants WHERE tenants.id = deliveries.tenant_id) AS callback_url";
 
+/// Whether a query may hold several statements: PostgreSQL prepares one statement per query.
+const MULTI_STATEMENT: bool = false;
+
 sql_store!(PostgresStore, sqlx::PgConnection, LEASE_DUE, COMMITTERS);
 
 /// The group commit in fewer statements ([`super::postgres_pipeline`]): `BEGIN`; one statement

@@ -83,6 +83,10 @@ const LEASE_DUE: &str = "UPDATE deliveries SET leased_until = $2 WHERE id IN ( \
      RETURNING id, tenant_id, webhook_id, payload, retries_left, \
      (SELECT callback_url FROM tenants WHERE tenants.id = deliveries.tenant_id) AS callback_url";
 
+/// Whether a query may hold several statements: SQLite runs the statements of one query in turn: several in one query are one hop to its
+/// connection thread.
+const MULTI_STATEMENT: bool = true;
+
 sql_store!(SqliteStore, sqlx::SqliteConnection, LEASE_DUE, 1);
 // SQLite runs the group commit's statements one by one: they are calls, not round trips.
 pipeline_sql!(SqliteStore, sqlx::SqliteConnection);

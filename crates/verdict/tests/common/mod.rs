@@ -437,16 +437,52 @@ impl Server {
         }
     }
 
-    /// Everything the server logged so far.
+    /// Everything the server logged before this call's earlier responses (and whatever came
+    /// after): the server writes its lines in order from a thread of its own, so a request
+    /// marked with its own id is sent and awaited in the logs first. Assertions that something
+    /// is *not* logged would otherwise pass before the line was written.
     pub fn logs(&self) -> String {
+        self.settle_logs();
+        self.captured()
+    }
+
+    /// What was read from the server's stderr so far.
+    fn captured(&self) -> String {
         self.logs.lock().unwrap().join("\n")
+    }
+
+    /// Sends `GET /healthz` with a fresh request id and waits (at most 5 s) for its log line.
+    /// Does nothing once the server has stopped listening.
+    fn settle_logs(&self) {
+        use std::io::{Read, Write};
+        static MARKERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let marker = format!(
+            "logs-settled-{}",
+            MARKERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        let addr = self.base.trim_start_matches("http://");
+        let Ok(mut stream) = std::net::TcpStream::connect(addr) else {
+            return;
+        };
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+        let request = format!(
+            "GET /healthz HTTP/1.1\r\nHost: {addr}\r\nx-request-id: {marker}\r\nConnection: close\r\n\r\n"
+        );
+        if stream.write_all(request.as_bytes()).is_err() {
+            return;
+        }
+        let _ = stream.read_to_end(&mut Vec::new());
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while std::time::Instant::now() < deadline && !self.captured().contains(&marker) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     /// Whether the server logs `needle` within 5 s: its stderr is read on another thread, so a
     /// line written just before a response may arrive a moment after it.
     pub async fn logged(&self, needle: &str) -> bool {
         for _ in 0..100 {
-            if self.logs().contains(needle) {
+            if self.captured().contains(needle) {
                 return true;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
