@@ -236,11 +236,18 @@ async fn transient_failure_releases_the_lock_and_the_retry_resumes(backend: Back
     assert!(replay.replayed(), "a 503 is never stored; the 200 is");
 }
 
+/// A server whose first `conflicts` group commits are rolled back as PostgreSQL rolls back a
+/// deadlock's victim.
+fn server_with_conflicts(db: &TestDb, conflicts: usize) -> Server {
+    let failpoints = format!("group_commit::conflict={conflicts}*return");
+    Server::start(db, &[("FAILPOINTS", &failpoints)])
+}
+
 async fn batch_rolled_back_by_a_deadlock_is_run_again_without_a_503(backend: Backend) {
     let db = TestDb::new(backend).await;
     let tenant = db.tenant(&[]);
-    // The first two commits are rolled back as PostgreSQL rolls back a deadlock's victim.
-    let server = Server::start(&db, &[("FAILPOINTS", "group_commit::conflict=2*return")]);
+    // Two: as many times as the committer runs a batch again.
+    let server = server_with_conflicts(&db, 2);
     let key = new_key();
     let body = sim_swap("+447700900016");
 
@@ -274,8 +281,8 @@ async fn batch_rolled_back_by_a_deadlock_is_run_again_without_a_503(backend: Bac
 async fn batch_rolled_back_by_conflicts_past_the_retries_gets_503_and_resumes(backend: Backend) {
     let db = TestDb::new(backend).await;
     let tenant = db.tenant(&[]);
-    // One more conflict than the committer runs a batch again for.
-    let server = Server::start(&db, &[("FAILPOINTS", "group_commit::conflict=3*return")]);
+    // One more than the committer runs a batch again for.
+    let server = server_with_conflicts(&db, 3);
     let key = new_key();
     let body = sim_swap("+447700900017");
 

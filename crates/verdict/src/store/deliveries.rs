@@ -129,9 +129,9 @@ pub trait DeliveryStore {
         tenant_id: Uuid,
         id: Uuid,
     ) -> Result<Option<DeliveryRecord>, StoreError>;
-    /// One of the tenant's deliveries with its attempts (oldest first), read in one snapshot: an attempt is
-    /// committed together with its delivery's new state, and two separate reads could see the
-    /// one without the other.
+    /// One of the tenant's deliveries with its attempts (oldest first), read in one snapshot:
+    /// an attempt is committed together with its delivery's new state, and two separate reads
+    /// could see the one without the other.
     async fn delivery_with_attempts(
         &self,
         tenant_id: Uuid,

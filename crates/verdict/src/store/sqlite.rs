@@ -83,7 +83,7 @@ const LEASE_DUE: &str = "UPDATE deliveries SET leased_until = $2 WHERE id IN ( \
      RETURNING id, tenant_id, webhook_id, payload, retries_left, \
      (SELECT callback_url FROM tenants WHERE tenants.id = deliveries.tenant_id) AS callback_url";
 
-/// Whether a query may hold several statements: SQLite runs the statements of one query in turn: several in one query are one hop to its
+/// Whether a query may hold several statements: SQLite runs them in turn, in one hop to its
 /// connection thread.
 const MULTI_STATEMENT: bool = true;
 
