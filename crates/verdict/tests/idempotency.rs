@@ -252,12 +252,7 @@ async fn batch_rolled_back_by_a_deadlock_is_run_again_without_a_503(backend: Bac
     let body = sim_swap("+447700900016");
 
     let response = server.send(&tenant, Some(&key), &body).await;
-    assert_eq!(
-        response.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&response.body)
-    );
+    assert_eq!(response.status, 200, "{}", response.text());
     assert_eq!(response.json()["rule"], "recent_sim_swap");
     assert!(
         response.json()["actions"]
@@ -267,7 +262,7 @@ async fn batch_rolled_back_by_a_deadlock_is_run_again_without_a_503(backend: Bac
             .filter(|a| a["action"] != "callback") // this tenant has no callback URL
             .all(|a| a["outcome"] == "done"),
         "every local action done once, by this request: {}",
-        String::from_utf8_lossy(&response.body)
+        response.text()
     );
     assert_eq!(db.count("events").await, 1);
     assert_eq!(db.count("account_locks").await, 1);
@@ -287,22 +282,12 @@ async fn batch_rolled_back_by_conflicts_past_the_retries_gets_503_and_resumes(ba
     let body = sim_swap("+447700900017");
 
     let failed = server.send(&tenant, Some(&key), &body).await;
-    assert_eq!(
-        failed.status,
-        503,
-        "{}",
-        String::from_utf8_lossy(&failed.body)
-    );
+    assert_eq!(failed.status, 503, "{}", failed.text());
     assert_eq!(db.count("idempotency_keys").await, 0, "nothing was claimed");
     assert_eq!(db.count("events").await, 0);
 
     let retried = server.send(&tenant, Some(&key), &body).await;
-    assert_eq!(
-        retried.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&retried.body)
-    );
+    assert_eq!(retried.status, 200, "{}", retried.text());
     assert_eq!(db.count("events").await, 1);
 }
 

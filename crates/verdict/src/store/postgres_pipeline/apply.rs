@@ -4,7 +4,7 @@ use sqlx::PgConnection;
 use sqlx::Row;
 use uuid::Uuid;
 
-use super::arrays::{OutboxRow, PgQuery, bind_events, bind_outbox, bind_responses};
+use super::arrays::{OutboxRow, PgQuery, bind_events, bind_outbox, bind_responses, column};
 use super::{Found, index, kind_name};
 use crate::actions::ActionKind;
 use crate::store::{Act, AttemptRecord, Batch, Claim, StoreError};
@@ -278,26 +278,16 @@ pub(in crate::store) async fn apply(
 fn bind_claims<'q>(query: PgQuery<'q>, claims: &[Claim]) -> PgQuery<'q> {
     query
         .bind((0..claims.len()).map(index).collect::<Vec<_>>())
-        .bind(claims.iter().map(|c| c.key.tenant_id).collect::<Vec<_>>())
-        .bind(claims.iter().map(|c| c.key.endpoint).collect::<Vec<_>>())
-        .bind(
-            claims
-                .iter()
-                .map(|c| c.key.digest.clone())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            claims
-                .iter()
-                .map(|c| c.fingerprint.clone())
-                .collect::<Vec<_>>(),
-        )
-        .bind(claims.iter().map(|c| c.event_id).collect::<Vec<_>>())
-        .bind(claims.iter().map(|c| c.lock_token).collect::<Vec<_>>())
-        .bind(claims.iter().map(|c| c.locked_until).collect::<Vec<_>>())
-        .bind(claims.iter().map(|c| c.now).collect::<Vec<_>>())
-        .bind(claims.iter().map(|c| c.expires_at).collect::<Vec<_>>())
-        .bind(claims.iter().map(|c| c.ruling.clone()).collect::<Vec<_>>())
+        .bind(column(claims, |c| c.key.tenant_id))
+        .bind(column(claims, |c| c.key.endpoint))
+        .bind(column(claims, |c| c.key.digest.clone()))
+        .bind(column(claims, |c| c.fingerprint.clone()))
+        .bind(column(claims, |c| c.event_id))
+        .bind(column(claims, |c| c.lock_token))
+        .bind(column(claims, |c| c.locked_until))
+        .bind(column(claims, |c| c.now))
+        .bind(column(claims, |c| c.expires_at))
+        .bind(column(claims, |c| c.ruling.clone()))
 }
 
 /// Binds the acts' arrays and the alert window (`$12`–`$29`).
@@ -307,81 +297,39 @@ fn bind_acts<'q>(query: PgQuery<'q>, acts: &[Act], alert_window_ms: i64) -> PgQu
     };
     query
         .bind((0..acts.len()).map(index).collect::<Vec<_>>())
-        .bind(acts.iter().map(|a| a.target.tenant_id).collect::<Vec<_>>())
-        .bind(acts.iter().map(|a| a.target.event_id).collect::<Vec<_>>())
-        .bind(
-            acts.iter()
-                .map(|a| a.target.subject_hash.clone())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            acts.iter()
-                .map(|a| a.target.signal_key.clone())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            acts.iter()
-                .map(|a| a.target.signal_type)
-                .collect::<Vec<_>>(),
-        )
-        .bind(acts.iter().map(|a| a.target.now).collect::<Vec<_>>())
+        .bind(column(acts, |a| a.target.tenant_id))
+        .bind(column(acts, |a| a.target.event_id))
+        .bind(column(acts, |a| a.target.subject_hash.clone()))
+        .bind(column(acts, |a| a.target.signal_key.clone()))
+        .bind(column(acts, |a| a.target.signal_type))
+        .bind(column(acts, |a| a.target.now))
         .bind(wants(ActionKind::LockAccount))
         .bind(wants(ActionKind::Deny))
         .bind(wants(ActionKind::ChargeStepUp))
         .bind(wants(ActionKind::OpenCase))
         .bind(wants(ActionKind::AlertCustomer))
-        .bind(acts.iter().map(|_| Uuid::now_v7()).collect::<Vec<_>>())
-        .bind(acts.iter().map(|_| Uuid::now_v7()).collect::<Vec<_>>())
+        .bind(column(acts, |_| Uuid::now_v7()))
+        .bind(column(acts, |_| Uuid::now_v7()))
         .bind(alert_window_ms)
-        .bind(
-            acts.iter()
-                .map(|a| a.held.as_ref().map(|h| h.key.endpoint))
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            acts.iter()
-                .map(|a| a.held.as_ref().map(|h| h.key.digest.clone()))
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            acts.iter()
-                .map(|a| a.held.as_ref().map(|h| h.lock_token))
-                .collect::<Vec<_>>(),
-        )
+        .bind(column(acts, |a| a.held.as_ref().map(|h| h.key.endpoint)))
+        .bind(column(acts, |a| {
+            a.held.as_ref().map(|h| h.key.digest.clone())
+        }))
+        .bind(column(acts, |a| a.held.as_ref().map(|h| h.lock_token)))
 }
 
 /// Binds the inline attempts' eleven arrays (`$30`–`$40`).
 fn bind_attempts<'q>(query: PgQuery<'q>, attempts: &[AttemptRecord]) -> PgQuery<'q> {
     query
-        .bind(attempts.iter().map(|t| t.id).collect::<Vec<_>>())
-        .bind(attempts.iter().map(|t| t.delivery_id).collect::<Vec<_>>())
-        .bind(attempts.iter().map(|t| t.attempted_at).collect::<Vec<_>>())
-        .bind(attempts.iter().map(|t| t.trigger).collect::<Vec<_>>())
-        .bind(attempts.iter().map(|t| t.status_code).collect::<Vec<_>>())
-        .bind(attempts.iter().map(|t| t.latency_ms).collect::<Vec<_>>())
-        .bind(attempts.iter().map(|t| t.error.clone()).collect::<Vec<_>>())
-        .bind(
-            attempts
-                .iter()
-                .map(|t| t.response_excerpt.clone())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            attempts
-                .iter()
-                .map(|t| t.next.status.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            attempts
-                .iter()
-                .map(|t| t.next.retries_left)
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            attempts
-                .iter()
-                .map(|t| t.next.next_attempt_at)
-                .collect::<Vec<_>>(),
-        )
+        .bind(column(attempts, |t| t.id))
+        .bind(column(attempts, |t| t.delivery_id))
+        .bind(column(attempts, |t| t.attempted_at))
+        .bind(column(attempts, |t| t.trigger))
+        .bind(column(attempts, |t| t.status_code))
+        .bind(column(attempts, |t| t.latency_ms))
+        .bind(column(attempts, |t| t.error.clone()))
+        .bind(column(attempts, |t| t.response_excerpt.clone()))
+        .bind(column(attempts, |t| t.next.status.as_str()))
+        .bind(column(attempts, |t| t.next.retries_left))
+        .bind(column(attempts, |t| t.next.next_attempt_at))
 }
