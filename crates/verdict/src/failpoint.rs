@@ -110,3 +110,20 @@ impl sqlx::error::DatabaseError for InjectedDeadlock {
         sqlx::error::ErrorKind::Other
     }
 }
+
+/// Whether fresh keys' claims commit on their own, before their acts: only when a test has
+/// configured `ingest::after_claim` to stop a signal between the two (a fresh key otherwise
+/// commits its claim with its act, and nothing comes between them).
+pub(crate) fn claims_apart() -> bool {
+    #[cfg(feature = "failpoints")]
+    {
+        static APART: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
+            fail::list()
+                .iter()
+                .any(|(name, _)| name == "ingest::after_claim")
+        });
+        *APART
+    }
+    #[cfg(not(feature = "failpoints"))]
+    false
+}

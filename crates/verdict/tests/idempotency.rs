@@ -200,10 +200,47 @@ async fn crash_after_the_commit_replays_the_stored_response(backend: Backend) {
     assert_eq!(db.count("account_locks").await, 1);
 }
 
-async fn transient_failure_releases_the_lock_and_the_retry_resumes(backend: Backend) {
+async fn transient_failure_of_a_fresh_key_stores_nothing_and_the_retry_decides_it(
+    backend: Backend,
+) {
     let db = TestDb::new(backend).await;
     let tenant = db.tenant(&[]);
     let server = Server::start(&db, &[("FAILPOINTS", "act::before_commit=1*return")]);
+    let key = new_key();
+    let body = sim_swap("+447700900009");
+
+    let failed = server.send(&tenant, Some(&key), &body).await;
+    assert_eq!(failed.status, 503);
+    assert_eq!(failed.header("retry-after"), Some("2"));
+    for table in ["idempotency_keys", "account_locks", "events", "deliveries"] {
+        assert_eq!(
+            db.count(table).await,
+            0,
+            "the claim rolls back with its act: nothing of the signal in {table}"
+        );
+    }
+
+    let retried = server.send(&tenant, Some(&key), &body).await;
+    assert_eq!(retried.status, 200);
+    assert!(!retried.replayed());
+    assert_eq!(retried.json()["rule"], "recent_sim_swap");
+    assert_eq!(db.count("events").await, 1);
+    assert_eq!(db.count("account_locks").await, 1);
+    let replay = server.send(&tenant, Some(&key), &body).await;
+    assert!(replay.replayed(), "a 503 is never stored; the 200 is");
+}
+
+async fn transient_failure_after_a_claim_releases_the_lock_and_the_retry_resumes(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = db.tenant(&[]);
+    // A pause after the claim keeps it apart from the act, as after a takeover.
+    let server = Server::start(
+        &db,
+        &[(
+            "FAILPOINTS",
+            "ingest::after_claim=return(delay_ms=1);act::before_commit=1*return",
+        )],
+    );
     let key = new_key();
     let body = sim_swap("+447700900008");
 
@@ -415,6 +452,38 @@ async fn same_key_under_two_tenants_makes_two_signals(backend: Backend) {
     assert_eq!(db.count("events").await, 2);
 }
 
+async fn a_fresh_key_whose_effects_were_already_done_replays_what_it_answered(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = db.tenant(&[]);
+    let server = Server::start(&db, &[]);
+    let body = sim_swap("+447700900012");
+    let first = server.send(&tenant, Some(&new_key()), &body).await;
+    assert_eq!(first.status, 200);
+
+    // The same signal under another key: its claim and act commit together, and some of its
+    // effects are the first event's, so its key must keep the response it actually got, not
+    // the one a fresh signal would have.
+    let key = new_key();
+    let second = server.send(&tenant, Some(&key), &body).await;
+    assert_eq!(second.status, 200, "{}", second.text());
+    assert!(!second.replayed());
+    let outcomes: Vec<_> = second.json()["actions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["outcome"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert!(
+        outcomes.iter().any(|o| o != "done"),
+        "an effect was the first event's: {outcomes:?}"
+    );
+    // Another instance has no cached response: it replays the stored row.
+    let other = Server::start(&db, &[]);
+    let replay = other.send(&tenant, Some(&key), &body).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.text(), second.text());
+}
+
 async fn expired_key_is_accepted_as_a_new_request(backend: Backend) {
     let db = TestDb::new(backend).await;
     let tenant = db.tenant(&[]);
@@ -493,13 +562,15 @@ on_both_backends!(
     in_flight_key_gets_409_with_retry_after_then_the_result,
     abandoned_in_flight_key_is_taken_over_after_the_lock_expires,
     crash_after_the_commit_replays_the_stored_response,
-    transient_failure_releases_the_lock_and_the_retry_resumes,
+    transient_failure_of_a_fresh_key_stores_nothing_and_the_retry_decides_it,
+    transient_failure_after_a_claim_releases_the_lock_and_the_retry_resumes,
     batch_rolled_back_by_a_deadlock_is_run_again_without_a_503,
     batch_rolled_back_by_conflicts_past_the_retries_gets_503_and_resumes,
     hundred_concurrent_requests_with_one_key_yield_one_event,
     a_replay_of_the_same_bytes_still_needs_a_valid_signature,
     reserialised_body_is_a_replay_not_a_422,
     same_key_under_two_tenants_makes_two_signals,
+    a_fresh_key_whose_effects_were_already_done_replays_what_it_answered,
     expired_key_is_accepted_as_a_new_request,
     expired_keys_are_pruned_on_schedule,
 );

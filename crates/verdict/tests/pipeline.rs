@@ -150,6 +150,34 @@ async fn retry_after_a_crash_mid_effects_gets_the_fresh_decision(backend: Backen
     let key = new_key();
     let body = sim_swap("+447700900302");
     let server = crash_then_restart(&db, &tenant, &key, &body, "act::after_lock_account").await;
+    for table in ["idempotency_keys", "account_locks"] {
+        assert_eq!(
+            db.count(table).await,
+            0,
+            "a fresh key's claim rolls back with its effects: nothing in {table}"
+        );
+    }
+    let reply = send_until_decided(&server, &tenant, &key, &body).await;
+    assert_fresh_decision(&reply);
+    assert_eq!(db.count("alerts").await, 1);
+}
+
+async fn a_takeover_after_a_crash_mid_effects_gets_the_fresh_decision(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let receiver = Receiver::start(vec![]).await;
+    let tenant = db.tenant(&["--callback-url", &receiver.url]);
+    let key = new_key();
+    let body = sim_swap("+447700900304");
+    // The pause after the claim commits it on its own, so the crash leaves it in flight.
+    let server = crash_then_restart(
+        &db,
+        &tenant,
+        &key,
+        &body,
+        "ingest::after_claim=return(delay_ms=1);act::after_lock_account",
+    )
+    .await;
+    assert_eq!(db.count("idempotency_keys").await, 1, "the claim survived");
     let reply = send_until_decided(&server, &tenant, &key, &body).await;
     assert_fresh_decision(&reply);
     assert!(
@@ -285,6 +313,7 @@ async fn the_inline_attempt_logs_carry_the_request_id(backend: Backend) {
 on_both_backends!(
     retry_after_a_transient_failure_mid_effects_gets_the_fresh_decision,
     retry_after_a_crash_mid_effects_gets_the_fresh_decision,
+    a_takeover_after_a_crash_mid_effects_gets_the_fresh_decision,
     a_takeover_uses_the_recorded_decision_not_a_newer_playbook,
     a_holder_that_overruns_its_lock_finishes_once_and_the_taker_gets_its_answer,
     a_lock_timeout_below_one_second_is_refused,

@@ -46,7 +46,8 @@ impl GroupCommit {
         answer.await.map_err(|_| stopped())?
     }
 
-    /// Applies a decided signal's effects and stores its event and response.
+    /// Applies a decided signal's effects and stores its event and response, with its key's
+    /// claim if it carries one (`Err(LockLost)` if the claim or the held lock was lost).
     pub async fn act(&self, act: Act) -> Result<Committed, StoreError> {
         let (reply, answer) = oneshot::channel();
         self.submit(Job::Act(Box::new(act), reply)).await?;

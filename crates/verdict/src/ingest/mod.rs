@@ -4,11 +4,13 @@
 //! Phases, after validation and authentication in the HTTP layer:
 //! 1. **decide**: one read (playbook version and the subject's facts before this signal), then
 //!    the playbook, in process;
-//! 2. **claim** (keyed signals): the key row is inserted with the decision frozen on it:
-//!    recovery point `in_flight`;
+//! 2. **claim** (keyed signals): the key row is inserted with the decision frozen on it;
 //! 3. **act**: every effect, the callback's outbox row, the event and the response, in one
-//!    transaction that also completes the key if our lock still holds: recovery point
-//!    `completed`. Claims and acts of the signals in flight share commits ([`group_commit`]);
+//!    transaction that also completes the key if our lock still holds. A fresh key's claim
+//!    is in that same transaction, and its effects go ahead only if it won; a claim committed
+//!    on its own (after a final failure, for an unmapped feed event, or when a test stops a
+//!    signal there) is the recovery point `in_flight`. Claims and acts of the signals in flight
+//!    share commits ([`group_commit`]);
 //! 4. **send**: the inline callback attempt, from the outbox row just stored ([`inline`]).
 //!
 //! A request that fails while it holds a key releases the lock or stores a final error
@@ -161,6 +163,16 @@ impl Destination {
     }
 }
 
+/// How an act stands to its idempotency key.
+enum Keying {
+    /// The signal has no key.
+    None,
+    /// The request holds the key (claimed before, or taken over).
+    Held(HeldKey),
+    /// A fresh key, claimed in the act's own commit.
+    Claim(Claim),
+}
+
 /// A key this request holds, and the row's lifetime.
 struct Holding {
     held: HeldKey,
@@ -257,7 +269,13 @@ impl Ingest {
                 // No key: at least once, and the idempotent actions absorb duplicates.
                 let (decided, destination) = self.decide(&signal).await?;
                 let response = self
-                    .act(&signal, Uuid::now_v7(), &decided, &destination, None)
+                    .act(
+                        &signal,
+                        Uuid::now_v7(),
+                        &decided,
+                        &destination,
+                        Keying::None,
+                    )
                     .await?;
                 Ok(Reply::Fresh(response))
             }
@@ -334,7 +352,43 @@ impl Ingest {
             Cached::Mismatch => return Err(IngestError::KeyReused),
             Cached::Miss => {}
         }
-        let (holding, destination) = match self.claim(signal, key, now).await? {
+        let (decided, destination) = self.decide(signal).await?;
+        let claim = self.new_claim(signal, key, &decided, now);
+        if !crate::failpoint::claims_apart() {
+            // A fresh key's claim commits with its act: one commit, and nothing of the signal
+            // is stored unless all of it is.
+            let event_id = claim.event_id;
+            let expires_at = claim.expires_at;
+            match self
+                .act(
+                    signal,
+                    event_id,
+                    &decided,
+                    &destination,
+                    Keying::Claim(claim.clone()),
+                )
+                .await
+            {
+                Ok(response) => {
+                    self.completed.insert(
+                        (key.tenant_id, key.digest.clone()),
+                        payload(signal.inbound),
+                        response.clone(),
+                        expires_at,
+                    );
+                    return Ok(Reply::Fresh(response));
+                }
+                // The key was there already: judged below as any claim that loses is.
+                Err(IngestError::Unavailable(StoreError::LockLost)) => {}
+                // Nothing was stored: the retry decides afresh, as for a first request.
+                Err(err @ IngestError::Unavailable(_)) => return Err(err),
+                // A final failure is stored on the key, so the claim goes on its own first.
+                Err(err) => {
+                    tracing::warn!(error = ?err, "a fresh key's commit failed; claiming it on its own");
+                }
+            }
+        }
+        let holding = match self.claim(signal, key, claim, decided).await? {
             Ok(holding) => holding,
             Err(reply) => return Ok(reply),
         };
@@ -403,7 +457,7 @@ impl Ingest {
                 holding.event_id,
                 &holding.decided,
                 destination,
-                Some(holding.held.clone()),
+                Keying::Held(holding.held.clone()),
             )
             .await;
         match &result {
@@ -444,16 +498,9 @@ impl Ingest {
         Ok((decided, Destination::of(&inputs)))
     }
 
-    /// Claims the key with a frozen decision, or learns what holds it. `Err(reply)` when the
-    /// key's stored response answers the request.
-    async fn claim(
-        &self,
-        signal: &Prepared<'_>,
-        key: &KeyRef,
-        now: i64,
-    ) -> Result<Result<(Holding, Destination), Reply>, IngestError> {
-        let (decided, destination) = self.decide(signal).await?;
-        let claim = Claim {
+    /// A claim of the key for this request, with the decision frozen on it.
+    fn new_claim(&self, signal: &Prepared<'_>, key: &KeyRef, decided: &Decided, now: i64) -> Claim {
+        Claim {
             key: key.clone(),
             fingerprint: signal.inbound.fingerprint.0.to_vec(),
             event_id: Uuid::now_v7(),
@@ -461,8 +508,19 @@ impl Ingest {
             now,
             locked_until: now.saturating_add(self.settings.lock_timeout_ms),
             expires_at: now.saturating_add(self.settings.key_ttl_ms),
-            ruling: record::json(&decided),
-        };
+            ruling: record::json(decided),
+        }
+    }
+
+    /// Commits the claim on its own, or learns what holds the key. `Err(reply)` when the
+    /// key's stored response answers the request.
+    async fn claim(
+        &self,
+        signal: &Prepared<'_>,
+        key: &KeyRef,
+        claim: Claim,
+        decided: Decided,
+    ) -> Result<Result<Holding, Reply>, IngestError> {
         let holding = |event_id, decided, expires_at| Holding {
             held: HeldKey {
                 key: key.clone(),
@@ -473,16 +531,10 @@ impl Ingest {
             expires_at,
         };
         if self.commits.claim(claim.clone()).await? {
-            return Ok(Ok((
-                holding(claim.event_id, decided, claim.expires_at),
-                destination,
-            )));
+            return Ok(Ok(holding(claim.event_id, decided, claim.expires_at)));
         }
         Ok(match self.store.claim(&claim).await? {
-            ClaimOutcome::Started => Ok((
-                holding(claim.event_id, decided, claim.expires_at),
-                destination,
-            )),
+            ClaimOutcome::Started => Ok(holding(claim.event_id, decided, claim.expires_at)),
             ClaimOutcome::TakenOver {
                 event_id,
                 from,
@@ -491,13 +543,10 @@ impl Ingest {
                 tracing::info!(%event_id, "took over an abandoned idempotency key");
                 let taken = holding(event_id, decided, expires_at);
                 match recorded_decision(from) {
-                    Ok(recorded) => Ok((
-                        Holding {
-                            decided: recorded.unwrap_or(taken.decided),
-                            ..taken
-                        },
-                        destination,
-                    )),
+                    Ok(recorded) => Ok(Holding {
+                        decided: recorded.unwrap_or(taken.decided),
+                        ..taken
+                    }),
                     Err(err) => {
                         // The key is ours now: a final error is stored, not left locked.
                         let err = IngestError::from(err);
@@ -531,7 +580,7 @@ impl Ingest {
         event_id: Uuid,
         decided: &Decided,
         destination: &Destination,
-        held: Option<HeldKey>,
+        keying: Keying,
     ) -> Result<StoredResponse, IngestError> {
         let tenant = signal.inbound.tenant;
         let target = ActionTarget {
@@ -558,15 +607,24 @@ impl Ingest {
                 Arc::new(move |effects| draft.envelope(effects))
             },
         });
+        let (held, claim) = match keying {
+            Keying::None => (None, None),
+            Keying::Held(held) => (Some(held), None),
+            Keying::Claim(claim) => (None, Some(claim)),
+        };
+        let act = Act::new(
+            held,
+            target,
+            decided.effects(),
+            callback,
+            Arc::new(move |outcome| draft.finish(outcome)),
+        );
         let committed = self
             .commits
-            .act(Act::new(
-                held,
-                target,
-                decided.effects(),
-                callback,
-                Arc::new(move |outcome| draft.finish(outcome)),
-            ))
+            .act(match claim {
+                Some(claim) => act.claiming(claim),
+                None => act,
+            })
             .await?;
         failpoint!("ingest::after_dispatch");
         metrics::counter!("verdict_decisions_total", "decision" => decided.decision.as_str())

@@ -1,5 +1,6 @@
-//! The group commit: the claims of the signals arriving now and the effects of the signals
-//! claimed earlier, written in one transaction of multi-row statements and one commit.
+//! The group commit: the claims of the signals arriving now and their effects (or the effects
+//! of the signals claimed earlier), written in one transaction of multi-row statements and one
+//! commit.
 //!
 //! Each signal still gets its own outcome: a claim that finds its key taken, or an act whose
 //! lock was taken over, is reported for that signal alone, and every effect is
@@ -75,6 +76,9 @@ pub struct Committed {
 pub struct Act {
     /// The key, if the signal has one: completed in the same transaction, if still ours.
     pub held: Option<HeldKey>,
+    /// A fresh key's claim, inserted by the same commit ([`Act::claiming`]): the act goes
+    /// ahead only if the claim wins, and the key is completed with it.
+    pub claim: Option<Claim>,
     pub target: ActionTarget,
     /// The local actions to apply (the callback is `callback`).
     pub effects: Vec<ActionKind>,
@@ -118,6 +122,7 @@ impl Act {
         let finished = finish(&outcome);
         Self {
             held,
+            claim: None,
             target,
             effects,
             callback,
@@ -127,6 +132,19 @@ impl Act {
                 delivery,
                 finished,
             }),
+        }
+    }
+
+    /// The act of a fresh key, committed with the key's claim: it holds the key only if the
+    /// claim wins in the same commit, so a duplicate's act never goes ahead.
+    pub fn claiming(self, claim: Claim) -> Self {
+        Self {
+            held: Some(HeldKey {
+                key: claim.key.clone(),
+                lock_token: claim.lock_token,
+            }),
+            claim: Some(claim),
+            ..self
         }
     }
 
@@ -176,7 +194,8 @@ pub struct Batch {
 pub struct BatchResult {
     /// Whether each claim inserted its key (a `false` goes through [`super::KeyStore::claim`]).
     pub claims: Vec<bool>,
-    /// Each act's outcome; `Err(LockLost)` where another request took the key over.
+    /// Each act's outcome; `Err(LockLost)` where another request took the key over, or had
+    /// it already when the act came with its claim.
     pub acts: Vec<Result<Committed, StoreError>>,
 }
 
@@ -196,7 +215,7 @@ pub(crate) fn live_acts(batch: &Batch, still_ours: impl Fn(usize, &HeldKey) -> b
 }
 
 /// Each request's answer from a committed batch: the live acts' outcomes (in `live`'s order),
-/// and `LockLost` for an act whose key another request took over.
+/// and `LockLost` for an act whose key another request took over or claimed first.
 pub(crate) fn batch_result(
     batch: &Batch,
     live: Vec<usize>,
@@ -306,8 +325,13 @@ macro_rules! pipeline_sql {
                 conn: &mut $conn,
                 batch: &$crate::store::Batch,
             ) -> Result<$crate::store::BatchResult, $crate::store::StoreError> {
-                // Claims of new keys.
-                let claims: Vec<_> = batch.claims.iter().collect();
+                // Claims of new keys, alone or with their acts (whose re-check below then finds
+                // them ours only if they won).
+                let claims: Vec<_> = batch
+                    .claims
+                    .iter()
+                    .chain(batch.acts.iter().filter_map(|a| a.claim.as_ref()))
+                    .collect();
                 let inserted: std::collections::HashSet<_> =
                     insert_claims(conn, &claims).await?.into_iter().collect();
                 let mut taken = std::collections::HashSet::new();

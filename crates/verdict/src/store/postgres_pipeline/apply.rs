@@ -7,7 +7,7 @@ use uuid::Uuid;
 use super::arrays::{OutboxRow, PgQuery, bind_events, bind_outbox, bind_responses, column};
 use super::{Found, index, kind_name};
 use crate::actions::ActionKind;
-use crate::store::{Act, AttemptRecord, Batch, Claim, StoreError};
+use crate::store::{Act, AttemptRecord, Batch, Claim, StoreError, StoredResponse};
 
 /// The held locks' re-check, the new claims, the live acts' effects, the inline attempts'
 /// records, and the outbox rows, events and completions of the acts whose effects all came out
@@ -16,16 +16,27 @@ use crate::store::{Act, AttemptRecord, Batch, Claim, StoreError};
 /// index of its claim or act and whether the effect is this signal's.
 pub(super) const APPLY: &str = r#"
 WITH claim_in AS (
+    -- The batch's claims: alone (`i`, their position among the claims) or with their act
+    -- (`act`, its position among the acts, and the response it completes the key with).
     SELECT * FROM unnest($1::int4[], $2::uuid[], $3::text[], $4::bytea[], $5::bytea[],
-        $6::uuid[], $7::uuid[], $8::int8[], $9::int8[], $10::int8[], $11::text[])
+        $6::uuid[], $7::uuid[], $8::int8[], $9::int8[], $10::int8[], $11::text[], $69::int4[],
+        $70::int4[], $71::bytea[])
         AS c(i, tenant_id, endpoint, key_digest, fingerprint, event_id, lock_token,
-             locked_until, now, expires_at, ruling)
+             locked_until, now, expires_at, ruling, act, status, body)
 ), claimed AS (
-    -- One lock order across concurrent batches: no deadlock cycle.
+    -- One lock order across concurrent batches: no deadlock cycle. A claim with its act is
+    -- inserted completed, with the response its act expects: no later statement of this one
+    -- could see the row to complete it. Its act goes ahead only if it won (`held`), and if
+    -- the act comes out otherwise, `FINISH` stores the actual response in the same
+    -- transaction (the row keeps its token for that; every lock check also asks for a state
+    -- other than completed).
     INSERT INTO idempotency_keys (tenant_id, endpoint, key_digest, fingerprint, state,
-        event_id, lock_token, locked_until, created_at, expires_at, ruling)
-    SELECT tenant_id, endpoint, key_digest, fingerprint, 'in_flight', event_id, lock_token,
-        locked_until, now, expires_at, ruling
+        event_id, lock_token, locked_until, created_at, expires_at, ruling, response_status,
+        response_body)
+    SELECT tenant_id, endpoint, key_digest, fingerprint,
+        CASE WHEN act IS NULL THEN 'in_flight' ELSE 'completed' END, event_id, lock_token,
+        CASE WHEN act IS NULL THEN locked_until ELSE 0 END, now, expires_at, ruling, status,
+        body
     FROM claim_in ORDER BY tenant_id, endpoint, key_digest, i
     ON CONFLICT DO NOTHING RETURNING lock_token
 ), act_in AS (
@@ -34,7 +45,7 @@ WITH claim_in AS (
         $23::bool[], $24::uuid[], $25::uuid[], $27::text[], $28::bytea[], $29::uuid[])
         AS a(i, tenant_id, event_id, subject_hash, signal_key, signal_type, now, lock, deny,
              ledger, open_case, alert, ledger_id, case_id, endpoint, key_digest, lock_token)
-), held AS (
+), held_before AS (
     -- The keyed acts whose lock is still theirs (token and state), each key row locked for
     -- the rest of the transaction. Locked, not written: `completed` below writes the row, and
     -- one statement may write a row only once.
@@ -43,6 +54,11 @@ WITH claim_in AS (
         AND k.key_digest = a.key_digest
     WHERE a.lock_token IS NOT NULL AND k.lock_token = a.lock_token AND k.state <> 'completed'
     FOR UPDATE OF k
+), held AS (
+    -- ... and the acts whose claim this statement inserted.
+    SELECT i FROM held_before
+    UNION ALL SELECT c.act FROM claimed JOIN claim_in c ON c.lock_token = claimed.lock_token
+    WHERE c.act IS NOT NULL
 ), live AS (
     -- The acts that go ahead: the keyless ones and those whose lock held.
     SELECT * FROM act_in WHERE lock_token IS NULL OR i IN (SELECT i FROM held)
@@ -181,7 +197,7 @@ WITH claim_in AS (
         AND k.lock_token = a.lock_token
 )
 SELECT 'claim' AS kind, c.i, TRUE AS ours
-    FROM claimed JOIN claim_in c ON c.lock_token = claimed.lock_token
+    FROM claimed JOIN claim_in c ON c.lock_token = claimed.lock_token WHERE c.i IS NOT NULL
 UNION ALL SELECT 'held', i, TRUE FROM held
 UNION ALL SELECT 'lock', a.i, COALESCE(COALESCE(l.event_id, (SELECT x.event_id
         FROM account_locks x WHERE x.tenant_id = a.tenant_id
@@ -238,13 +254,14 @@ pub(in crate::store) async fn apply(
         .filter(|(_, act)| act.held.is_some())
         .map(|(i, act)| (index(i), &act.expected.finished.response))
         .unzip();
-    let query = bind_claims(sqlx::query(APPLY), &batch.claims);
+    let claims = ClaimRow::of(batch);
+    let query = bind_claims(sqlx::query(APPLY), &claims);
     let query = bind_acts(query, &batch.acts, batch.alert_window_ms);
     let query = bind_attempts(query, &batch.attempts);
     let query =
         bind_outbox(query, &outbox_rows).bind((0..batch.acts.len()).map(index).collect::<Vec<_>>());
     let query = bind_events(query, &events).bind(keyed);
-    let rows = bind_responses(query, &responses)
+    let rows = bind_claims_acts(bind_responses(query, &responses), &claims)
         .fetch_all(&mut *conn)
         .await?;
     let mut found = Found::default();
@@ -274,20 +291,54 @@ pub(in crate::store) async fn apply(
     Ok(found)
 }
 
+/// A claim as [`APPLY`] takes it: alone, at its position among the batch's claims, or with
+/// its act, at the act's position, completing the key with the act's expected response.
+struct ClaimRow<'a> {
+    claim: &'a Claim,
+    alone: Option<i32>,
+    act: Option<(i32, &'a StoredResponse)>,
+}
+
+impl<'a> ClaimRow<'a> {
+    fn of(batch: &'a Batch) -> Vec<Self> {
+        let alone = batch.claims.iter().enumerate().map(|(i, claim)| Self {
+            claim,
+            alone: Some(index(i)),
+            act: None,
+        });
+        let with_act = batch.acts.iter().enumerate().filter_map(|(i, act)| {
+            act.claim.as_ref().map(|claim| Self {
+                claim,
+                alone: None,
+                act: Some((index(i), &act.expected.finished.response)),
+            })
+        });
+        alone.chain(with_act).collect()
+    }
+}
+
 /// Binds the claims' eleven arrays (`$1`–`$11`).
-fn bind_claims<'q>(query: PgQuery<'q>, claims: &[Claim]) -> PgQuery<'q> {
+fn bind_claims<'q>(query: PgQuery<'q>, claims: &[ClaimRow]) -> PgQuery<'q> {
     query
-        .bind((0..claims.len()).map(index).collect::<Vec<_>>())
-        .bind(column(claims, |c| c.key.tenant_id))
-        .bind(column(claims, |c| c.key.endpoint))
-        .bind(column(claims, |c| c.key.digest.clone()))
-        .bind(column(claims, |c| c.fingerprint.clone()))
-        .bind(column(claims, |c| c.event_id))
-        .bind(column(claims, |c| c.lock_token))
-        .bind(column(claims, |c| c.locked_until))
-        .bind(column(claims, |c| c.now))
-        .bind(column(claims, |c| c.expires_at))
-        .bind(column(claims, |c| c.ruling.clone()))
+        .bind(column(claims, |c| c.alone))
+        .bind(column(claims, |c| c.claim.key.tenant_id))
+        .bind(column(claims, |c| c.claim.key.endpoint))
+        .bind(column(claims, |c| c.claim.key.digest.clone()))
+        .bind(column(claims, |c| c.claim.fingerprint.clone()))
+        .bind(column(claims, |c| c.claim.event_id))
+        .bind(column(claims, |c| c.claim.lock_token))
+        .bind(column(claims, |c| c.claim.locked_until))
+        .bind(column(claims, |c| c.claim.now))
+        .bind(column(claims, |c| c.claim.expires_at))
+        .bind(column(claims, |c| c.claim.ruling.clone()))
+}
+
+/// Binds the claims' acts and the responses they complete their keys with (`$69`–`$71`).
+fn bind_claims_acts<'q>(query: PgQuery<'q>, claims: &[ClaimRow]) -> PgQuery<'q> {
+    query
+        .bind(column(claims, |c| c.act.map(|(i, _)| i)))
+        .bind(column(claims, |c| c.act.map(|(_, r)| i32::from(r.status))))
+        .bind(column(claims, |c| c.act.map(|(_, r)| r.body.clone())))
 }
 
 /// Binds the acts' arrays and the alert window (`$12`–`$29`).
