@@ -4,7 +4,8 @@
 //! - `return(abort)` aborts the process on the spot, as a crash would;
 //! - `return(delay_ms=N)` holds the request N ms without blocking the runtime (the crate's own
 //!   `sleep` would block a worker thread and stall unrelated requests);
-//! - `return` alone fails the request as if the database had gone away.
+//! - `return` alone fails the request as if the database had gone away;
+//! - `return(permanent)` fails it as a corrupt row would, a failure that is not transient.
 //!
 //! A count prefix limits how often a point fires, e.g. `1*return`.
 
@@ -21,6 +22,9 @@ macro_rules! failpoint {
                         crate::store::StoreError::Unavailable(sqlx::Error::PoolTimedOut).into(),
                     );
                 }
+                crate::failpoint::Injected::Permanent => {
+                    return Err(crate::store::StoreError::Corrupt("injected".into()).into());
+                }
             }
         }
     };
@@ -33,6 +37,7 @@ pub(crate) enum Injected {
     Abort,
     Delay(std::time::Duration),
     Fail,
+    Permanent,
 }
 
 #[cfg(feature = "failpoints")]
@@ -40,6 +45,7 @@ impl From<Option<String>> for Injected {
     fn from(arg: Option<String>) -> Self {
         match arg.as_deref() {
             Some("abort") => Self::Abort,
+            Some("permanent") => Self::Permanent,
             Some(other) => match other.strip_prefix("delay_ms=").map(str::parse) {
                 Some(Ok(ms)) => Self::Delay(std::time::Duration::from_millis(ms)),
                 _ => Self::Fail,

@@ -273,6 +273,48 @@ async fn transient_failure_after_a_claim_releases_the_lock_and_the_retry_resumes
     assert!(replay.replayed(), "a 503 is never stored; the 200 is");
 }
 
+async fn a_failure_that_persists_is_stored_and_replayed_as_500(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = db.tenant(&[]);
+    // Fails the one-commit attempt and the act that runs again under the claim alone.
+    let server = Server::start(
+        &db,
+        &[("FAILPOINTS", "act::before_commit=2*return(permanent)")],
+    );
+    let key = new_key();
+    let body = sim_swap("+447700900013");
+
+    let failed = server.send(&tenant, Some(&key), &body).await;
+    assert_eq!(failed.status, 500, "{}", failed.text());
+    assert!(!failed.replayed());
+    let replay = server.send(&tenant, Some(&key), &body).await;
+    assert_eq!(replay.status, 500);
+    assert!(replay.replayed(), "a final failure is stored and replayed");
+    assert_eq!(replay.text(), failed.text());
+    assert_eq!(db.count("events").await, 0);
+    assert_eq!(db.count("account_locks").await, 0);
+}
+
+async fn a_failure_that_does_not_persist_is_processed_under_the_claim(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = db.tenant(&[]);
+    let server = Server::start(
+        &db,
+        &[("FAILPOINTS", "act::before_commit=1*return(permanent)")],
+    );
+    let key = new_key();
+    let body = sim_swap("+447700900014");
+
+    let reply = server.send(&tenant, Some(&key), &body).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(reply.json()["rule"], "recent_sim_swap");
+    assert_eq!(db.count("events").await, 1);
+    assert_eq!(db.count("account_locks").await, 1);
+    let replay = server.send(&tenant, Some(&key), &body).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.text(), reply.text());
+}
+
 /// A server whose first `conflicts` group commits are rolled back as PostgreSQL rolls back a
 /// deadlock's victim.
 fn server_with_conflicts(db: &TestDb, conflicts: usize) -> Server {
@@ -564,6 +606,8 @@ on_both_backends!(
     crash_after_the_commit_replays_the_stored_response,
     transient_failure_of_a_fresh_key_stores_nothing_and_the_retry_decides_it,
     transient_failure_after_a_claim_releases_the_lock_and_the_retry_resumes,
+    a_failure_that_persists_is_stored_and_replayed_as_500,
+    a_failure_that_does_not_persist_is_processed_under_the_claim,
     batch_rolled_back_by_a_deadlock_is_run_again_without_a_503,
     batch_rolled_back_by_conflicts_past_the_retries_gets_503_and_resumes,
     hundred_concurrent_requests_with_one_key_yield_one_event,

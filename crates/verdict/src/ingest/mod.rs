@@ -353,7 +353,8 @@ impl Ingest {
             Cached::Miss => {}
         }
         let (decided, destination) = self.decide(signal).await?;
-        let claim = self.new_claim(signal, key, &decided, now);
+        let mut claim = self.new_claim(signal, key, &decided, now);
+        let mut known_taken = false;
         if !crate::failpoint::claims_apart() {
             // A fresh key's claim commits with its act: one commit, and nothing of the signal
             // is stored unless all of it is.
@@ -379,16 +380,19 @@ impl Ingest {
                     return Ok(Reply::Fresh(response));
                 }
                 // The key was there already: judged below as any claim that loses is.
-                Err(IngestError::Unavailable(StoreError::LockLost)) => {}
+                Err(IngestError::Unavailable(StoreError::LockLost)) => known_taken = true,
                 // Nothing was stored: the retry decides afresh, as for a first request.
                 Err(err @ IngestError::Unavailable(_)) => return Err(err),
-                // A final failure is stored on the key, so the claim goes on its own first.
+                // Nothing was stored either. The claim commits on its own and the act runs
+                // once more under it, so that a failure that persists is stored on the key
+                // and replayed; the claim's lock starts now.
                 Err(err) => {
                     tracing::warn!(error = ?err, "a fresh key's commit failed; claiming it on its own");
+                    claim = self.new_claim(signal, key, &decided, now_ms());
                 }
             }
         }
-        let holding = match self.claim(signal, key, claim, decided).await? {
+        let holding = match self.claim(signal, key, claim, decided, known_taken).await? {
             Ok(holding) => holding,
             Err(reply) => return Ok(reply),
         };
@@ -512,14 +516,15 @@ impl Ingest {
         }
     }
 
-    /// Commits the claim on its own, or learns what holds the key. `Err(reply)` when the
-    /// key's stored response answers the request.
+    /// Commits the claim on its own, or learns what holds the key (at once when the key is
+    /// `known_taken`). `Err(reply)` when the key's stored response answers the request.
     async fn claim(
         &self,
         signal: &Prepared<'_>,
         key: &KeyRef,
         claim: Claim,
         decided: Decided,
+        known_taken: bool,
     ) -> Result<Result<Holding, Reply>, IngestError> {
         let holding = |event_id, decided, expires_at| Holding {
             held: HeldKey {
@@ -530,7 +535,7 @@ impl Ingest {
             decided,
             expires_at,
         };
-        if self.commits.claim(claim.clone()).await? {
+        if !known_taken && self.commits.claim(claim.clone()).await? {
             return Ok(Ok(holding(claim.event_id, decided, claim.expires_at)));
         }
         Ok(match self.store.claim(&claim).await? {
