@@ -200,6 +200,25 @@ async fn crash_after_the_commit_replays_the_stored_response(backend: Backend) {
     assert_eq!(db.count("account_locks").await, 1);
 }
 
+/// Sends a signal again after its 503: processed now with the fresh decision, stored once,
+/// and replayed after that.
+async fn retry_after_503_is_processed_then_replayed(
+    db: &TestDb,
+    server: &Server,
+    tenant: &common::Tenant,
+    key: &str,
+    body: &str,
+) {
+    let retried = server.send(tenant, Some(key), body).await;
+    assert_eq!(retried.status, 200);
+    assert!(!retried.replayed());
+    assert_eq!(retried.json()["rule"], "recent_sim_swap");
+    assert_eq!(db.count("events").await, 1);
+    assert_eq!(db.count("account_locks").await, 1);
+    let replay = server.send(tenant, Some(key), body).await;
+    assert!(replay.replayed(), "a 503 is never stored; the 200 is");
+}
+
 async fn transient_failure_of_a_fresh_key_stores_nothing_and_the_retry_decides_it(
     backend: Backend,
 ) {
@@ -220,14 +239,7 @@ async fn transient_failure_of_a_fresh_key_stores_nothing_and_the_retry_decides_i
         );
     }
 
-    let retried = server.send(&tenant, Some(&key), &body).await;
-    assert_eq!(retried.status, 200);
-    assert!(!retried.replayed());
-    assert_eq!(retried.json()["rule"], "recent_sim_swap");
-    assert_eq!(db.count("events").await, 1);
-    assert_eq!(db.count("account_locks").await, 1);
-    let replay = server.send(&tenant, Some(&key), &body).await;
-    assert!(replay.replayed(), "a 503 is never stored; the 200 is");
+    retry_after_503_is_processed_then_replayed(&db, &server, &tenant, &key, &body).await;
 }
 
 async fn transient_failure_after_a_claim_releases_the_lock_and_the_retry_resumes(backend: Backend) {
@@ -264,13 +276,7 @@ async fn transient_failure_after_a_claim_releases_the_lock_and_the_retry_resumes
     assert_eq!(db.count("events").await, 0);
 
     // No wait for the lock timeout: the lock was released.
-    let retried = server.send(&tenant, Some(&key), &body).await;
-    assert_eq!(retried.status, 200);
-    assert!(!retried.replayed());
-    assert_eq!(retried.json()["rule"], "recent_sim_swap");
-    assert_eq!(db.count("events").await, 1);
-    let replay = server.send(&tenant, Some(&key), &body).await;
-    assert!(replay.replayed(), "a 503 is never stored; the 200 is");
+    retry_after_503_is_processed_then_replayed(&db, &server, &tenant, &key, &body).await;
 }
 
 async fn a_failure_that_persists_is_stored_and_replayed_as_500(backend: Backend) {

@@ -612,25 +612,22 @@ impl Ingest {
                 Arc::new(move |effects| draft.envelope(effects))
             },
         });
-        let (held, claim) = match keying {
-            Keying::None => (None, None),
-            Keying::Held(held) => (Some(held), None),
-            Keying::Claim(claim) => (None, Some(claim)),
-        };
         let act = Act::new(
-            held,
+            None,
             target,
             decided.effects(),
             callback,
             Arc::new(move |outcome| draft.finish(outcome)),
         );
-        let committed = self
-            .commits
-            .act(match claim {
-                Some(claim) => act.claiming(claim),
-                None => act,
-            })
-            .await?;
+        let act = match keying {
+            Keying::None => act,
+            Keying::Held(held) => Act {
+                held: Some(held),
+                ..act
+            },
+            Keying::Claim(claim) => act.claiming(claim),
+        };
+        let committed = self.commits.act(act).await?;
         failpoint!("ingest::after_dispatch");
         metrics::counter!("verdict_decisions_total", "decision" => decided.decision.as_str())
             .increment(1);
