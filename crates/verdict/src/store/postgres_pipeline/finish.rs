@@ -3,7 +3,7 @@
 
 use sqlx::PgConnection;
 
-use super::arrays::{bind_events, bind_responses};
+use super::arrays::{bind_events, bind_responses, column};
 use crate::store::pipeline::Finished;
 use crate::store::{HeldKey, StoreError, StoredResponse};
 
@@ -40,30 +40,10 @@ pub(in crate::store) async fn finish(
     }
     let responses: Vec<_> = completions.iter().map(|(_, r)| *r).collect();
     let query = bind_events(sqlx::query(FINISH), &events)
-        .bind(
-            completions
-                .iter()
-                .map(|(h, _)| h.key.tenant_id)
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            completions
-                .iter()
-                .map(|(h, _)| h.key.endpoint)
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            completions
-                .iter()
-                .map(|(h, _)| h.key.digest.clone())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            completions
-                .iter()
-                .map(|(h, _)| h.lock_token)
-                .collect::<Vec<_>>(),
-        );
+        .bind(column(completions, |(h, _)| h.key.tenant_id))
+        .bind(column(completions, |(h, _)| h.key.endpoint))
+        .bind(column(completions, |(h, _)| h.key.digest.clone()))
+        .bind(column(completions, |(h, _)| h.lock_token));
     bind_responses(query, &responses)
         .execute(&mut *conn)
         .await?;
