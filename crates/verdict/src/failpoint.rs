@@ -133,3 +133,20 @@ pub(crate) fn claims_apart() -> bool {
     #[cfg(not(feature = "failpoints"))]
     false
 }
+
+/// Whether a test configured a failpoint inside a group commit's transaction (`act::…`): a
+/// PostgreSQL batch then always runs as a transaction of several statements, so the failpoint
+/// has a point between them to stop it at.
+pub(crate) fn inside_commits() -> bool {
+    #[cfg(feature = "failpoints")]
+    {
+        static INSIDE: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
+            fail::list()
+                .iter()
+                .any(|(name, _)| name.starts_with("act::"))
+        });
+        *INSIDE
+    }
+    #[cfg(not(feature = "failpoints"))]
+    false
+}

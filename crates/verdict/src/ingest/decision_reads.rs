@@ -11,7 +11,7 @@ use crate::store::{DecisionInputs, Store, StoreError};
 /// Most reads in one statement.
 const MAX_BATCH: usize = 64;
 /// Readers running at once.
-const READERS: usize = 2;
+pub const READERS: usize = 2;
 /// Reads waiting for a reader before requests wait to queue.
 const QUEUE: usize = 4096;
 

@@ -47,6 +47,7 @@ use crate::store::{
 
 pub use decision::{Decided, DecisionRecord, Mapping};
 use decision_reads::DecisionReads;
+pub use decision_reads::READERS as DECISION_READERS;
 use group_commit::GroupCommit;
 pub use group_commit::MAX_BATCH;
 pub use ignored::{FeedEvent, IGNORED_DECISION, UNMAPPED_TYPE};

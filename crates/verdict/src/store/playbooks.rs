@@ -159,17 +159,23 @@ macro_rules! playbooks_sql {
                 if subjects.is_empty() {
                     return Ok(Default::default());
                 }
+                // The lock is joined, not asked with EXISTS: PostgreSQL may answer an EXISTS by
+                // hashing the whole table once per statement, and a kept (generic) plan that
+                // does so reads every lock for every batch.
                 let mut q = sqlx::QueryBuilder::<Db>::new(
                     "SELECT v.column1 AS tenant_id, v.column2 AS subject_hash, \
                      (SELECT MAX(version) FROM playbooks p WHERE p.tenant_id = v.column1) \
-                     AS playbook_version, EXISTS (SELECT 1 FROM account_locks l \
-                     WHERE l.tenant_id = v.column1 AND l.subject_hash = v.column2) \
-                     AS subject_locked, t.callback_url, t.callback_disabled FROM ",
+                     AS playbook_version, l.tenant_id IS NOT NULL AS subject_locked, \
+                     t.callback_url, t.callback_disabled FROM ",
                 );
                 push_keys(&mut q, subjects);
-                q.push(" AS v JOIN tenants t ON t.id = v.column1");
+                q.push(
+                    " AS v JOIN tenants t ON t.id = v.column1 \
+                     LEFT JOIN account_locks l ON l.tenant_id = v.column1 \
+                     AND l.subject_hash = v.column2",
+                );
                 let rows: Vec<$crate::store::playbooks::DecisionInputsRow> =
-                    q.build_query_as().fetch_all(self.read()).await?;
+                    q.build_query_as().fetch_all(self.decisions()).await?;
                 Ok(rows
                     .into_iter()
                     .map(|r| ((r.tenant_id, r.subject_hash), r.inputs))

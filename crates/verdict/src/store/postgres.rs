@@ -24,10 +24,96 @@ const COMMITTERS: usize = 2;
 /// waiting out the outage. At normal load a connection is idle or opened in milliseconds.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// Connections of the pipeline pool: one per committer and per decision reader.
+const PIPELINE_CONNECTIONS: u32 = COMMITTERS as u32 + crate::ingest::DECISION_READERS as u32;
+
+/// How pipeline connections plan: for lookups by key, whatever the tables' statistics say.
+///
+/// The pipeline's array statements are planned once per connection and their plan kept (a
+/// generic plan, instead of one planned again for every batch). Planned while the tables were
+/// small (a new database, before autovacuum first analyses it), the cheapest plan reads a whole
+/// table, and it would be kept while the table grows; only index lookups are wanted, so the
+/// other plans are turned off. Set when the connection starts, so a batch that commits alone
+/// needs no `SET` before it; only the pipeline's statements run on these connections.
+const PIPELINE_PLANNING: [(&str, &str); 4] = [
+    ("plan_cache_mode", "force_generic_plan"),
+    ("enable_seqscan", "off"),
+    ("enable_hashjoin", "off"),
+    ("enable_mergejoin", "off"),
+];
+
+/// A pipeline connection idle longer than this is pinged before it is handed out: a batch
+/// that commits alone cannot be retried on another connection once sent, so a connection that
+/// broke while idle (the database restarted) is found before that. Under load none is idle
+/// that long, and no batch pays the round trip.
+const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
+
+/// A pool's settings: `max` connections, no ping before each use (sqlx pings every idle
+/// connection it hands out: one more round trip per batch and per read, measured at 7-13% of
+/// fresh-signal throughput; a connection that broke while idle fails its first statement
+/// instead, and a transaction's `BEGIN` is retried on another connection, below), and with
+/// several hosts (`follow`), new connections refused on a host that does not take writes.
+fn pool_options(max: u32, follow: Option<(Arc<Notify>, Arc<Switched>)>) -> PgPoolOptions {
+    let options = PgPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(ACQUIRE_TIMEOUT)
+        .test_before_acquire(false);
+    let Some((wake, _)) = follow else {
+        return options;
+    };
+    // A new connection that lands on a read-only host (a standby not yet promoted, a demoted
+    // primary) is refused, and the follower looks for the new primary at once.
+    options.after_connect(move |conn, _| {
+        let wake = wake.clone();
+        Box::pin(async move {
+            if postgres_hosts::takes_writes(conn).await? {
+                return Ok(());
+            }
+            wake.notify_one();
+            Err(sqlx::Error::Configuration(
+                "connected to a read-only database host".into(),
+            ))
+        })
+    })
+}
+
+/// `options` closing a connection opened before new connections moved to another host, and
+/// with `ping_idle`, pinging one idle longer than [`PING_AFTER_IDLE`].
+fn following(options: PgPoolOptions, switched: Arc<Switched>, ping_idle: bool) -> PgPoolOptions {
+    options.before_acquire(move |conn, meta| {
+        let current = switched.is_current(meta.age);
+        Box::pin(async move {
+            if !current {
+                return Ok(false);
+            }
+            if ping_idle {
+                return ping_if_idle(conn, meta).await;
+            }
+            Ok(true)
+        })
+    })
+}
+
+/// Whether a connection may be handed out: yes, unless it was idle longer than
+/// [`PING_AFTER_IDLE`] and does not answer a ping.
+async fn ping_if_idle(
+    conn: &mut sqlx::PgConnection,
+    meta: sqlx::pool::PoolConnectionMetadata,
+) -> Result<bool, sqlx::Error> {
+    use sqlx::Connection;
+    if meta.idle_for <= PING_AFTER_IDLE {
+        return Ok(true);
+    }
+    Ok(conn.ping().await.is_ok())
+}
+
 /// PostgreSQL-backed storage.
 #[derive(Clone)]
 pub struct PostgresStore {
     pool: PgPool,
+    /// The group commit's and the decision reads' connections, planned for lookups by key
+    /// ([`PIPELINE_PLANNING`]).
+    pipeline: PgPool,
     /// With several hosts, the task that keeps new connections on the one that takes writes;
     /// it stops with the last clone of the store.
     _follower: Option<Arc<AbortOnDrop>>,
@@ -58,19 +144,20 @@ impl PostgresStore {
             })
             .collect::<Result<Vec<_>, sqlx::Error>>()?
             .into();
-        let options = PgPoolOptions::new()
-            .max_connections(16)
-            .acquire_timeout(ACQUIRE_TIMEOUT)
-            // sqlx pings every idle connection it hands out: one more round trip per batch and
-            // per read, measured at 7-13% of fresh-signal throughput. A connection that broke
-            // while idle (the database restarted, a failover) fails its first statement
-            // instead: a transaction's `BEGIN` is retried on another connection (below), and
-            // any other statement's failure is transient (503, the client retries).
-            .test_before_acquire(false);
+        let pipeline_hosts: Arc<[PgConnectOptions]> = hosts
+            .iter()
+            .map(|host| host.clone().options(PIPELINE_PLANNING))
+            .collect();
         if hosts.len() == 1 {
-            let pool = options.connect_with(hosts[0].clone()).await?;
+            let pool = pool_options(16, None)
+                .connect_with(hosts[0].clone())
+                .await?;
+            let pipeline = pool_options(PIPELINE_CONNECTIONS, None)
+                .before_acquire(|conn, meta| Box::pin(ping_if_idle(conn, meta)))
+                .connect_lazy_with(pipeline_hosts[0].clone());
             return Ok(Self {
                 pool,
+                pipeline,
                 _follower: None,
             });
         }
@@ -82,45 +169,31 @@ impl PostgresStore {
                 ))
             })?;
         let wake = Arc::new(Notify::new());
-        let woken = wake.clone();
         let switched = Arc::new(Switched::default());
-        let since_switch = switched.clone();
-        let pool = options
-            // A connection opened before new connections moved to another host is closed.
-            .before_acquire(move |_, meta| {
-                let current = since_switch.is_current(meta.age);
-                Box::pin(async move { Ok(current) })
-            })
-            // A new connection that lands on a read-only host (a standby not yet promoted, a
-            // demoted primary) is refused, and the follower looks for the new primary at once.
-            .after_connect(move |conn, _| {
-                let wake = woken.clone();
-                Box::pin(async move {
-                    if postgres_hosts::takes_writes(conn).await? {
-                        return Ok(());
-                    }
-                    wake.notify_one();
-                    Err(sqlx::Error::Configuration(
-                        "connected to a read-only database host".into(),
-                    ))
-                })
-            })
+        let follow = Some((wake.clone(), switched.clone()));
+        let pool = following(pool_options(16, follow.clone()), switched.clone(), false)
             .connect_with(hosts[current].clone())
             .await?;
+        let pipeline = following(
+            pool_options(PIPELINE_CONNECTIONS, follow),
+            switched.clone(),
+            true,
+        )
+        .connect_lazy_with(pipeline_hosts[current].clone());
         tracing::info!(
             host = %postgres_hosts::label(&hosts[current]),
             hosts = hosts.len(),
             "connected to the database host that takes writes"
         );
         let follower = tokio::spawn(follow_writable(
-            pool.clone(),
-            hosts,
+            vec![(pool.clone(), hosts), (pipeline.clone(), pipeline_hosts)],
             current,
             wake,
             switched,
         ));
         Ok(Self {
             pool,
+            pipeline,
             _follower: Some(Arc::new(AbortOnDrop(follower))),
         })
     }
@@ -135,30 +208,44 @@ impl PostgresStore {
         &self.pool
     }
 
+    /// The pool the decision reads go through: the pipeline's, whose connections keep one
+    /// plan of the read instead of planning it again for every batch.
+    pub fn decisions(&self) -> &PgPool {
+        &self.pipeline
+    }
+
     async fn begin(&self) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
         self.begin_with("BEGIN").await
     }
 
-    /// Opens a transaction with `begin` (a `BEGIN` statement). A `BEGIN` that fails because
-    /// its connection broke while idle changed nothing, so it is tried again on another (the
-    /// pool drops the broken one), for at most about one acquire timeout.
+    /// Opens a transaction on the main pool with `begin` ([`begin_on`]).
     async fn begin_with(
         &self,
         begin: &'static str,
     ) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
-        let started = std::time::Instant::now();
-        let mut tries = 0;
-        loop {
-            match self.pool.begin_with(begin).await {
-                Err(err)
-                    if broken_connection(&err)
-                        && tries < BEGIN_RETRIES
-                        && started.elapsed() < ACQUIRE_TIMEOUT =>
-                {
-                    tries += 1;
-                }
-                result => return result,
+        begin_on(&self.pool, begin).await
+    }
+}
+
+/// Opens a transaction on `pool` with `begin` (a `BEGIN` statement). A `BEGIN` that fails
+/// because its connection broke while idle changed nothing, so it is tried again on another
+/// (the pool drops the broken one), for at most about one acquire timeout.
+async fn begin_on(
+    pool: &PgPool,
+    begin: &'static str,
+) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+    let started = std::time::Instant::now();
+    let mut tries = 0;
+    loop {
+        match pool.begin_with(begin).await {
+            Err(err)
+                if broken_connection(&err)
+                    && tries < BEGIN_RETRIES
+                    && started.elapsed() < ACQUIRE_TIMEOUT =>
+            {
+                tries += 1;
             }
+            result => return result,
         }
     }
 }
@@ -190,18 +277,42 @@ const MULTI_STATEMENT: bool = false;
 
 sql_store!(PostgresStore, sqlx::PgConnection, LEASE_DUE, COMMITTERS);
 
-/// The group commit in fewer statements ([`super::postgres_pipeline`]): `BEGIN`; one statement
-/// for the held locks' re-check, claims, effects, attempts' records, and the outbox rows, events
-/// and completions of the acts whose effects came out as expected; for any other act, the
-/// outbox, then the events and completions; `COMMIT`.
+/// The group commit in fewer statements ([`super::postgres_pipeline`]): one statement, committed
+/// on its own, for the held locks' re-check, claims, effects, attempts' records, and the outbox
+/// rows, events and completions, when every act that goes ahead settles in it; otherwise
+/// `BEGIN`, that statement, and for the acts it did not settle the outbox, then the events and
+/// completions, and `COMMIT`.
 #[async_trait::async_trait]
 impl super::PipelineStore for PostgresStore {
     async fn commit(&self, batch: &super::Batch) -> Result<super::BatchResult, StoreError> {
         use super::postgres_pipeline as fused;
+        if fused::may_commit_alone(batch) {
+            let mut conn = self.pipeline.acquire().await?;
+            match fused::apply(&mut conn, batch, fused::APPLY_ALONE).await {
+                Ok(found) => return fused::result(batch, &found, Default::default()),
+                // Nothing of it was kept: the batch runs again in a transaction.
+                Err(err) if fused::left_unsettled(&err) => {
+                    metrics::counter!("verdict_group_commit_transactions_total").increment(1);
+                }
+                Err(err) => return Err(err),
+            }
+        }
+        self.commit_in_transaction(batch).await
+    }
+}
+
+impl PostgresStore {
+    /// A batch in one transaction: `BEGIN`, [`postgres_pipeline::apply`], then for the acts
+    /// it did not settle their actual outcomes, `COMMIT`.
+    async fn commit_in_transaction(
+        &self,
+        batch: &super::Batch,
+    ) -> Result<super::BatchResult, StoreError> {
+        use super::postgres_pipeline as fused;
         use crate::actions::ActionKind;
         use crate::failpoint::failpoint;
-        let mut tx = self.begin_with(fused::BEGIN).await?;
-        let found = fused::apply(&mut tx, batch).await?;
+        let mut tx = begin_on(&self.pipeline, "BEGIN").await?;
+        let found = fused::apply(&mut tx, batch, fused::APPLY).await?;
         disable_endpoints(&mut tx, &batch.attempts.iter().collect::<Vec<_>>()).await?;
         let live = super::pipeline::live_acts(batch, |i, _| fused::held(&found, i));
         for action in ActionKind::LOCAL {
@@ -231,12 +342,6 @@ impl super::PipelineStore for PostgresStore {
             failpoint!("act::before_commit");
         }
         tx.commit().await?;
-
-        let (outcomes, finished, deliveries) =
-            fused::in_live_order(batch, &live, &found, outcomes, finished, deliveries)?;
-        let claims = fused::claims_won(batch, &found);
-        Ok(super::pipeline::batch_result(
-            batch, live, outcomes, finished, deliveries, claims,
-        ))
+        fused::result(batch, &found, (outcomes, finished, deliveries))
     }
 }

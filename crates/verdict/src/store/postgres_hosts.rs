@@ -134,11 +134,11 @@ impl Switched {
     }
 }
 
-/// Keeps the pool's new connections on a host that takes writes, until the pool is closed.
-/// `wake` checks at once (a new connection found its host read-only).
+/// Keeps the pools' new connections on a host that takes writes, until the first pool is
+/// closed; each pool has its own options per host, in the same order. The first pool is the
+/// one checked. `wake` checks at once (a new connection found its host read-only).
 pub async fn follow_writable(
-    pool: PgPool,
-    hosts: Arc<[PgConnectOptions]>,
+    pools: Vec<(PgPool, Arc<[PgConnectOptions]>)>,
     mut current: usize,
     wake: Arc<Notify>,
     switched: Arc<Switched>,
@@ -149,13 +149,16 @@ pub async fn follow_writable(
             _ = tokio::time::sleep(CHECK_EVERY) => {}
             _ = wake.notified() => {}
         }
+        let Some((pool, hosts)) = pools.first() else {
+            return;
+        };
         if pool.is_closed() {
             return;
         }
-        if pool_takes_writes(&pool).await {
+        if pool_takes_writes(pool).await {
             continue;
         }
-        match first_writable(&hosts).await {
+        match first_writable(hosts).await {
             Ok(found) => {
                 if found != current {
                     tracing::warn!(
@@ -163,7 +166,9 @@ pub async fn follow_writable(
                         to = %label(&hosts[found]),
                         "database failover: new connections go to the host that takes writes"
                     );
-                    pool.set_connect_options(hosts[found].clone());
+                    for (pool, hosts) in &pools {
+                        pool.set_connect_options(hosts[found].clone());
+                    }
                     switched.mark();
                     current = found;
                 }

@@ -65,6 +65,11 @@ impl SqliteStore {
         &self.reader
     }
 
+    /// The pool the decision reads go through: the readers'.
+    pub fn decisions(&self) -> &SqlitePool {
+        &self.reader
+    }
+
     async fn begin(&self) -> Result<Transaction<'static, Sqlite>, sqlx::Error> {
         self.writer.begin_with("BEGIN IMMEDIATE").await
     }

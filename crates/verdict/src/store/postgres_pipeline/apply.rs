@@ -14,7 +14,9 @@ use crate::store::{Act, AttemptRecord, Batch, Claim, StoreError, StoredResponse}
 /// as expected. Returns one row per claim won (`claim`), per keyed act whose lock held
 /// (`held`), per effect of a live act (its kind) and per act settled (`settled`), each with the
 /// index of its claim or act and whether the effect is this signal's.
-pub(super) const APPLY: &str = r#"
+macro_rules! apply_statement {
+    () => {
+        r#"
 WITH claim_in AS (
     -- The batch's claims: alone (`i`, their position among the claims) or with their act
     -- (`act`, its position among the acts, and the response it completes the key with).
@@ -220,7 +222,24 @@ UNION ALL SELECT 'ledger', a.i, COALESCE(COALESCE(l.event_id, (SELECT x.event_id
 UNION ALL SELECT 'case', i, COALESCE(opener = event_id, FALSE) FROM case_of
 UNION ALL SELECT 'alert', i, ours FROM alert_of
 UNION ALL SELECT 'settled', i, TRUE FROM settled
-"#;
+"#
+    };
+}
+
+/// [`apply_statement`], run inside the batch's transaction.
+pub(in crate::store) const APPLY: &str = apply_statement!();
+
+/// [`apply_statement`], run as a transaction of its own: it aborts, keeping nothing, unless
+/// every act that went ahead was settled by it (`verdict_require_settled` raises SQLSTATE
+/// [`UNSETTLED`] otherwise), since no later statement could finish the others.
+pub(in crate::store) const APPLY_ALONE: &str = concat!(
+    apply_statement!(),
+    "UNION ALL SELECT 'guard', 0, verdict_require_settled(\n",
+    "    (SELECT count(*) FROM live) - (SELECT count(*) FROM settled))\n"
+);
+
+/// The SQLSTATE [`APPLY_ALONE`] aborts with when a batch needs its actual outcomes stored.
+pub(super) const UNSETTLED: &str = "VD001";
 
 /// Runs [`APPLY`]: the held locks' re-check, the batch's claims, the effects of the acts
 /// whose lock held (and the keyless ones), the inline attempts' records, and what the acts
@@ -228,6 +247,7 @@ UNION ALL SELECT 'settled', i, TRUE FROM settled
 pub(in crate::store) async fn apply(
     conn: &mut PgConnection,
     batch: &Batch,
+    statement: &'static str,
 ) -> Result<Found, StoreError> {
     let outbox_rows: Vec<OutboxRow> = batch
         .acts
@@ -255,7 +275,7 @@ pub(in crate::store) async fn apply(
         .map(|(i, act)| (index(i), &act.expected.finished.response))
         .unzip();
     let claims = ClaimRow::of(batch);
-    let query = bind_claims(sqlx::query(APPLY), &claims);
+    let query = bind_claims(sqlx::query(statement), &claims);
     let query = bind_acts(query, &batch.acts, batch.alert_window_ms);
     let query = bind_attempts(query, &batch.attempts);
     let query =
@@ -278,6 +298,7 @@ pub(in crate::store) async fn apply(
             "settled" => {
                 found.settled.insert(i);
             }
+            "guard" => {}
             kind => {
                 let kind = ActionKind::LOCAL
                     .into_iter()

@@ -27,26 +27,53 @@ mod arrays;
 mod finish;
 mod outbox;
 
-pub(super) use apply::apply;
+pub(super) use apply::{APPLY, APPLY_ALONE, apply};
 pub(super) use finish::finish;
 pub(super) use outbox::outbox;
 
 use std::collections::{HashMap, HashSet};
 
-use super::pipeline::{ActOutcome, Finished};
-use super::{Batch, NewDelivery, StoreError};
+use super::pipeline::{ActOutcome, Finished, batch_result, live_acts};
+use super::{Batch, BatchResult, NewDelivery, StoreError};
 use crate::actions::{ActionKind, Applied};
 
-/// How a batch's transaction begins: planning for lookups by key, whatever the tables'
-/// statistics say.
-///
-/// The array statements are planned once per connection and their plan kept (a generic plan).
-/// Planned while the tables were small (a new database, before autovacuum first analyses it),
-/// the cheapest plan reads a whole table, and it would be kept while the table grows. Only
-/// index lookups are wanted here, so the other plans are turned off for this transaction.
-pub(super) const BEGIN: &str = "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan; \
-     SET LOCAL enable_seqscan = off; SET LOCAL enable_hashjoin = off; \
-     SET LOCAL enable_mergejoin = off";
+/// Whether `batch` may run [`APPLY_ALONE`], committed as it ends: not when an attempt's
+/// record disables its endpoint (one more statement), nor when a test stops a batch inside its
+/// transaction (failpoints between its statements).
+pub(super) fn may_commit_alone(batch: &Batch) -> bool {
+    !crate::failpoint::inside_commits() && !batch.attempts.iter().any(|a| a.next.disable_endpoint)
+}
+
+/// Whether [`APPLY_ALONE`] aborted because an act it let go ahead was not settled.
+pub(super) fn left_unsettled(err: &StoreError) -> bool {
+    match err {
+        StoreError::Database(sqlx::Error::Database(db)) => {
+            db.code().is_some_and(|code| code == apply::UNSETTLED)
+        }
+        _ => false,
+    }
+}
+
+/// The batch's result once committed: `actual`, the outcomes, stored records and outbox rows
+/// of the acts [`APPLY`] did not settle, in [`unsettled`]'s order.
+pub(super) fn result(
+    batch: &Batch,
+    found: &Found,
+    actual: Stored,
+) -> Result<BatchResult, StoreError> {
+    let live = live_acts(batch, |i, _| held(found, i));
+    let (outcomes, finished, deliveries) = actual;
+    let (outcomes, finished, deliveries) =
+        in_live_order(batch, &live, found, outcomes, finished, deliveries)?;
+    Ok(batch_result(
+        batch,
+        live,
+        outcomes,
+        finished,
+        deliveries,
+        claims_won(batch, found),
+    ))
+}
 
 /// The kind name [`apply::APPLY`] reports an action's outcome under.
 fn kind_name(action: ActionKind) -> &'static str {
@@ -81,7 +108,7 @@ pub(super) fn held(found: &Found, i: usize) -> bool {
 }
 
 /// Whether each claim inserted its key.
-pub(super) fn claims_won(batch: &Batch, found: &Found) -> Vec<bool> {
+fn claims_won(batch: &Batch, found: &Found) -> Vec<bool> {
     (0..batch.claims.len())
         .map(|i| found.claims_won.contains(&index(i)))
         .collect()
@@ -128,7 +155,7 @@ pub(super) type Stored = (Vec<ActOutcome>, Vec<Finished>, Vec<Option<NewDelivery
 /// What each live act stores, in `live`'s order: what the acts [`apply::APPLY`] settled
 /// expected to store, and for the others their actual outcomes (`outcomes`, `finished`,
 /// `deliveries`, in `unsettled`'s order).
-pub(super) fn in_live_order(
+fn in_live_order(
     batch: &Batch,
     live: &[usize],
     found: &Found,
