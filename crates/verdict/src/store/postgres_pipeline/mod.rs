@@ -10,11 +10,14 @@
 //! new claims, every local effect of the acts that go ahead, the inline attempts' records, and,
 //! for each act whose effects all came out as its own (a fresh signal, the common case), its
 //! outbox row, event and key completion, built before the statement ran from the outcomes
-//! expected of it ([`super::Expected`], built by each request before it queued). A batch is then three round trips: `BEGIN`, `APPLY`,
-//! `COMMIT`. An act that found an effect or its callback already another event's (a duplicate
-//! of a signal, or two signals about one subject in one batch) is finished after it with its
-//! actual outcomes: [`outbox::OUTBOX`], whose envelopes need them, then [`finish::FINISH`],
-//! whose bodies need the callbacks' outcomes; five round trips for that batch.
+//! expected of it ([`super::Expected`], built by each request before it queued). A batch where
+//! that is every act is one round trip: the statement runs alone ([`APPLY_ALONE`]) and commits
+//! as it ends. An act that found an effect or its callback already another event's (a
+//! duplicate of a signal, or two signals about one subject in one batch) makes that statement
+//! abort, keeping nothing, and the batch runs again as a transaction: `BEGIN`, `APPLY`, then
+//! for those acts their actual outcomes, [`outbox::OUTBOX`], whose envelopes need them, and
+//! [`finish::FINISH`], whose bodies need the callbacks' outcomes, and `COMMIT`; six round
+//! trips for that batch.
 //!
 //! The outcomes are those of the shared statements: an effect is `Done` where this signal's
 //! event holds its row (inserted now, or already there), else `AlreadyDone`. One difference: a
