@@ -320,3 +320,37 @@ on_both_backends!(
     a_keyed_callback_names_an_event_that_is_already_stored,
     the_inline_attempt_logs_carry_the_request_id,
 );
+
+/// PostgreSQL only: a batch committed alone cannot be sent again on another connection, so the
+/// pipeline's connections that the database closed while they were idle (a restart, an idle
+/// timeout) must be found and replaced before a batch goes out on one, not answered with 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_closed_while_idle_are_replaced_before_the_next_batch() {
+    let db = TestDb::new(Backend::Postgres).await;
+    let tenant = db.tenant(&[]);
+    let server = Server::start(&db, &[]);
+    let first = server
+        .send(&tenant, Some(&new_key()), &sim_swap("+447700900601"))
+        .await;
+    assert_eq!(first.status, 200, "{}", first.text());
+
+    let closed = db
+        .exec(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        )
+        .await;
+    assert!(closed > 0, "the server's connections were closed");
+    // Idle for longer than the pipeline pool's ping threshold (1 s).
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+
+    for n in 0..5 {
+        let phone = format!("+44770090061{n}");
+        let reply = server
+            .send(&tenant, Some(&new_key()), &sim_swap(&phone))
+            .await;
+        assert_eq!(reply.status, 200, "signal {n}: {}", reply.text());
+        assert_eq!(reply.json()["rule"], "recent_sim_swap", "{}", reply.text());
+    }
+    assert_eq!(db.count("events").await, 6);
+}

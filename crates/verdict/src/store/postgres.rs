@@ -24,8 +24,15 @@ const COMMITTERS: usize = 2;
 /// waiting out the outage. At normal load a connection is idle or opened in milliseconds.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// Connections of the pipeline pool: one per committer and per decision reader.
+/// PostgreSQL connections a process opens at most, both pools together (docs/scale-out.md).
+const CONNECTIONS: u32 = 16;
+
+/// Connections of the pipeline pool, out of [`CONNECTIONS`]: one per committer and per
+/// decision reader.
 const PIPELINE_CONNECTIONS: u32 = COMMITTERS as u32 + crate::ingest::DECISION_READERS as u32;
+
+/// Connections of the main pool: the rest.
+const MAIN_CONNECTIONS: u32 = CONNECTIONS - PIPELINE_CONNECTIONS;
 
 /// How pipeline connections plan: for lookups by key, whatever the tables' statistics say.
 ///
@@ -149,7 +156,7 @@ impl PostgresStore {
             .map(|host| host.clone().options(PIPELINE_PLANNING))
             .collect();
         if hosts.len() == 1 {
-            let pool = pool_options(16, None)
+            let pool = pool_options(MAIN_CONNECTIONS, None)
                 .connect_with(hosts[0].clone())
                 .await?;
             let pipeline = pool_options(PIPELINE_CONNECTIONS, None)
@@ -171,9 +178,13 @@ impl PostgresStore {
         let wake = Arc::new(Notify::new());
         let switched = Arc::new(Switched::default());
         let follow = Some((wake.clone(), switched.clone()));
-        let pool = following(pool_options(16, follow.clone()), switched.clone(), false)
-            .connect_with(hosts[current].clone())
-            .await?;
+        let pool = following(
+            pool_options(MAIN_CONNECTIONS, follow.clone()),
+            switched.clone(),
+            false,
+        )
+        .connect_with(hosts[current].clone())
+        .await?;
         let pipeline = following(
             pool_options(PIPELINE_CONNECTIONS, follow),
             switched.clone(),
@@ -250,8 +261,9 @@ async fn begin_on(
     }
 }
 
-/// Broken connections `begin_with` may meet in a row (the pool's size) before it gives up.
-const BEGIN_RETRIES: usize = 16;
+/// Broken connections [`begin_on`] may meet in a row (as many as both pools hold) before it
+/// gives up.
+const BEGIN_RETRIES: usize = CONNECTIONS as usize;
 
 /// Whether an error means the connection itself is gone rather than the statement refused.
 fn broken_connection(err: &sqlx::Error) -> bool {
