@@ -123,11 +123,8 @@ impl sqlx::error::DatabaseError for InjectedDeadlock {
 pub(crate) fn claims_apart() -> bool {
     #[cfg(feature = "failpoints")]
     {
-        static APART: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
-            fail::list()
-                .iter()
-                .any(|(name, _)| name == "ingest::after_claim")
-        });
+        static APART: std::sync::LazyLock<bool> =
+            std::sync::LazyLock::new(|| configured(|name| name == "ingest::after_claim"));
         *APART
     }
     #[cfg(not(feature = "failpoints"))]
@@ -140,13 +137,17 @@ pub(crate) fn claims_apart() -> bool {
 pub(crate) fn inside_commits() -> bool {
     #[cfg(feature = "failpoints")]
     {
-        static INSIDE: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
-            fail::list()
-                .iter()
-                .any(|(name, _)| name.starts_with("act::"))
-        });
+        static INSIDE: std::sync::LazyLock<bool> =
+            std::sync::LazyLock::new(|| configured(|name| name.starts_with("act::")));
         *INSIDE
     }
     #[cfg(not(feature = "failpoints"))]
     false
+}
+
+/// Whether a failpoint whose name `matches` is configured (read once by each caller: the
+/// configuration comes from `FAILPOINTS` at start-up).
+#[cfg(feature = "failpoints")]
+fn configured(matches: impl Fn(&str) -> bool) -> bool {
+    fail::list().iter().any(|(name, _)| matches(name))
 }

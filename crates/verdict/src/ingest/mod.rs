@@ -174,6 +174,16 @@ enum Keying {
     Claim(Claim),
 }
 
+/// How a fresh key's one commit, its claim with its act, came out.
+enum OneCommit {
+    /// Committed: the response, cached for replays.
+    Done(StoredResponse),
+    /// The key was there already; nothing of this request was stored.
+    Taken,
+    /// Failed for a reason that is not transient; nothing was stored.
+    Failed,
+}
+
 /// A key this request holds, and the row's lifetime.
 struct Holding {
     held: HeldKey,
@@ -357,40 +367,17 @@ impl Ingest {
         let mut claim = self.new_claim(signal, key, &decided, now);
         let mut known_taken = false;
         if !crate::failpoint::claims_apart() {
-            // A fresh key's claim commits with its act: one commit, and nothing of the signal
-            // is stored unless all of it is.
-            let event_id = claim.event_id;
-            let expires_at = claim.expires_at;
             match self
-                .act(
-                    signal,
-                    event_id,
-                    &decided,
-                    &destination,
-                    Keying::Claim(claim.clone()),
-                )
-                .await
+                .act_claiming(signal, key, &claim, &decided, &destination)
+                .await?
             {
-                Ok(response) => {
-                    self.completed.insert(
-                        (key.tenant_id, key.digest.clone()),
-                        payload(signal.inbound),
-                        response.clone(),
-                        expires_at,
-                    );
-                    return Ok(Reply::Fresh(response));
-                }
-                // The key was there already: judged below as any claim that loses is.
-                Err(IngestError::Unavailable(StoreError::LockLost)) => known_taken = true,
-                // Nothing was stored: the retry decides afresh, as for a first request.
-                Err(err @ IngestError::Unavailable(_)) => return Err(err),
-                // Nothing was stored either. The claim commits on its own and the act runs
-                // once more under it, so that a failure that persists is stored on the key
-                // and replayed; the claim's lock starts now.
-                Err(err) => {
-                    tracing::warn!(error = ?err, "a fresh key's commit failed; claiming it on its own");
-                    claim = self.new_claim(signal, key, &decided, now_ms());
-                }
+                OneCommit::Done(response) => return Ok(Reply::Fresh(response)),
+                // Judged below as any claim that loses is.
+                OneCommit::Taken => known_taken = true,
+                // The claim commits on its own and the act runs once more under it, so that a
+                // failure that persists is stored on the key and replayed; the claim's lock
+                // starts now.
+                OneCommit::Failed => claim = self.new_claim(signal, key, &decided, now_ms()),
             }
         }
         let holding = match self.claim(signal, key, claim, decided, known_taken).await? {
@@ -411,6 +398,51 @@ impl Ingest {
             }
             None => self.act_held(signal, key, holding, &destination).await,
         }
+    }
+
+    /// A fresh key's claim committed with its act: one commit, and nothing of the signal is
+    /// stored unless all of it is. A transient failure is the request's (nothing was stored:
+    /// the retry decides afresh, as a first request would).
+    async fn act_claiming(
+        &self,
+        signal: &Prepared<'_>,
+        key: &KeyRef,
+        claim: &Claim,
+        decided: &Decided,
+        destination: &Destination,
+    ) -> Result<OneCommit, IngestError> {
+        let keying = Keying::Claim(claim.clone());
+        match self
+            .act(signal, claim.event_id, decided, destination, keying)
+            .await
+        {
+            Ok(response) => {
+                self.remember(signal, key, &response, claim.expires_at);
+                Ok(OneCommit::Done(response))
+            }
+            Err(IngestError::Unavailable(StoreError::LockLost)) => Ok(OneCommit::Taken),
+            Err(err @ IngestError::Unavailable(_)) => Err(err),
+            Err(err) => {
+                tracing::warn!(error = ?err, "a fresh key's commit failed; claiming it on its own");
+                Ok(OneCommit::Failed)
+            }
+        }
+    }
+
+    /// Caches a completed key's response for replays, until the key row expires.
+    fn remember(
+        &self,
+        signal: &Prepared<'_>,
+        key: &KeyRef,
+        response: &StoredResponse,
+        expires_at: i64,
+    ) {
+        self.completed.insert(
+            (key.tenant_id, key.digest.clone()),
+            payload(signal.inbound),
+            response.clone(),
+            expires_at,
+        );
     }
 
     /// Finishes a feed event whose key recorded it as a signal, taken over after its playbook
@@ -466,12 +498,7 @@ impl Ingest {
             )
             .await;
         match &result {
-            Ok(response) => self.completed.insert(
-                (key.tenant_id, key.digest.clone()),
-                payload(signal.inbound),
-                response.clone(),
-                holding.expires_at,
-            ),
+            Ok(response) => self.remember(signal, key, response, holding.expires_at),
             Err(err) => self.settle_failure(err, &holding.held).await,
         }
         result.map(Reply::Fresh)
@@ -567,12 +594,7 @@ impl Ingest {
                 response,
                 expires_at,
             } => {
-                self.completed.insert(
-                    (key.tenant_id, key.digest.clone()),
-                    payload(signal.inbound),
-                    response.clone(),
-                    expires_at,
-                );
+                self.remember(signal, key, &response, expires_at);
                 Err(Reply::Replayed(response))
             }
         })

@@ -58,13 +58,34 @@ const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
 /// A pool's settings: `max` connections, no ping before each use (sqlx pings every idle
 /// connection it hands out: one more round trip per batch and per read, measured at 7-13% of
 /// fresh-signal throughput; a connection that broke while idle fails its first statement
-/// instead, and a transaction's `BEGIN` is retried on another connection, below), and with
-/// several hosts (`follow`), new connections refused on a host that does not take writes.
-fn pool_options(max: u32, follow: Option<(Arc<Notify>, Arc<Switched>)>) -> PgPoolOptions {
-    let options = PgPoolOptions::new()
+/// instead, and a transaction's `BEGIN` is retried on another connection, below) except, with
+/// `ping_idle`, one idle longer than [`PING_AFTER_IDLE`]; and with several hosts (`follow`),
+/// new connections refused on a host that does not take writes and those opened before a
+/// switch to another host closed.
+fn pool_options(
+    max: u32,
+    follow: Option<(Arc<Notify>, Arc<Switched>)>,
+    ping_idle: bool,
+) -> PgPoolOptions {
+    let mut options = PgPoolOptions::new()
         .max_connections(max)
         .acquire_timeout(ACQUIRE_TIMEOUT)
         .test_before_acquire(false);
+    let switched = follow.as_ref().map(|(_, switched)| switched.clone());
+    if switched.is_some() || ping_idle {
+        options = options.before_acquire(move |conn, meta| {
+            let current = switched.as_ref().is_none_or(|s| s.is_current(meta.age));
+            Box::pin(async move {
+                if !current {
+                    return Ok(false);
+                }
+                if ping_idle {
+                    return ping_if_idle(conn, meta).await;
+                }
+                Ok(true)
+            })
+        });
+    }
     let Some((wake, _)) = follow else {
         return options;
     };
@@ -80,23 +101,6 @@ fn pool_options(max: u32, follow: Option<(Arc<Notify>, Arc<Switched>)>) -> PgPoo
             Err(sqlx::Error::Configuration(
                 "connected to a read-only database host".into(),
             ))
-        })
-    })
-}
-
-/// `options` closing a connection opened before new connections moved to another host, and
-/// with `ping_idle`, pinging one idle longer than [`PING_AFTER_IDLE`].
-fn following(options: PgPoolOptions, switched: Arc<Switched>, ping_idle: bool) -> PgPoolOptions {
-    options.before_acquire(move |conn, meta| {
-        let current = switched.is_current(meta.age);
-        Box::pin(async move {
-            if !current {
-                return Ok(false);
-            }
-            if ping_idle {
-                return ping_if_idle(conn, meta).await;
-            }
-            Ok(true)
         })
     })
 }
@@ -156,11 +160,10 @@ impl PostgresStore {
             .map(|host| host.clone().options(PIPELINE_PLANNING))
             .collect();
         if hosts.len() == 1 {
-            let pool = pool_options(MAIN_CONNECTIONS, None)
+            let pool = pool_options(MAIN_CONNECTIONS, None, false)
                 .connect_with(hosts[0].clone())
                 .await?;
-            let pipeline = pool_options(PIPELINE_CONNECTIONS, None)
-                .before_acquire(|conn, meta| Box::pin(ping_if_idle(conn, meta)))
+            let pipeline = pool_options(PIPELINE_CONNECTIONS, None, true)
                 .connect_lazy_with(pipeline_hosts[0].clone());
             return Ok(Self {
                 pool,
@@ -178,19 +181,11 @@ impl PostgresStore {
         let wake = Arc::new(Notify::new());
         let switched = Arc::new(Switched::default());
         let follow = Some((wake.clone(), switched.clone()));
-        let pool = following(
-            pool_options(MAIN_CONNECTIONS, follow.clone()),
-            switched.clone(),
-            false,
-        )
-        .connect_with(hosts[current].clone())
-        .await?;
-        let pipeline = following(
-            pool_options(PIPELINE_CONNECTIONS, follow),
-            switched.clone(),
-            true,
-        )
-        .connect_lazy_with(pipeline_hosts[current].clone());
+        let pool = pool_options(MAIN_CONNECTIONS, follow.clone(), false)
+            .connect_with(hosts[current].clone())
+            .await?;
+        let pipeline = pool_options(PIPELINE_CONNECTIONS, follow, true)
+            .connect_lazy_with(pipeline_hosts[current].clone());
         tracing::info!(
             host = %postgres_hosts::label(&hosts[current]),
             hosts = hosts.len(),
@@ -301,7 +296,10 @@ impl super::PipelineStore for PostgresStore {
         if fused::may_commit_alone(batch) {
             let mut conn = self.pipeline.acquire().await?;
             match fused::apply(&mut conn, batch, fused::APPLY_ALONE).await {
-                Ok(found) => return fused::result(batch, &found, Default::default()),
+                Ok(found) => {
+                    let live = fused::live(batch, &found);
+                    return fused::result(batch, &found, live, Default::default());
+                }
                 // Nothing of it was kept: the batch runs again in a transaction.
                 Err(err) if fused::left_unsettled(&err) => {
                     metrics::counter!("verdict_group_commit_transactions_total").increment(1);
@@ -326,7 +324,7 @@ impl PostgresStore {
         let mut tx = begin_on(&self.pipeline, "BEGIN").await?;
         let found = fused::apply(&mut tx, batch, fused::APPLY).await?;
         disable_endpoints(&mut tx, &batch.attempts.iter().collect::<Vec<_>>()).await?;
-        let live = super::pipeline::live_acts(batch, |i, _| fused::held(&found, i));
+        let live = fused::live(batch, &found);
         for action in ActionKind::LOCAL {
             if live
                 .iter()
@@ -354,6 +352,6 @@ impl PostgresStore {
             failpoint!("act::before_commit");
         }
         tx.commit().await?;
-        fused::result(batch, &found, (outcomes, finished, deliveries))
+        fused::result(batch, &found, live, (outcomes, finished, deliveries))
     }
 }

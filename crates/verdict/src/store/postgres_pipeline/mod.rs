@@ -57,14 +57,20 @@ pub(super) fn left_unsettled(err: &StoreError) -> bool {
     }
 }
 
+/// The acts that went ahead: the keyless ones and those whose lock [`apply::APPLY`] found
+/// held, in batch order.
+pub(super) fn live(batch: &Batch, found: &Found) -> Vec<usize> {
+    live_acts(batch, |i, _| held(found, i))
+}
+
 /// The batch's result once committed: `actual`, the outcomes, stored records and outbox rows
 /// of the acts [`APPLY`] did not settle, in [`unsettled`]'s order.
 pub(super) fn result(
     batch: &Batch,
     found: &Found,
+    live: Vec<usize>,
     actual: Stored,
 ) -> Result<BatchResult, StoreError> {
-    let live = live_acts(batch, |i, _| held(found, i));
     let (outcomes, finished, deliveries) = actual;
     let (outcomes, finished, deliveries) =
         in_live_order(batch, &live, found, outcomes, finished, deliveries)?;
