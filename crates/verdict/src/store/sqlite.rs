@@ -4,8 +4,13 @@
 //! the pool instead of busy-waiting between our own connections) and reads through a small
 //! pool beside it. Write transactions start with `BEGIN IMMEDIATE` so they take the write lock
 //! up front instead of failing to upgrade a read lock half-way.
+//!
+//! Checkpoints (copying the WAL back into the database file, then an fsync) run on a
+//! connection of their own, off the writer: left to SQLite, the commit that crosses the
+//! auto-checkpoint threshold does it, and every write queued behind that commit waits for it.
 
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::sqlite::{
@@ -22,7 +27,16 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite")
 pub struct SqliteStore {
     writer: SqlitePool,
     reader: SqlitePool,
+    _checkpoints: Arc<Checkpoints>,
 }
+
+/// How often the checkpointer copies what the WAL holds into the database file.
+const CHECKPOINT_EVERY: Duration = Duration::from_millis(100);
+
+/// WAL pages at which the writer checkpoints on its own after a commit: a bound on the WAL
+/// (about 40 MiB) if the checkpointer falls behind or a PASSIVE checkpoint keeps finding new
+/// frames behind it, so the log is never reset. Far above what the checkpointer leaves there.
+const WRITER_CHECKPOINT_PAGES: &str = "10000";
 
 impl SqliteStore {
     /// Opens (creating if missing) the database file a `sqlite:` URL names.
@@ -36,7 +50,10 @@ impl SqliteStore {
             // FULL: a committed claim or completion survives power loss, not only a crash.
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(Duration::from_secs(10))
-            .foreign_keys(true);
+            .foreign_keys(true)
+            // A statement inside the group commit's transaction journals the pages it
+            // changes, so that it can be undone alone; in memory, not in a temporary file.
+            .pragma("temp_store", "memory");
         // A pool pings each connection it hands out unless told otherwise: a thread hop per
         // group commit. An SQLite connection is a file handle in this process and cannot
         // break while idle, so the ping checks nothing.
@@ -44,15 +61,30 @@ impl SqliteStore {
             .max_connections(1)
             .test_before_acquire(false)
             .acquire_timeout(Duration::from_secs(30))
-            .connect_with(options.clone())
+            .connect_with(
+                options
+                    .clone()
+                    .pragma("wal_autocheckpoint", WRITER_CHECKPOINT_PAGES),
+            )
             .await?;
+        let checkpoints = Checkpoints::start(
+            SqlitePoolOptions::new()
+                .max_connections(1)
+                .test_before_acquire(false)
+                .connect_with(options.clone())
+                .await?,
+        );
         let reader = SqlitePoolOptions::new()
             .max_connections(4)
             .test_before_acquire(false)
             .acquire_timeout(Duration::from_secs(30))
             .connect_with(options.read_only(true))
             .await?;
-        Ok(Self { writer, reader })
+        Ok(Self {
+            writer,
+            reader,
+            _checkpoints: Arc::new(checkpoints),
+        })
     }
 
     /// The pool every write goes through.
@@ -95,3 +127,80 @@ const MULTI_STATEMENT: bool = true;
 sql_store!(SqliteStore, sqlx::SqliteConnection, LEASE_DUE, 1);
 // SQLite runs the group commit's statements one by one: they are calls, not round trips.
 pipeline_sql!(SqliteStore, sqlx::SqliteConnection);
+
+/// The background checkpointer; stops when the last clone of its store is dropped.
+struct Checkpoints(tokio::task::JoinHandle<()>);
+
+impl Checkpoints {
+    /// A PASSIVE checkpoint every [`CHECKPOINT_EVERY`] on `pool`'s connection: it copies the
+    /// frames no reader still needs and never blocks the writer or a reader.
+    fn start(pool: SqlitePool) -> Self {
+        Self(tokio::spawn(async move {
+            let mut every = tokio::time::interval(CHECKPOINT_EVERY);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut failing = false;
+            loop {
+                every.tick().await;
+                match sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
+                    .execute(&pool)
+                    .await
+                {
+                    Ok(_) => failing = false,
+                    // Once per run of failures, not ten times a second; the writer's own
+                    // threshold still bounds the WAL meanwhile.
+                    Err(err) if !failing => {
+                        failing = true;
+                        tracing::warn!(error = ?err, "background WAL checkpoints are failing");
+                    }
+                    Err(_) => {}
+                }
+            }
+        }))
+    }
+}
+
+impl Drop for Checkpoints {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_wal_is_copied_into_the_database_file_without_waiting_for_the_writer() {
+        let dir = std::env::temp_dir().join(format!("verdict-ckpt-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).expect("a scratch directory");
+        let path = dir.join("v.db");
+        let store = SqliteStore::connect(&format!("sqlite://{}", path.display()))
+            .await
+            .expect("opens");
+        sqlx::query("CREATE TABLE t (x BLOB)")
+            .execute(store.write())
+            .await
+            .expect("creates");
+        let before = std::fs::metadata(&path).expect("the file").len();
+        // About 100 pages: far below both SQLite's default auto-checkpoint (1,000 pages) and
+        // the writer's threshold here, so only the background checkpointer copies them.
+        for _ in 0..100 {
+            sqlx::query("INSERT INTO t VALUES (zeroblob(4000))")
+                .execute(store.write())
+                .await
+                .expect("inserts");
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let mut size = before;
+        while size < before + 100 * 4000 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            size = std::fs::metadata(&path).expect("the file").len();
+        }
+        drop(store);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(
+            size >= before + 100 * 4000,
+            "the database file stayed at {size} bytes (from {before})"
+        );
+    }
+}
