@@ -262,6 +262,15 @@ macro_rules! sql_store {
 }
 
 // The backends last: they expand `sql_store!`.
+/// Aborts a store's background task (a host follower, a checkpointer) when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 mod postgres;
 mod postgres_hosts;
 mod postgres_pipeline;

@@ -8,8 +8,8 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Postgres, Transaction};
 use tokio::sync::Notify;
 
-use super::StoreError;
 use super::postgres_hosts::{self, Switched, follow_writable};
+use super::{AbortOnDrop, StoreError};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
 
@@ -128,15 +128,6 @@ pub struct PostgresStore {
     /// With several hosts, the task that keeps new connections on the one that takes writes;
     /// it stops with the last clone of the store.
     _follower: Option<Arc<AbortOnDrop>>,
-}
-
-/// Aborts a background task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 impl PostgresStore {

@@ -18,7 +18,7 @@ use sqlx::sqlite::{
 };
 use sqlx::{Sqlite, Transaction};
 
-use super::StoreError;
+use super::{AbortOnDrop, StoreError};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 
@@ -27,7 +27,8 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite")
 pub struct SqliteStore {
     writer: SqlitePool,
     reader: SqlitePool,
-    _checkpoints: Arc<Checkpoints>,
+    /// The background checkpointer ([`checkpoint_every`]); stops with the last clone.
+    _checkpoints: Arc<AbortOnDrop>,
 }
 
 /// How often the checkpointer copies what the WAL holds into the database file.
@@ -67,7 +68,7 @@ impl SqliteStore {
                     .pragma("wal_autocheckpoint", WRITER_CHECKPOINT_PAGES),
             )
             .await?;
-        let checkpoints = Checkpoints::start(
+        let checkpoints = checkpoint_every(
             SqlitePoolOptions::new()
                 .max_connections(1)
                 .test_before_acquire(false)
@@ -83,7 +84,7 @@ impl SqliteStore {
         Ok(Self {
             writer,
             reader,
-            _checkpoints: Arc::new(checkpoints),
+            _checkpoints: Arc::new(AbortOnDrop(checkpoints)),
         })
     }
 
@@ -128,41 +129,30 @@ sql_store!(SqliteStore, sqlx::SqliteConnection, LEASE_DUE, 1);
 // SQLite runs the group commit's statements one by one: they are calls, not round trips.
 pipeline_sql!(SqliteStore, sqlx::SqliteConnection);
 
-/// The background checkpointer; stops when the last clone of its store is dropped.
-struct Checkpoints(tokio::task::JoinHandle<()>);
-
-impl Checkpoints {
-    /// A PASSIVE checkpoint every [`CHECKPOINT_EVERY`] on `pool`'s connection: it copies the
-    /// frames no reader still needs and never blocks the writer or a reader.
-    fn start(pool: SqlitePool) -> Self {
-        Self(tokio::spawn(async move {
-            let mut every = tokio::time::interval(CHECKPOINT_EVERY);
-            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut failing = false;
-            loop {
-                every.tick().await;
-                match sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
-                    .execute(&pool)
-                    .await
-                {
-                    Ok(_) => failing = false,
-                    // Once per run of failures, not ten times a second; the writer's own
-                    // threshold still bounds the WAL meanwhile.
-                    Err(err) if !failing => {
-                        failing = true;
-                        tracing::warn!(error = ?err, "background WAL checkpoints are failing");
-                    }
-                    Err(_) => {}
+/// Starts a PASSIVE checkpoint every [`CHECKPOINT_EVERY`] on `pool`'s connection: it copies
+/// the frames no reader still needs and never blocks the writer or a reader.
+fn checkpoint_every(pool: SqlitePool) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(CHECKPOINT_EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut failing = false;
+        loop {
+            every.tick().await;
+            match sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
+                .execute(&pool)
+                .await
+            {
+                Ok(_) => failing = false,
+                // Once per run of failures, not ten times a second; the writer's own
+                // threshold still bounds the WAL meanwhile.
+                Err(err) if !failing => {
+                    failing = true;
+                    tracing::warn!(error = ?err, "background WAL checkpoints are failing");
                 }
+                Err(_) => {}
             }
-        }))
-    }
-}
-
-impl Drop for Checkpoints {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
+        }
+    })
 }
 
 #[cfg(test)]
