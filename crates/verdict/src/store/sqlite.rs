@@ -199,4 +199,40 @@ mod tests {
             "the database file stayed at {size} bytes (from {before})"
         );
     }
+
+    #[tokio::test]
+    async fn the_wal_starts_over_under_sustained_writes() {
+        let dir = std::env::temp_dir().join(format!("verdict-wal-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).expect("a scratch directory");
+        let path = dir.join("v.db");
+        let store = SqliteStore::connect(&format!("sqlite://{}", path.display()))
+            .await
+            .expect("opens");
+        sqlx::query("CREATE TABLE t (x BLOB)")
+            .execute(store.write())
+            .await
+            .expect("creates");
+        // 30,000 pages, 500 per commit, back to back.
+        for _ in 0..60 {
+            sqlx::query(
+                "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 500) \
+                 INSERT INTO t SELECT zeroblob(4000) FROM n",
+            )
+            .execute(store.write())
+            .await
+            .expect("inserts");
+        }
+        let wal = std::fs::metadata(dir.join("v.db-wal"))
+            .expect("the WAL")
+            .len();
+        drop(store);
+        let _ = std::fs::remove_dir_all(&dir);
+        let bound: u64 = WRITER_CHECKPOINT_PAGES.parse().expect("a number");
+        let frame = 4096 + 24;
+        assert!(
+            wal <= (bound + 2 * 500) * frame,
+            "the WAL grew to {} frames ({wal} bytes), past {bound} and a commit or two",
+            wal / frame
+        );
+    }
 }
