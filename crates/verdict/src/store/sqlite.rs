@@ -8,6 +8,7 @@
 //! Checkpoints (copying the WAL back into the database file, then an fsync) run on a
 //! connection of their own, off the writer: left to SQLite, the commit that crosses the
 //! auto-checkpoint threshold does it, and every write queued behind that commit waits for it.
+//! The writer keeps only a high threshold, which bounds the WAL and lets it start over.
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -149,8 +150,8 @@ fn checkpoint_every(pool: SqlitePool) -> tokio::task::JoinHandle<()> {
                 .await
             {
                 Ok(_) => failing = false,
-                // Once per run of failures, not ten times a second; the writer's own
-                // threshold still bounds the WAL meanwhile.
+                // Once per run of failures, not on every tick; the writer's own threshold
+                // still bounds the WAL meanwhile.
                 Err(err) if !failing => {
                     failing = true;
                     tracing::warn!(error = ?err, "background WAL checkpoints are failing");
