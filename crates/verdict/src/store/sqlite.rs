@@ -45,6 +45,18 @@ const CHECKPOINT_EVERY: Duration = Duration::from_millis(25);
 /// runs a RESTART one between two group commits (see [`checkpoint`]).
 const RESTART_AT_PAGES: i64 = 10_000;
 
+/// How long a connection waits for a lock another one holds.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long the RESTART checkpoint waits for readers on older snapshots, holding up the group
+/// commits meanwhile: a long read (a console listing) delays the restart to a later tick
+/// instead of every write.
+const RESTART_WAIT: Duration = Duration::from_millis(50);
+
+/// How long the checkpointer leaves the log alone after readers kept a RESTART from
+/// finishing: a long read costs the writes at most one [`RESTART_WAIT`] per this.
+const RESTART_BACKOFF: Duration = Duration::from_secs(1);
+
 /// WAL pages at which the writer checkpoints on its own after a commit: a backstop should
 /// the checkpointer stop, twice [`RESTART_AT_PAGES`] so that it normally never runs. It
 /// cannot be the bound itself: SQLite skips it whenever the checkpointer is mid-run, which on
@@ -62,7 +74,7 @@ impl SqliteStore {
             .journal_mode(SqliteJournalMode::Wal)
             // FULL: a committed claim or completion survives power loss, not only a crash.
             .synchronous(SqliteSynchronous::Full)
-            .busy_timeout(Duration::from_secs(10))
+            .busy_timeout(BUSY_TIMEOUT)
             .foreign_keys(true)
             // A statement inside the group commit's transaction journals the pages it
             // changes, so that it can be undone alone; in memory, not in a temporary file.
@@ -148,10 +160,17 @@ fn checkpoint_every(pool: SqlitePool, writer: SqlitePool) -> tokio::task::JoinHa
         let mut every = tokio::time::interval(CHECKPOINT_EVERY);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut failing = false;
+        let mut restart_after = tokio::time::Instant::now();
         loop {
             every.tick().await;
-            match checkpoint(&pool, &writer).await {
-                Ok(()) => failing = false,
+            let may_restart = tokio::time::Instant::now() >= restart_after;
+            match checkpoint(&pool, &writer, may_restart).await {
+                Ok(restart) => {
+                    failing = false;
+                    if restart == Restart::ReadersInTheWay {
+                        restart_after = tokio::time::Instant::now() + RESTART_BACKOFF;
+                    }
+                }
                 // Once per run of failures, not on every tick; the writer's own threshold
                 // still bounds the WAL meanwhile.
                 Err(err) if !failing => {
@@ -164,23 +183,53 @@ fn checkpoint_every(pool: SqlitePool, writer: SqlitePool) -> tokio::task::JoinHa
     })
 }
 
+/// What a checkpoint did about starting the log over.
+#[derive(Debug, PartialEq, Eq)]
+enum Restart {
+    /// The log is below [`RESTART_AT_PAGES`], or a restart may not be tried yet.
+    NotDue,
+    /// The next write starts the log over.
+    Done,
+    /// Readers on older snapshots outlasted [`RESTART_WAIT`].
+    ReadersInTheWay,
+}
+
 /// A PASSIVE checkpoint on `pool`, which copies the frames no reader still needs and blocks
-/// no one; then, if the log has grown past [`RESTART_AT_PAGES`], a RESTART one on the writer's
-/// connection, taken in turn with the group commits: it copies the few frames committed
-/// meanwhile, waits only for readers on older snapshots, and lets the next write start the
-/// log over. (From a connection of its own it waits for the write lock, which a busy writer
-/// takes again first: it was seen to wait 400 ms while the log doubled.)
-async fn checkpoint(pool: &SqlitePool, writer: &SqlitePool) -> Result<(), sqlx::Error> {
+/// no one; then, if the log has grown past [`RESTART_AT_PAGES`] and `may_restart`, a RESTART
+/// one on the writer's connection, taken in turn with the group commits: it copies the few
+/// frames committed meanwhile, waits (at most [`RESTART_WAIT`]) only for readers on older
+/// snapshots, and lets the next write start the log over. (From a connection of its own it
+/// waits for the write lock, which a busy writer takes again first: it was seen to wait 400 ms
+/// while the log doubled.)
+async fn checkpoint(
+    pool: &SqlitePool,
+    writer: &SqlitePool,
+    may_restart: bool,
+) -> Result<Restart, sqlx::Error> {
     // (busy, frames in the log, frames copied)
     let (_, log, _): (i64, i64, i64) = sqlx::query_as("PRAGMA wal_checkpoint(PASSIVE)")
         .fetch_one(pool)
         .await?;
-    if log >= RESTART_AT_PAGES {
-        sqlx::query("PRAGMA wal_checkpoint(RESTART)")
-            .execute(writer)
-            .await?;
+    if log < RESTART_AT_PAGES || !may_restart {
+        return Ok(Restart::NotDue);
     }
-    Ok(())
+    let mut conn = writer.acquire().await?;
+    // Built from our own constants, not from input.
+    let busy_timeout =
+        |wait: Duration| sqlx::AssertSqlSafe(format!("PRAGMA busy_timeout = {}", wait.as_millis()));
+    sqlx::raw_sql(busy_timeout(RESTART_WAIT))
+        .execute(&mut *conn)
+        .await?;
+    let restarted: Result<(i64, i64, i64), _> = sqlx::query_as("PRAGMA wal_checkpoint(RESTART)")
+        .fetch_one(&mut *conn)
+        .await;
+    sqlx::raw_sql(busy_timeout(BUSY_TIMEOUT))
+        .execute(&mut *conn)
+        .await?;
+    Ok(match restarted? {
+        (0, _, _) => Restart::Done,
+        _ => Restart::ReadersInTheWay,
+    })
 }
 
 #[cfg(test)]
@@ -254,6 +303,38 @@ mod tests {
             wal <= 2 * bound * frame,
             "the WAL grew to {} frames ({wal} bytes), past 2 × {bound}",
             wal / frame
+        );
+    }
+
+    #[tokio::test]
+    async fn a_long_read_delays_the_restart_not_the_writes() {
+        let (dir, _, store) = scratch_store().await;
+        let mut reading = store.read().begin().await.expect("a read transaction");
+        sqlx::query("SELECT COUNT(*) FROM t")
+            .execute(&mut *reading)
+            .await
+            .expect("reads");
+        // 20,000 pages past a reader that keeps its snapshot all along, so every RESTART
+        // waits for it in vain: with the connection's 10 s busy timeout instead of
+        // RESTART_WAIT, one write would wait that long.
+        let mut slowest = Duration::ZERO;
+        for _ in 0..40 {
+            let started = std::time::Instant::now();
+            sqlx::query(
+                "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 500) \
+                 INSERT INTO t SELECT zeroblob(4000) FROM n",
+            )
+            .execute(store.write())
+            .await
+            .expect("inserts");
+            slowest = slowest.max(started.elapsed());
+        }
+        reading.rollback().await.expect("ends the read");
+        drop(store);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(
+            slowest < Duration::from_secs(2),
+            "a write waited {slowest:?} behind a checkpoint waiting for a reader"
         );
     }
 }
