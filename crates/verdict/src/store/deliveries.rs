@@ -145,86 +145,9 @@ pub trait DeliveryStore {
 pub(crate) const DELIVERY_COLUMNS: &str = "id, event_id, webhook_id, status, attempts, \
      next_attempt_at, last_error, created_at, updated_at";
 
-/// A delivery to record for an event, as the group commit inserts it.
-pub(crate) struct OutboxRow<'a> {
-    pub target: &'a crate::store::ActionTarget,
-    pub delivery: &'a NewDelivery,
-}
-
-/// Implements [`DeliveryStore`] and the batched outbox insert for a backend.
+/// Implements [`DeliveryStore`] for a backend.
 macro_rules! deliveries_sql {
     ($store:ty, $conn:ty, $lease_due:expr) => {
-
-        /// An effect held once per subject (a lock, a deny): `insert` takes (tenant, subject,
-
-        /// Records callbacks in the outbox, one per signal: returns, per row, whether this
-        /// event holds the delivery and whether this statement inserted it (only then does the
-        /// inline attempt go out, with exactly the bytes stored).
-        // Only SQLite runs this; PostgreSQL fuses it into store/postgres_pipeline/.
-        #[allow(dead_code)]
-        async fn insert_deliveries(
-            conn: &mut $conn,
-            rows: &[$crate::store::deliveries::OutboxRow<'_>],
-        ) -> Result<Vec<($crate::actions::Applied, bool)>, sqlx::Error> {
-            if rows.is_empty() {
-                return Ok(Vec::new());
-            }
-            let key = |r: &$crate::store::deliveries::OutboxRow<'_>| {
-                (r.target.tenant_id, r.target.signal_key.clone())
-            };
-            let mut seen = std::collections::HashSet::new();
-            let mut unique: Vec<_> = rows.iter().filter(|r| seen.insert(key(r))).collect();
-            unique.sort_by_key(|r| key(r));
-            let mut q = sqlx::QueryBuilder::<Db>::new(
-                "INSERT INTO deliveries (id, tenant_id, event_id, signal_key, webhook_id, \
-                 payload, status, attempts, next_attempt_at, leased_until, created_at, \
-                 updated_at) ",
-            );
-            q.push_values(unique, |mut row, r| {
-                row.push_bind(r.delivery.id)
-                    .push_bind(r.target.tenant_id)
-                    .push_bind(r.target.event_id)
-                    .push_bind(r.target.signal_key.clone())
-                    .push_bind(r.delivery.webhook_id.clone())
-                    .push_bind(r.delivery.payload.clone())
-                    .push_bind("pending")
-                    .push_bind(0_i64)
-                    .push_bind(r.target.now)
-                    .push_bind(r.delivery.leased_until)
-                    .push_bind(r.target.now)
-                    .push_bind(r.target.now);
-            });
-            q.push(" ON CONFLICT DO NOTHING RETURNING id");
-            let inserted: std::collections::HashSet<uuid::Uuid> = q
-                .build_query_scalar()
-                .fetch_all(&mut *conn)
-                .await?
-                .into_iter()
-                .collect();
-            let missing: Vec<_> = rows
-                .iter()
-                .filter(|r| !inserted.contains(&r.delivery.id))
-                .map(key)
-                .collect::<std::collections::HashSet<_>>()
-                .into_iter()
-                .collect();
-            let holder = holders_of(
-                conn,
-                "SELECT tenant_id, signal_key, event_id FROM deliveries \
-                 WHERE (tenant_id, signal_key) IN ",
-                &missing,
-            )
-            .await?;
-            Ok(rows
-                .iter()
-                .map(|r| {
-                    let fresh = inserted.contains(&r.delivery.id);
-                    let ours = fresh || holder.get(&key(r)) == Some(&r.target.event_id);
-                    (applied(ours), fresh)
-                })
-                .collect())
-        }
-
         /// Deletes the deliveries of `events` that are settled (not pending), and their
         /// attempts; returns how many of each.
         async fn delete_settled_deliveries(

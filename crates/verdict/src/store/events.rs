@@ -86,7 +86,7 @@ pub struct PrunedEvents {
     pub alerts: u64,
 }
 
-/// Implements [`EventStore`] and the batched event insert for a backend.
+/// Implements [`EventStore`] for a backend.
 macro_rules! events_sql {
     ($store:ty, $conn:ty) => {
         /// Pushes `(a, b, c)` for a list of ids.
@@ -97,42 +97,6 @@ macro_rules! events_sql {
                 list.push_bind(*id);
             }
             q.push(")");
-        }
-
-        /// Adds to `q` the statement that inserts `events` (none if there are none); an event
-        /// already stored (a retry) is left alone.
-        // Only SQLite runs this; PostgreSQL fuses it into store/postgres_pipeline/.
-        #[allow(dead_code)]
-        fn push_insert_events(
-            q: &mut sqlx::QueryBuilder<Db>,
-            events: &[&$crate::store::NewEvent],
-        ) {
-            if events.is_empty() {
-                return;
-            }
-            q.push(
-                "INSERT INTO events (id, tenant_id, signal_type, subject_hash, observed_at, \
-                 attributes, metadata, decision, playbook_version, rule, actions, created_at, \
-                 evaluated_at, facts, feed) ",
-            );
-            q.push_values(events, |mut row, e| {
-                row.push_bind(e.id)
-                    .push_bind(e.tenant_id)
-                    .push_bind(e.signal_type)
-                    .push_bind(e.subject_hash.clone())
-                    .push_bind(e.observed_at)
-                    .push_bind(e.attributes.clone())
-                    .push_bind(e.metadata.clone())
-                    .push_bind(e.decision)
-                    .push_bind(e.playbook_version)
-                    .push_bind(e.rule.clone())
-                    .push_bind(e.actions.clone())
-                    .push_bind(e.created_at)
-                    .push_bind(e.evaluated_at)
-                    .push_bind(e.facts.clone())
-                    .push_bind(e.feed);
-            });
-            q.push(" ON CONFLICT DO NOTHING; ");
         }
 
         #[async_trait::async_trait]

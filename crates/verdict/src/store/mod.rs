@@ -35,6 +35,7 @@ pub mod events;
 pub mod deliveries;
 #[macro_use]
 pub mod pipeline;
+pub(crate) mod rows;
 #[macro_use]
 pub mod activity;
 #[macro_use]

@@ -286,7 +286,7 @@ impl super::PipelineStore for PostgresStore {
         use super::postgres_pipeline as fused;
         if fused::may_commit_alone(batch) {
             let mut conn = self.pipeline.acquire().await?;
-            match fused::apply(&mut conn, batch, fused::APPLY_ALONE).await {
+            match fused::apply(&mut conn, batch, fused::APPLY_ALONE.as_str()).await {
                 Ok(found) => {
                     let live = fused::live(batch, &found);
                     return fused::result(batch, &found, live, Default::default());
@@ -313,7 +313,7 @@ impl PostgresStore {
         use crate::actions::ActionKind;
         use crate::failpoint::failpoint;
         let mut tx = begin_on(&self.pipeline, "BEGIN").await?;
-        let found = fused::apply(&mut tx, batch, fused::APPLY).await?;
+        let found = fused::apply(&mut tx, batch, fused::APPLY.as_str()).await?;
         disable_endpoints(&mut tx, &batch.attempts.iter().collect::<Vec<_>>()).await?;
         let live = fused::live(batch, &found);
         for action in ActionKind::LOCAL {

@@ -1,30 +1,28 @@
 //! [`APPLY`]: most of a batch in one statement.
 
-use sqlx::PgConnection;
-use sqlx::Row;
-use uuid::Uuid;
+use std::sync::LazyLock;
 
-use super::arrays::{OutboxRow, PgQuery, bind_events, bind_outbox, bind_responses, column};
+use sqlx::PgConnection;
+use sqlx::Row as _;
+
+use super::inputs::{ActIn, ClaimIn};
+use super::params::{Int8, Param, Rows, bind_all, render};
 use super::{Found, index, kind_name};
 use crate::actions::ActionKind;
-use crate::store::{Act, AttemptRecord, Batch, Claim, StoreError, StoredResponse};
+use crate::store::rows::OutboxRow;
+use crate::store::{Batch, NewEvent, StoreError, StoredResponse};
 
 /// The held locks' re-check, the new claims, the live acts' effects, the inline attempts'
 /// records, and the outbox rows, events and completions of the acts whose effects all came out
 /// as expected. Returns one row per claim won (`claim`), per keyed act whose lock held
 /// (`held`), per effect of a live act (its kind) and per act settled (`settled`), each with the
-/// index of its claim or act and whether the effect is this signal's.
-macro_rules! apply_statement {
-    () => {
-        r#"
+/// index of its claim or act and whether the effect is this signal's. Its inputs are named
+/// `{…}` and rendered by [`render`] from [`Inputs`].
+const TEMPLATE: &str = r#"
 WITH claim_in AS (
     -- The batch's claims: alone (`i`, their position among the claims) or with their act
     -- (`act`, its position among the acts, and the response it completes the key with).
-    SELECT * FROM unnest($1::int4[], $2::uuid[], $3::text[], $4::bytea[], $5::bytea[],
-        $6::uuid[], $7::uuid[], $8::int8[], $9::int8[], $10::int8[], $11::text[], $69::int4[],
-        $70::int4[], $71::bytea[])
-        AS c(i, tenant_id, endpoint, key_digest, fingerprint, event_id, lock_token,
-             locked_until, now, expires_at, ruling, act, status, body)
+    SELECT * FROM {claim_rows}
 ), claimed AS (
     -- One lock order across concurrent batches: no deadlock cycle. A claim with its act is
     -- inserted completed, with the response its act expects: no later statement of this one
@@ -42,11 +40,7 @@ WITH claim_in AS (
     FROM claim_in ORDER BY tenant_id, endpoint, key_digest, i
     ON CONFLICT DO NOTHING RETURNING lock_token
 ), act_in AS (
-    SELECT * FROM unnest($12::int4[], $13::uuid[], $14::uuid[], $15::bytea[], $16::bytea[],
-        $17::text[], $18::int8[], $19::bool[], $20::bool[], $21::bool[], $22::bool[],
-        $23::bool[], $24::uuid[], $25::uuid[], $27::text[], $28::bytea[], $29::uuid[])
-        AS a(i, tenant_id, event_id, subject_hash, signal_key, signal_type, now, lock, deny,
-             ledger, open_case, alert, ledger_id, case_id, endpoint, key_digest, lock_token)
+    SELECT * FROM {act_rows}
 ), held_before AS (
     -- The keyed acts whose lock is still theirs (token and state), each key row locked for
     -- the rest of the transaction. Locked, not written: `completed` below writes the row, and
@@ -65,10 +59,7 @@ WITH claim_in AS (
     -- The acts that go ahead: the keyless ones and those whose lock held.
     SELECT * FROM act_in WHERE lock_token IS NULL OR i IN (SELECT i FROM held)
 ), attempt_in AS (
-    SELECT * FROM unnest($30::uuid[], $31::uuid[], $32::int8[], $33::text[], $34::int4[],
-        $35::int8[], $36::text[], $37::bytea[], $38::text[], $39::int8[], $40::int8[])
-        AS t(id, delivery_id, attempted_at, trigger_kind, status_code, latency_ms, error,
-             excerpt, status, retries_left, next_attempt_at)
+    SELECT * FROM {attempt_rows}
 ), attempt_ins AS (
     INSERT INTO delivery_attempts (id, delivery_id, attempted_at, trigger_kind, status_code,
         latency_ms, error, response_excerpt)
@@ -127,7 +118,7 @@ WITH claim_in AS (
     FROM live WHERE alert ORDER BY tenant_id, subject_hash, signal_type, i
     ON CONFLICT (tenant_id, subject_hash, signal_type) DO UPDATE
         SET event_id = excluded.event_id, last_sent_at = excluded.last_sent_at
-        WHERE alert_windows.last_sent_at <= excluded.last_sent_at - $26
+        WHERE alert_windows.last_sent_at <= excluded.last_sent_at - {alert_window}
     RETURNING tenant_id, subject_hash, signal_type, event_id
 ), alert_of AS (
     SELECT a.i, a.tenant_id, a.subject_hash, a.signal_type, a.event_id, a.now,
@@ -160,14 +151,10 @@ WITH claim_in AS (
             AND w.subject_hash = a.subject_hash AND w.signal_type = a.signal_type
             AND w.event_id = a.event_id))
 ), outbox_in AS (
-    SELECT * FROM unnest($41::int4[], $42::uuid[], $43::uuid[], $44::uuid[], $45::bytea[],
-        $46::text[], $47::bytea[], $48::int8[], $49::int8[])
-        AS o(i, id, tenant_id, event_id, signal_key, webhook_id, payload, now, leased_until)
+    SELECT * FROM {outbox_rows}
 ), outbox_ins AS (
-    INSERT INTO deliveries (id, tenant_id, event_id, signal_key, webhook_id, payload, status,
-        attempts, next_attempt_at, leased_until, created_at, updated_at)
-    SELECT id, tenant_id, event_id, signal_key, webhook_id, payload, 'pending', 0, now,
-        leased_until, now, now
+    INSERT INTO deliveries ({outbox_rows.columns})
+    SELECT {outbox_rows.columns}
     FROM outbox_in WHERE i IN (SELECT i FROM expected) ORDER BY tenant_id, signal_key, i
     ON CONFLICT DO NOTHING RETURNING id
 ), settled AS (
@@ -177,24 +164,16 @@ WITH claim_in AS (
     WHERE NOT EXISTS (SELECT 1 FROM outbox_in o WHERE o.i = e.i)
         OR EXISTS (SELECT 1 FROM outbox_in o JOIN outbox_ins x ON x.id = o.id WHERE o.i = e.i)
 ), event_ins AS (
-    INSERT INTO events (id, tenant_id, signal_type, subject_hash, observed_at, attributes,
-        metadata, decision, playbook_version, rule, actions, created_at, evaluated_at, facts,
-        feed)
-    SELECT id, tenant_id, signal_type, subject_hash, observed_at, attributes, metadata,
-        decision, playbook_version, rule, actions, created_at, evaluated_at, facts, feed
-    FROM unnest($50::int4[], $51::uuid[], $52::uuid[], $53::text[], $54::bytea[], $55::int8[],
-        $56::text[], $57::text[], $58::text[], $59::int8[], $60::text[], $61::text[],
-        $62::int8[], $63::int8[], $64::text[], $65::text[])
-        AS e(i, id, tenant_id, signal_type, subject_hash, observed_at, attributes, metadata,
-             decision, playbook_version, rule, actions, created_at, evaluated_at, facts, feed)
+    INSERT INTO events ({event_rows.columns})
+    SELECT {event_rows.columns} FROM {event_rows}
     WHERE i IN (SELECT i FROM settled)
     ON CONFLICT DO NOTHING
 ), completed AS (
-    UPDATE idempotency_keys k SET state = 'completed', response_status = r.status,
-        response_body = r.body, lock_token = NULL, locked_until = 0
-    FROM unnest($66::int4[], $67::int4[], $68::bytea[]) AS r(i, status, body)
-    JOIN act_in a ON a.i = r.i
-    WHERE r.i IN (SELECT i FROM settled) AND k.tenant_id = a.tenant_id
+    UPDATE idempotency_keys k SET state = 'completed', response_status = responses.status,
+        response_body = responses.body, lock_token = NULL, locked_until = 0
+    FROM {responses}
+    JOIN act_in a ON a.i = responses.i
+    WHERE responses.i IN (SELECT i FROM settled) AND k.tenant_id = a.tenant_id
         AND k.endpoint = a.endpoint AND k.key_digest = a.key_digest
         AND k.lock_token = a.lock_token
 )
@@ -222,66 +201,114 @@ UNION ALL SELECT 'ledger', a.i, COALESCE(COALESCE(l.event_id, (SELECT x.event_id
 UNION ALL SELECT 'case', i, COALESCE(opener = event_id, FALSE) FROM case_of
 UNION ALL SELECT 'alert', i, ours FROM alert_of
 UNION ALL SELECT 'settled', i, TRUE FROM settled
-"#
-    };
-}
+"#;
 
-/// [`apply_statement`], run inside the batch's transaction.
-pub(in crate::store) const APPLY: &str = apply_statement!();
+/// [`TEMPLATE`], run inside the batch's transaction.
+pub(in crate::store) static APPLY: LazyLock<String> =
+    LazyLock::new(|| Inputs::of(&Batch::default()).render(TEMPLATE));
 
-/// [`apply_statement`], run as a transaction of its own: it aborts, keeping nothing, unless
-/// every act that went ahead was settled by it (`verdict_require_settled` raises SQLSTATE
-/// [`UNSETTLED`] otherwise), since no later statement could finish the others.
-pub(in crate::store) const APPLY_ALONE: &str = concat!(
-    apply_statement!(),
-    "UNION ALL SELECT 'guard', 0, verdict_require_settled(\n",
-    "    (SELECT count(*) FROM live) - (SELECT count(*) FROM settled))\n"
-);
+/// [`TEMPLATE`], run as a transaction of its own: it aborts, keeping nothing, unless every act
+/// that went ahead was settled by it (`verdict_require_settled` raises SQLSTATE [`UNSETTLED`]
+/// otherwise), since no later statement could finish the others.
+pub(in crate::store) static APPLY_ALONE: LazyLock<String> = LazyLock::new(|| {
+    Inputs::of(&Batch::default()).render(&format!(
+        "{TEMPLATE}UNION ALL SELECT 'guard', 0, verdict_require_settled(\n    \
+         (SELECT count(*) FROM live) - (SELECT count(*) FROM settled))\n"
+    ))
+});
 
 /// The SQLSTATE [`APPLY_ALONE`] aborts with when a batch needs its actual outcomes stored.
 pub(super) const UNSETTLED: &str = "VD001";
 
-/// Runs [`APPLY`]: the held locks' re-check, the batch's claims, the effects of the acts
-/// whose lock held (and the keyless ones), the inline attempts' records, and what the acts
-/// whose effects all came out as their own store (each act's [`crate::store::Expected`]).
+/// Everything [`TEMPLATE`] takes, as rows: built for a batch to bind it, and for an empty one
+/// to render the statement (the text depends only on the row types).
+struct Inputs<'a> {
+    claims: Vec<ClaimIn<'a>>,
+    acts: Vec<ActIn<'a>>,
+    batch: &'a Batch,
+    outbox: Vec<OutboxRow<'a>>,
+    outbox_index: Vec<i32>,
+    events: Vec<&'a NewEvent>,
+    /// The keyed acts, and the responses their keys replay.
+    keyed: Vec<i32>,
+    responses: Vec<&'a StoredResponse>,
+}
+
+impl<'a> Inputs<'a> {
+    fn of(batch: &'a Batch) -> Self {
+        let (outbox_index, outbox) = batch
+            .acts
+            .iter()
+            .enumerate()
+            .filter_map(|(i, act)| {
+                let delivery = act.expected.delivery.as_ref()?;
+                Some((
+                    index(i),
+                    OutboxRow {
+                        target: &act.target,
+                        delivery,
+                    },
+                ))
+            })
+            .unzip();
+        let (keyed, responses) = batch
+            .acts
+            .iter()
+            .enumerate()
+            .filter(|(_, act)| act.held.is_some())
+            .map(|(i, act)| (index(i), &act.expected.finished.response))
+            .unzip();
+        Self {
+            claims: ClaimIn::of(batch),
+            acts: ActIn::of(&batch.acts),
+            batch,
+            outbox,
+            outbox_index,
+            events: batch
+                .acts
+                .iter()
+                .map(|a| &a.expected.finished.event)
+                .collect(),
+            keyed,
+            responses,
+        }
+    }
+
+    /// Runs `f` with the inputs in parameter order.
+    fn with<T>(&self, f: impl FnOnce(&[&dyn Param]) -> T) -> T {
+        let events_index = (0..self.batch.acts.len()).map(index).collect();
+        f(&[
+            &Rows::new("claim_rows", self.claims.iter().collect()),
+            &Rows::new("act_rows", self.acts.iter().collect()),
+            &Int8("alert_window", self.batch.alert_window_ms),
+            &Rows::new("attempt_rows", self.batch.attempts.iter().collect()),
+            &Rows::indexed(
+                "outbox_rows",
+                self.outbox_index.clone(),
+                self.outbox.iter().collect(),
+            ),
+            &Rows::indexed("event_rows", events_index, self.events.clone()),
+            &Rows::indexed("responses", self.keyed.clone(), self.responses.clone()),
+        ])
+    }
+
+    fn render(&self, template: &str) -> String {
+        self.with(|inputs| render(template, inputs))
+    }
+}
+
+/// Runs [`APPLY`] (or [`APPLY_ALONE`]): the held locks' re-check, the batch's claims, the
+/// effects of the acts whose lock held (and the keyless ones), the inline attempts' records,
+/// and what the acts whose effects all came out as their own store (each act's
+/// [`crate::store::Expected`]).
 pub(in crate::store) async fn apply(
     conn: &mut PgConnection,
     batch: &Batch,
     statement: &'static str,
 ) -> Result<Found, StoreError> {
-    let outbox_rows: Vec<OutboxRow> = batch
-        .acts
-        .iter()
-        .enumerate()
-        .filter_map(|(i, act)| {
-            act.expected.delivery.as_ref().map(|delivery| OutboxRow {
-                i: index(i),
-                act,
-                delivery,
-            })
-        })
-        .collect();
-    let events: Vec<_> = batch
-        .acts
-        .iter()
-        .map(|a| &a.expected.finished.event)
-        .collect();
-    // The keyed acts, and the responses their keys replay.
-    let (keyed, responses): (Vec<i32>, Vec<_>) = batch
-        .acts
-        .iter()
-        .enumerate()
-        .filter(|(_, act)| act.held.is_some())
-        .map(|(i, act)| (index(i), &act.expected.finished.response))
-        .unzip();
-    let claims = ClaimRow::of(batch);
-    let query = bind_claims(sqlx::query(statement), &claims);
-    let query = bind_acts(query, &batch.acts, batch.alert_window_ms);
-    let query = bind_attempts(query, &batch.attempts);
-    let query =
-        bind_outbox(query, &outbox_rows).bind((0..batch.acts.len()).map(index).collect::<Vec<_>>());
-    let query = bind_events(query, &events).bind(keyed);
-    let rows = bind_claims_acts(bind_responses(query, &responses), &claims)
+    let inputs = Inputs::of(batch);
+    let rows = inputs
+        .with(|params| bind_all(sqlx::query(statement), params))
         .fetch_all(&mut *conn)
         .await?;
     let mut found = Found::default();
@@ -312,96 +339,21 @@ pub(in crate::store) async fn apply(
     Ok(found)
 }
 
-/// A claim as [`APPLY`] takes it: alone, at its position among the batch's claims, or with
-/// its act, at the act's position, completing the key with the act's expected response.
-struct ClaimRow<'a> {
-    claim: &'a Claim,
-    alone: Option<i32>,
-    act: Option<(i32, &'a StoredResponse)>,
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-impl<'a> ClaimRow<'a> {
-    fn of(batch: &'a Batch) -> Vec<Self> {
-        let alone = batch.claims.iter().enumerate().map(|(i, claim)| Self {
-            claim,
-            alone: Some(index(i)),
-            act: None,
-        });
-        let with_act = batch.acts.iter().enumerate().filter_map(|(i, act)| {
-            act.claim.as_ref().map(|claim| Self {
-                claim,
-                alone: None,
-                act: Some((index(i), &act.expected.finished.response)),
-            })
-        });
-        alone.chain(with_act).collect()
+    #[test]
+    fn apply_renders_with_every_input_numbered_once() {
+        for statement in [&*APPLY, &*APPLY_ALONE] {
+            assert!(!statement.contains('{'), "{statement}");
+            // Every parameter from $1 to the last appears, none twice in a row list.
+            let last = (1..200)
+                .take_while(|n| statement.contains(&format!("${n}::")))
+                .last()
+                .unwrap_or(0);
+            assert!(last > 60, "{last}");
+            assert!(!statement.contains(&format!("${}::", last + 1)));
+        }
     }
-}
-
-/// Binds the claims' eleven arrays (`$1`–`$11`).
-fn bind_claims<'q>(query: PgQuery<'q>, claims: &[ClaimRow]) -> PgQuery<'q> {
-    query
-        .bind(column(claims, |c| c.alone))
-        .bind(column(claims, |c| c.claim.key.tenant_id))
-        .bind(column(claims, |c| c.claim.key.endpoint))
-        .bind(column(claims, |c| c.claim.key.digest.clone()))
-        .bind(column(claims, |c| c.claim.fingerprint.clone()))
-        .bind(column(claims, |c| c.claim.event_id))
-        .bind(column(claims, |c| c.claim.lock_token))
-        .bind(column(claims, |c| c.claim.locked_until))
-        .bind(column(claims, |c| c.claim.now))
-        .bind(column(claims, |c| c.claim.expires_at))
-        .bind(column(claims, |c| c.claim.ruling.clone()))
-}
-
-/// Binds the claims' acts and the responses they complete their keys with (`$69`–`$71`).
-fn bind_claims_acts<'q>(query: PgQuery<'q>, claims: &[ClaimRow]) -> PgQuery<'q> {
-    query
-        .bind(column(claims, |c| c.act.map(|(i, _)| i)))
-        .bind(column(claims, |c| c.act.map(|(_, r)| i32::from(r.status))))
-        .bind(column(claims, |c| c.act.map(|(_, r)| r.body.clone())))
-}
-
-/// Binds the acts' arrays and the alert window (`$12`–`$29`).
-fn bind_acts<'q>(query: PgQuery<'q>, acts: &[Act], alert_window_ms: i64) -> PgQuery<'q> {
-    let wants = |action: ActionKind| -> Vec<bool> {
-        acts.iter().map(|a| a.effects.contains(&action)).collect()
-    };
-    query
-        .bind((0..acts.len()).map(index).collect::<Vec<_>>())
-        .bind(column(acts, |a| a.target.tenant_id))
-        .bind(column(acts, |a| a.target.event_id))
-        .bind(column(acts, |a| a.target.subject_hash.clone()))
-        .bind(column(acts, |a| a.target.signal_key.clone()))
-        .bind(column(acts, |a| a.target.signal_type))
-        .bind(column(acts, |a| a.target.now))
-        .bind(wants(ActionKind::LockAccount))
-        .bind(wants(ActionKind::Deny))
-        .bind(wants(ActionKind::ChargeStepUp))
-        .bind(wants(ActionKind::OpenCase))
-        .bind(wants(ActionKind::AlertCustomer))
-        .bind(column(acts, |_| Uuid::now_v7()))
-        .bind(column(acts, |_| Uuid::now_v7()))
-        .bind(alert_window_ms)
-        .bind(column(acts, |a| a.held.as_ref().map(|h| h.key.endpoint)))
-        .bind(column(acts, |a| {
-            a.held.as_ref().map(|h| h.key.digest.clone())
-        }))
-        .bind(column(acts, |a| a.held.as_ref().map(|h| h.lock_token)))
-}
-
-/// Binds the inline attempts' eleven arrays (`$30`–`$40`).
-fn bind_attempts<'q>(query: PgQuery<'q>, attempts: &[AttemptRecord]) -> PgQuery<'q> {
-    query
-        .bind(column(attempts, |t| t.id))
-        .bind(column(attempts, |t| t.delivery_id))
-        .bind(column(attempts, |t| t.attempted_at))
-        .bind(column(attempts, |t| t.trigger))
-        .bind(column(attempts, |t| t.status_code))
-        .bind(column(attempts, |t| t.latency_ms))
-        .bind(column(attempts, |t| t.error.clone()))
-        .bind(column(attempts, |t| t.response_excerpt.clone()))
-        .bind(column(attempts, |t| t.next.status.as_str()))
-        .bind(column(attempts, |t| t.next.retries_left))
-        .bind(column(attempts, |t| t.next.next_attempt_at))
 }

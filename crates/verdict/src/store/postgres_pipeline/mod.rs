@@ -26,9 +26,10 @@
 //! not attached to that case.
 
 mod apply;
-mod arrays;
 mod finish;
+mod inputs;
 mod outbox;
+mod params;
 
 pub(super) use apply::{APPLY, APPLY_ALONE, apply};
 pub(super) use finish::finish;

@@ -21,6 +21,8 @@ use sqlx::{Sqlite, Transaction};
 
 use super::{AbortOnDrop, StoreError};
 
+mod pipeline;
+
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 
 /// SQLite-backed storage.
@@ -151,8 +153,6 @@ const LEASE_DUE: &str = "UPDATE deliveries SET leased_until = $2 WHERE id IN ( \
 const MULTI_STATEMENT: bool = true;
 
 sql_store!(SqliteStore, sqlx::SqliteConnection, LEASE_DUE, 1);
-// SQLite runs the group commit's statements one by one: they are calls, not round trips.
-pipeline_sql!(SqliteStore, sqlx::SqliteConnection);
 
 /// Runs [`checkpoint`] every [`CHECKPOINT_EVERY`] on `pool`'s connection.
 fn checkpoint_every(pool: SqlitePool, writer: SqlitePool) -> tokio::task::JoinHandle<()> {

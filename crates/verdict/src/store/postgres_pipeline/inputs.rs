@@ -1,0 +1,163 @@
+//! The rows the fused statements take that are not a table's rows: claims with their acts,
+//! acts with the effects they ask for, attempts with the state they move their delivery to,
+//! and the responses keys complete with. Each names its columns once ([`Row`]).
+
+use uuid::Uuid;
+
+use super::index;
+use crate::actions::ActionKind;
+use crate::store::rows::{Col, Row};
+use crate::store::{Act, AttemptRecord, Batch, Claim, HeldKey, StoredResponse};
+
+/// A claim as [`super::apply::APPLY`] takes it: alone, at its position among the batch's
+/// claims, or with its act, at the act's position, completing the key with the act's expected
+/// response.
+pub(super) struct ClaimIn<'a> {
+    claim: &'a Claim,
+    alone: Option<i32>,
+    act: Option<(i32, &'a StoredResponse)>,
+}
+
+impl<'a> ClaimIn<'a> {
+    /// The batch's claims: first those alone, then those that come with their acts.
+    pub(super) fn of(batch: &'a Batch) -> Vec<Self> {
+        let alone = batch.claims.iter().enumerate().map(|(i, claim)| Self {
+            claim,
+            alone: Some(index(i)),
+            act: None,
+        });
+        let with_act = batch.acts.iter().enumerate().filter_map(|(i, act)| {
+            act.claim.as_ref().map(|claim| Self {
+                claim,
+                alone: None,
+                act: Some((index(i), &act.expected.finished.response)),
+            })
+        });
+        alone.chain(with_act).collect()
+    }
+}
+
+impl Row for ClaimIn<'_> {
+    fn columns() -> Vec<Col<Self>> {
+        vec![
+            Col::OptInt4("i", |c| c.alone),
+            Col::Uuid("tenant_id", |c| c.claim.key.tenant_id),
+            Col::Str("endpoint", |c| c.claim.key.endpoint),
+            Col::Bytes("key_digest", |c| c.claim.key.digest.clone()),
+            Col::Bytes("fingerprint", |c| c.claim.fingerprint.clone()),
+            Col::Uuid("event_id", |c| c.claim.event_id),
+            Col::Uuid("lock_token", |c| c.claim.lock_token),
+            Col::Int8("locked_until", |c| c.claim.locked_until),
+            Col::Int8("now", |c| c.claim.now),
+            Col::Int8("expires_at", |c| c.claim.expires_at),
+            Col::Text("ruling", |c| c.claim.ruling.clone()),
+            Col::OptInt4("act", |c| c.act.map(|(i, _)| i)),
+            Col::OptInt4("status", |c| c.act.map(|(_, r)| i32::from(r.status))),
+            Col::OptBytes("body", |c| c.act.map(|(_, r)| r.body.clone())),
+        ]
+    }
+}
+
+/// An act as [`super::apply::APPLY`] takes it: its target, which local effects it asks for,
+/// the ids a new ledger entry and a new case would get, and the key it holds, if any.
+pub(super) struct ActIn<'a> {
+    i: i32,
+    act: &'a Act,
+    ledger_id: Uuid,
+    case_id: Uuid,
+}
+
+impl<'a> ActIn<'a> {
+    /// The batch's acts, in order.
+    pub(super) fn of(acts: &'a [Act]) -> Vec<Self> {
+        acts.iter()
+            .enumerate()
+            .map(|(i, act)| Self {
+                i: index(i),
+                act,
+                ledger_id: Uuid::now_v7(),
+                case_id: Uuid::now_v7(),
+            })
+            .collect()
+    }
+
+    fn wants(&self, action: ActionKind) -> bool {
+        self.act.effects.contains(&action)
+    }
+
+    fn held(&self) -> Option<&HeldKey> {
+        self.act.held.as_ref()
+    }
+}
+
+impl Row for ActIn<'_> {
+    fn columns() -> Vec<Col<Self>> {
+        vec![
+            Col::Int4("i", |a| a.i),
+            Col::Uuid("tenant_id", |a| a.act.target.tenant_id),
+            Col::Uuid("event_id", |a| a.act.target.event_id),
+            Col::Bytes("subject_hash", |a| a.act.target.subject_hash.clone()),
+            Col::Bytes("signal_key", |a| a.act.target.signal_key.clone()),
+            Col::Str("signal_type", |a| a.act.target.signal_type),
+            Col::Int8("now", |a| a.act.target.now),
+            Col::Bool("lock", |a| a.wants(ActionKind::LockAccount)),
+            Col::Bool("deny", |a| a.wants(ActionKind::Deny)),
+            Col::Bool("ledger", |a| a.wants(ActionKind::ChargeStepUp)),
+            Col::Bool("open_case", |a| a.wants(ActionKind::OpenCase)),
+            Col::Bool("alert", |a| a.wants(ActionKind::AlertCustomer)),
+            Col::Uuid("ledger_id", |a| a.ledger_id),
+            Col::Uuid("case_id", |a| a.case_id),
+            Col::OptStr("endpoint", |a| a.held().map(|h| h.key.endpoint)),
+            Col::OptBytes("key_digest", |a| a.held().map(|h| h.key.digest.clone())),
+            Col::OptUuid("lock_token", |a| a.held().map(|h| h.lock_token)),
+        ]
+    }
+}
+
+/// An inline attempt's record and the state it moves its delivery to.
+impl Row for AttemptRecord {
+    fn columns() -> Vec<Col<Self>> {
+        vec![
+            Col::Uuid("id", |t| t.id),
+            Col::Uuid("delivery_id", |t| t.delivery_id),
+            Col::Int8("attempted_at", |t| t.attempted_at),
+            Col::Str("trigger_kind", |t| t.trigger),
+            Col::OptInt4("status_code", |t| t.status_code),
+            Col::Int8("latency_ms", |t| t.latency_ms),
+            Col::OptText("error", |t| t.error.clone()),
+            Col::OptBytes("excerpt", |t| t.response_excerpt.clone()),
+            Col::Str("status", |t| t.next.status.as_str()),
+            Col::Int8("retries_left", |t| t.next.retries_left),
+            Col::Int8("next_attempt_at", |t| t.next.next_attempt_at),
+        ]
+    }
+}
+
+/// The response a completed key replays.
+impl Row for StoredResponse {
+    fn columns() -> Vec<Col<Self>> {
+        vec![
+            Col::Int4("status", |r| i32::from(r.status)),
+            Col::Bytes("body", |r| r.body.clone()),
+        ]
+    }
+}
+
+/// A held key to complete with its response, where the lock is still this request's.
+pub(super) struct Completion<'a> {
+    pub held: &'a HeldKey,
+    pub response: &'a StoredResponse,
+}
+
+impl Row for Completion<'_> {
+    fn columns() -> Vec<Col<Self>> {
+        vec![
+            Col::Uuid("tenant_id", |c| c.held.key.tenant_id),
+            Col::Str("endpoint", |c| c.held.key.endpoint),
+            Col::Bytes("key_digest", |c| c.held.key.digest.clone()),
+            Col::Uuid("lock_token", |c| c.held.lock_token),
+            Col::Int4("status", |c| i32::from(c.response.status)),
+            Col::Bytes("body", |c| c.response.body.clone()),
+        ]
+    }
+}

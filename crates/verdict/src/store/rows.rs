@@ -1,0 +1,156 @@
+//! Rows that define their own columns: each row type the store writes in bulk lists its
+//! columns once, each with its name and its value in a row, and every statement that writes
+//! it takes its column list, its parameters and its binds from that one list. A new column is
+//! one entry here (and its migration); it cannot be bound to the wrong column, nor in a
+//! different order from the one the statement names.
+//!
+//! PostgreSQL takes such rows as one array per column (`unnest($1::uuid[], …)`, see
+//! [`super::postgres_pipeline`]); SQLite as a multi-row `VALUES` list ([`push_values`]).
+
+use sqlx::QueryBuilder;
+use sqlx::Sqlite;
+use uuid::Uuid;
+
+use super::{NewDelivery, NewEvent};
+use crate::store::ActionTarget;
+
+/// One column of a row type `R`: its name and how to read its value from a row. The variant is
+/// the column's type, so the PostgreSQL array type of its parameter comes from it too.
+pub(crate) enum Col<R> {
+    Uuid(&'static str, fn(&R) -> Uuid),
+    OptUuid(&'static str, fn(&R) -> Option<Uuid>),
+    Int8(&'static str, fn(&R) -> i64),
+    Int4(&'static str, fn(&R) -> i32),
+    OptInt4(&'static str, fn(&R) -> Option<i32>),
+    Bool(&'static str, fn(&R) -> bool),
+    Str(&'static str, fn(&R) -> &'static str),
+    OptStr(&'static str, fn(&R) -> Option<&'static str>),
+    Text(&'static str, fn(&R) -> String),
+    OptText(&'static str, fn(&R) -> Option<String>),
+    Bytes(&'static str, fn(&R) -> Vec<u8>),
+    OptBytes(&'static str, fn(&R) -> Option<Vec<u8>>),
+}
+
+impl<R> Col<R> {
+    /// The column's name.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Self::Uuid(name, _)
+            | Self::OptUuid(name, _)
+            | Self::Int8(name, _)
+            | Self::Int4(name, _)
+            | Self::OptInt4(name, _)
+            | Self::Bool(name, _)
+            | Self::Str(name, _)
+            | Self::OptStr(name, _)
+            | Self::Text(name, _)
+            | Self::OptText(name, _)
+            | Self::Bytes(name, _)
+            | Self::OptBytes(name, _) => name,
+        }
+    }
+
+    /// The column's PostgreSQL type.
+    pub(crate) fn pg_type(&self) -> &'static str {
+        match self {
+            Self::Uuid(..) | Self::OptUuid(..) => "uuid",
+            Self::Int8(..) => "int8",
+            Self::Int4(..) | Self::OptInt4(..) => "int4",
+            Self::Bool(..) => "bool",
+            Self::Str(..) | Self::OptStr(..) | Self::Text(..) | Self::OptText(..) => "text",
+            Self::Bytes(..) | Self::OptBytes(..) => "bytea",
+        }
+    }
+
+    /// Binds this column's value in `row` as the next value of a SQLite `VALUES` row.
+    fn push_sqlite(&self, values: &mut sqlx::query_builder::Separated<'_, Sqlite, &str>, row: &R) {
+        match self {
+            Self::Uuid(_, f) => values.push_bind(f(row)),
+            Self::OptUuid(_, f) => values.push_bind(f(row)),
+            Self::Int8(_, f) => values.push_bind(f(row)),
+            Self::Int4(_, f) => values.push_bind(f(row)),
+            Self::OptInt4(_, f) => values.push_bind(f(row)),
+            Self::Bool(_, f) => values.push_bind(f(row)),
+            Self::Str(_, f) => values.push_bind(f(row)),
+            Self::OptStr(_, f) => values.push_bind(f(row)),
+            Self::Text(_, f) => values.push_bind(f(row)),
+            Self::OptText(_, f) => values.push_bind(f(row)),
+            Self::Bytes(_, f) => values.push_bind(f(row)),
+            Self::OptBytes(_, f) => values.push_bind(f(row)),
+        };
+    }
+}
+
+/// A row type that names its columns.
+pub(crate) trait Row: Sized {
+    /// Its columns, in the order statements list them.
+    fn columns() -> Vec<Col<Self>>;
+
+    /// Its column names, comma-separated, for an `INSERT`'s column list or a `SELECT`.
+    fn column_list() -> String {
+        Self::columns()
+            .iter()
+            .map(Col::name)
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// Pushes `(columns) VALUES (…), (…)` for `rows` onto a SQLite statement being built.
+pub(crate) fn push_values<R: Row>(q: &mut QueryBuilder<Sqlite>, rows: &[&R]) {
+    let columns = R::columns();
+    q.push(format!("({}) ", R::column_list()));
+    q.push_values(rows, |mut values, row| {
+        for column in &columns {
+            column.push_sqlite(&mut values, row);
+        }
+    });
+}
+
+impl Row for NewEvent {
+    fn columns() -> Vec<Col<Self>> {
+        vec![
+            Col::Uuid("id", |e| e.id),
+            Col::Uuid("tenant_id", |e| e.tenant_id),
+            Col::Str("signal_type", |e| e.signal_type),
+            Col::Bytes("subject_hash", |e| e.subject_hash.clone()),
+            Col::Int8("observed_at", |e| e.observed_at),
+            Col::Text("attributes", |e| e.attributes.clone()),
+            Col::Text("metadata", |e| e.metadata.clone()),
+            Col::Str("decision", |e| e.decision),
+            Col::Int8("playbook_version", |e| e.playbook_version),
+            Col::Text("rule", |e| e.rule.clone()),
+            Col::Text("actions", |e| e.actions.clone()),
+            Col::Int8("created_at", |e| e.created_at),
+            Col::Int8("evaluated_at", |e| e.evaluated_at),
+            Col::Text("facts", |e| e.facts.clone()),
+            Col::Str("feed", |e| e.feed),
+        ]
+    }
+}
+
+/// A callback's outbox row, as the group commit inserts it: pending, not yet attempted, due
+/// now, and leased to the inline attempt until `leased_until`.
+pub(crate) struct OutboxRow<'a> {
+    pub target: &'a ActionTarget,
+    pub delivery: &'a NewDelivery,
+}
+
+impl Row for OutboxRow<'_> {
+    fn columns() -> Vec<Col<Self>> {
+        vec![
+            Col::Uuid("id", |r| r.delivery.id),
+            Col::Uuid("tenant_id", |r| r.target.tenant_id),
+            Col::Uuid("event_id", |r| r.target.event_id),
+            Col::Bytes("signal_key", |r| r.target.signal_key.clone()),
+            Col::Text("webhook_id", |r| r.delivery.webhook_id.clone()),
+            Col::Bytes("payload", |r| r.delivery.payload.clone()),
+            Col::Str("status", |_| "pending"),
+            Col::Int8("attempts", |_| 0),
+            Col::Int8("next_attempt_at", |r| r.target.now),
+            Col::Int8("leased_until", |r| r.delivery.leased_until),
+            Col::Int8("created_at", |r| r.target.now),
+            Col::Int8("updated_at", |r| r.target.now),
+        ]
+    }
+}

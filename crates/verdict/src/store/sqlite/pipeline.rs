@@ -1,0 +1,512 @@
+//! SQLite's group commit: each step one multi-row statement in one `BEGIN IMMEDIATE`
+//! transaction. SQLite runs statements in-process, so the steps are calls, not round trips;
+//! PostgreSQL fuses the same steps into one statement ([`super::super::postgres_pipeline`]).
+//!
+//! An effect is `Done` where this signal's event holds its row afterwards (inserted now, or by
+//! an earlier attempt of the same event), else `AlreadyDone`.
+
+use std::collections::{HashMap, HashSet};
+
+use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
+use uuid::Uuid;
+
+use super::{SqliteStore, execute_pushed, insert_claims, push_keys, record_attempts};
+use crate::actions::{ActionKind, Applied};
+use crate::failpoint::failpoint;
+use crate::store::actions::OncePerKey;
+use crate::store::pipeline::{batch_result, live_acts};
+use crate::store::rows::{OutboxRow, push_values};
+use crate::store::{
+    Act, ActOutcome, ActionTarget, Batch, BatchResult, HeldKey, NewDelivery, NewEvent,
+    PipelineStore, StoreError, StoredResponse,
+};
+
+/// Applies every act's effects, one multi-row statement per action.
+async fn apply_effects(
+    conn: &mut SqliteConnection,
+    acts: &[&Act],
+    alert_window_ms: i64,
+) -> Result<(Vec<ActOutcome>, Vec<Option<NewDelivery>>), StoreError> {
+    let mut outcomes: Vec<ActOutcome> = acts.iter().map(|_| Default::default()).collect();
+    for action in ActionKind::LOCAL {
+        let which: Vec<usize> = (0..acts.len())
+            .filter(|&i| acts[i].effects.contains(&action))
+            .collect();
+        if which.is_empty() {
+            continue;
+        }
+        let targets: Vec<_> = which.iter().map(|&i| &acts[i].target).collect();
+        let applied = match action {
+            ActionKind::LockAccount => apply_once_per_key(conn, OncePerKey::Lock, &targets).await?,
+            ActionKind::Deny => apply_once_per_key(conn, OncePerKey::Deny, &targets).await?,
+            ActionKind::ChargeStepUp => {
+                apply_once_per_key(conn, OncePerKey::Ledger, &targets).await?
+            }
+            ActionKind::OpenCase => apply_open_case(conn, &targets).await?,
+            ActionKind::AlertCustomer => {
+                apply_alert_customer(conn, &targets, alert_window_ms).await?
+            }
+            ActionKind::Callback => continue,
+        };
+        for (&i, applied) in which.iter().zip(applied) {
+            outcomes[i].effects.push((action, applied));
+        }
+        failpoint!(crate::failpoint::after_action(action));
+    }
+    // Each callback's envelope, built now that the local effects are known.
+    let deliveries: Vec<Option<NewDelivery>> = acts
+        .iter()
+        .zip(&outcomes)
+        .map(|(a, o)| a.delivery_for(&o.effects))
+        .collect();
+    let with_callback: Vec<usize> = (0..acts.len())
+        .filter(|&i| deliveries[i].is_some())
+        .collect();
+    let rows: Vec<_> = with_callback
+        .iter()
+        .filter_map(|&i| {
+            deliveries[i].as_ref().map(|delivery| OutboxRow {
+                target: &acts[i].target,
+                delivery,
+            })
+        })
+        .collect();
+    for (&i, (applied, fresh)) in with_callback
+        .iter()
+        .zip(insert_deliveries(conn, &rows).await?)
+    {
+        outcomes[i].callback = Some(applied);
+        outcomes[i].callback_inserted = fresh;
+    }
+    Ok((outcomes, deliveries))
+}
+
+impl SqliteStore {
+    /// The batch's statements, in one open transaction.
+    async fn commit_in(
+        conn: &mut SqliteConnection,
+        batch: &Batch,
+    ) -> Result<BatchResult, StoreError> {
+        // Claims of new keys, alone or with their acts (whose re-check below then finds
+        // them ours only if they won).
+        let claims: Vec<_> = batch
+            .claims
+            .iter()
+            .chain(batch.acts.iter().filter_map(|a| a.claim.as_ref()))
+            .collect();
+        let inserted: HashSet<_> = insert_claims(conn, &claims).await?.into_iter().collect();
+        let mut taken = HashSet::new();
+        let claim_won = batch
+            .claims
+            .iter()
+            .map(|c| {
+                let key = (c.key.tenant_id, c.key.digest.clone());
+                // Two claims of one key in one batch: the first wins.
+                inserted.contains(&key) && taken.insert(key)
+            })
+            .collect();
+
+        // Acts whose key is still ours, and keyless ones.
+        let held: Vec<_> = batch.acts.iter().filter_map(|a| a.held.as_ref()).collect();
+        let ours = hold_keys(conn, &held).await?;
+        let live = live_acts(batch, |_, h| {
+            ours.contains(&(h.key.tenant_id, h.key.digest.clone(), h.lock_token))
+        });
+        let acts: Vec<_> = live.iter().map(|&i| &batch.acts[i]).collect();
+        let (outcomes, deliveries) = apply_effects(conn, &acts, batch.alert_window_ms).await?;
+        let finished: Vec<_> = acts
+            .iter()
+            .zip(&outcomes)
+            .map(|(a, o)| a.finished_for(o))
+            .collect();
+        // What nothing later reads goes in two queries, one hop each to SQLite's
+        // connection thread instead of up to six: the events with the key completions
+        // (their shape follows the number of acts), the attempts' records (theirs, the
+        // number of attempts). One query for all would take a shape per combination
+        // of the two, more than the statement cache keeps.
+        let completions: Vec<_> = acts
+            .iter()
+            .zip(&finished)
+            .filter_map(|(a, f)| a.held.as_ref().map(|h| (h, &f.response)))
+            .collect();
+        let mut finish = QueryBuilder::new("");
+        push_insert_events(
+            &mut finish,
+            &finished.iter().map(|f| &f.event).collect::<Vec<_>>(),
+        );
+        push_complete_keys(&mut finish, &completions);
+        execute_pushed(conn, &mut finish).await?;
+        record_attempts(conn, &batch.attempts.iter().collect::<Vec<_>>()).await?;
+        if !acts.is_empty() {
+            failpoint!("act::before_commit");
+        }
+
+        Ok(batch_result(
+            batch, live, outcomes, finished, deliveries, claim_won,
+        ))
+    }
+}
+
+#[async_trait::async_trait]
+impl PipelineStore for SqliteStore {
+    async fn commit(&self, batch: &Batch) -> Result<BatchResult, StoreError> {
+        let mut tx = self.begin().await?;
+        let result = Self::commit_in(&mut *tx, batch).await?;
+        tx.commit().await?;
+        Ok(result)
+    }
+}
+/// Re-checks the locks of keyed acts (token and state), taking each row's lock for the
+/// rest of the transaction; returns the keys still ours.
+async fn hold_keys(
+    conn: &mut SqliteConnection,
+    held: &[&HeldKey],
+) -> Result<HashSet<(Uuid, Vec<u8>, Uuid)>, sqlx::Error> {
+    if held.is_empty() {
+        return Ok(Default::default());
+    }
+    let mut q = QueryBuilder::<Sqlite>::new(
+        "UPDATE idempotency_keys SET locked_until = locked_until \
+         WHERE state <> 'completed' AND (tenant_id, endpoint, key_digest, lock_token) IN \
+         (VALUES ",
+    );
+    let mut list = q.separated(", ");
+    for h in held {
+        list.push("(");
+        list.push_bind_unseparated(h.key.tenant_id);
+        list.push_unseparated(", ");
+        list.push_bind_unseparated(h.key.endpoint);
+        list.push_unseparated(", ");
+        list.push_bind_unseparated(h.key.digest.clone());
+        list.push_unseparated(", ");
+        list.push_bind_unseparated(h.lock_token);
+        list.push_unseparated(")");
+    }
+    q.push(") RETURNING tenant_id, key_digest, lock_token");
+    let rows: Vec<(Uuid, Vec<u8>, Uuid)> = q.build_query_as().fetch_all(conn).await?;
+    Ok(rows.into_iter().collect())
+}
+
+/// Adds to `q` the statement that completes held keys with their responses (none if
+/// there are none).
+fn push_complete_keys(q: &mut QueryBuilder<Sqlite>, done: &[(&HeldKey, &StoredResponse)]) {
+    if done.is_empty() {
+        return;
+    }
+    q.push(
+        "UPDATE idempotency_keys SET state = 'completed', response_status = v.column5, \
+         response_body = v.column6, lock_token = NULL, locked_until = 0 FROM (",
+    );
+    q.push_values(done, |mut row, (h, response)| {
+        row.push_bind(h.key.tenant_id)
+            .push_bind(h.key.endpoint)
+            .push_bind(h.key.digest.clone())
+            .push_bind(h.lock_token)
+            .push_bind(i32::from(response.status))
+            .push_bind(response.body.clone());
+    });
+    q.push(
+        ") AS v WHERE idempotency_keys.tenant_id = v.column1 \
+         AND idempotency_keys.endpoint = v.column2 \
+         AND idempotency_keys.key_digest = v.column3 \
+         AND idempotency_keys.lock_token = v.column4; ",
+    );
+}
+
+/// Looks up who holds `keys` with `select` (a statement ending in `IN `), as a map.
+async fn holders_of(
+    conn: &mut SqliteConnection,
+    select: &'static str,
+    keys: &[(Uuid, Vec<u8>)],
+) -> Result<HashMap<(Uuid, Vec<u8>), Uuid>, sqlx::Error> {
+    if keys.is_empty() {
+        return Ok(Default::default());
+    }
+    let mut q = QueryBuilder::<Sqlite>::new(select);
+    push_keys(&mut q, keys);
+    let rows: Vec<(Uuid, Vec<u8>, Uuid)> = q.build_query_as().fetch_all(conn).await?;
+    Ok(rows.into_iter().map(|(t, k, e)| ((t, k), e)).collect())
+}
+
+/// Applies an effect held once per key for each target: `Done` where the target's
+/// event holds the key afterwards (now, or from an earlier attempt of the same event).
+async fn apply_once_per_key(
+    conn: &mut SqliteConnection,
+    kind: OncePerKey,
+    targets: &[&ActionTarget],
+) -> Result<Vec<Applied>, sqlx::Error> {
+    if targets.is_empty() {
+        return Ok(Vec::new());
+    }
+    // One row per key: rows of one statement must not conflict with each other.
+    let mut seen = HashSet::new();
+    let mut rows: Vec<_> = targets
+        .iter()
+        .filter(|t| seen.insert(kind.key(t)))
+        .collect();
+    // Concurrent batches take the keys' index locks in one order: no deadlock cycle.
+    rows.sort_by_key(|t| kind.key(t));
+    let mut q = QueryBuilder::<Sqlite>::new(kind.insert());
+    q.push_values(rows, |mut row, t| {
+        let (tenant, key) = kind.key(t);
+        row.push_bind(tenant)
+            .push_bind(key)
+            .push_bind(t.event_id)
+            .push_bind(t.now);
+        if kind == OncePerKey::Ledger {
+            row.push_bind(Uuid::now_v7())
+                .push_bind(t.subject_hash.clone())
+                .push_bind("step_up_verification");
+        }
+    });
+    q.push(kind.returning());
+    let inserted: Vec<(Uuid, Vec<u8>, Uuid)> = q.build_query_as().fetch_all(&mut *conn).await?;
+    let mut holder: HashMap<_, _> = inserted.into_iter().map(|(t, k, e)| ((t, k), e)).collect();
+    let missing: Vec<_> = targets
+        .iter()
+        .map(|t| kind.key(t))
+        .filter(|k| !holder.contains_key(k))
+        .collect::<HashSet<_>>()
+        .into_iter()
+        .collect();
+    holder.extend(holders_of(conn, kind.holders(), &missing).await?);
+    Ok(targets
+        .iter()
+        .map(|t| applied(holder.get(&kind.key(t)) == Some(&t.event_id)))
+        .collect())
+}
+
+/// `Done` when the target's own event holds the effect.
+fn applied(ours: bool) -> Applied {
+    if ours {
+        Applied::Done
+    } else {
+        Applied::AlreadyDone
+    }
+}
+
+/// Opens a case per subject, or attaches each event to its subject's open case.
+async fn apply_open_case(
+    conn: &mut SqliteConnection,
+    targets: &[&ActionTarget],
+) -> Result<Vec<Applied>, sqlx::Error> {
+    if targets.is_empty() {
+        return Ok(Vec::new());
+    }
+    let key = |t: &ActionTarget| (t.tenant_id, t.subject_hash.clone());
+    let mut seen = HashSet::new();
+    let mut rows: Vec<_> = targets.iter().filter(|t| seen.insert(key(t))).collect();
+    rows.sort_by_key(|t| key(t));
+    let mut q = QueryBuilder::<Sqlite>::new(
+        "INSERT INTO cases (id, tenant_id, subject_hash, status, opened_by_event, \
+         opened_at) ",
+    );
+    q.push_values(rows, |mut row, t| {
+        row.push_bind(Uuid::now_v7())
+            .push_bind(t.tenant_id)
+            .push_bind(t.subject_hash.clone())
+            .push_bind("open")
+            .push_bind(t.event_id)
+            .push_bind(t.now);
+    });
+    q.push(" ON CONFLICT DO NOTHING RETURNING tenant_id, subject_hash, id, opened_by_event");
+    let opened: Vec<(Uuid, Vec<u8>, Uuid, Uuid)> = q.build_query_as().fetch_all(&mut *conn).await?;
+    let mut open: HashMap<_, _> = opened
+        .into_iter()
+        .map(|(t, s, id, opener)| ((t, s), (id, opener)))
+        .collect();
+    // The open case of every other subject: an earlier one.
+    let missing: Vec<_> = seen.into_iter().filter(|k| !open.contains_key(k)).collect();
+    if !missing.is_empty() {
+        let mut q = QueryBuilder::<Sqlite>::new(
+            "SELECT tenant_id, subject_hash, id, opened_by_event FROM cases \
+             WHERE status = 'open' AND (tenant_id, subject_hash) IN ",
+        );
+        push_keys(&mut q, &missing);
+        let earlier: Vec<(Uuid, Vec<u8>, Uuid, Uuid)> =
+            q.build_query_as().fetch_all(&mut *conn).await?;
+        open.extend(
+            earlier
+                .into_iter()
+                .map(|(t, s, id, opener)| ((t, s), (id, opener))),
+        );
+    }
+    let mut attach = Vec::with_capacity(targets.len());
+    let mut outcomes = Vec::with_capacity(targets.len());
+    for t in targets {
+        let Some(&(case_id, opener)) = open.get(&key(t)) else {
+            outcomes.push(Applied::AlreadyDone);
+            continue;
+        };
+        attach.push((case_id, t.event_id, t.now));
+        outcomes.push(applied(opener == t.event_id));
+    }
+    if !attach.is_empty() {
+        let mut q = QueryBuilder::<Sqlite>::new(
+            "INSERT INTO case_events (case_id, event_id, attached_at) ",
+        );
+        q.push_values(attach, |mut row, (case_id, event_id, at)| {
+            row.push_bind(case_id).push_bind(event_id).push_bind(at);
+        });
+        q.push(" ON CONFLICT DO NOTHING");
+        q.build().execute(&mut *conn).await?;
+    }
+    Ok(outcomes)
+}
+
+/// Alerts each subject unless it was alerted about this signal type within
+/// `window_ms`: claims the window (inserting it, or moving an expired one to this
+/// event), then records the alert of each event that holds its window.
+async fn apply_alert_customer(
+    conn: &mut SqliteConnection,
+    targets: &[&ActionTarget],
+    window_ms: i64,
+) -> Result<Vec<Applied>, sqlx::Error> {
+    if targets.is_empty() {
+        return Ok(Vec::new());
+    }
+    let key = |t: &ActionTarget| (t.tenant_id, t.subject_hash.clone(), t.signal_type);
+    let mut seen = HashSet::new();
+    let mut rows: Vec<_> = targets.iter().filter(|t| seen.insert(key(t))).collect();
+    rows.sort_by_key(|t| key(t));
+    let mut q = QueryBuilder::<Sqlite>::new(
+        "INSERT INTO alert_windows (tenant_id, subject_hash, signal_type, event_id, \
+         last_sent_at) ",
+    );
+    q.push_values(rows, |mut row, t| {
+        row.push_bind(t.tenant_id)
+            .push_bind(t.subject_hash.clone())
+            .push_bind(t.signal_type)
+            .push_bind(t.event_id)
+            .push_bind(t.now);
+    });
+    q.push(
+        " ON CONFLICT (tenant_id, subject_hash, signal_type) DO UPDATE \
+         SET event_id = excluded.event_id, last_sent_at = excluded.last_sent_at \
+         WHERE alert_windows.last_sent_at <= excluded.last_sent_at - ",
+    );
+    q.push_bind(window_ms);
+    q.push(" RETURNING tenant_id, subject_hash, signal_type, event_id");
+    let claimed: Vec<(Uuid, Vec<u8>, String, Uuid)> =
+        q.build_query_as().fetch_all(&mut *conn).await?;
+    let mut holder: HashMap<_, _> = claimed
+        .into_iter()
+        .map(|(t, s, ty, e)| ((t, s, ty), e))
+        .collect();
+    // Who holds each window this statement did not claim.
+    let missing: Vec<_> = seen
+        .iter()
+        .filter(|(t, s, ty)| !holder.contains_key(&(*t, s.clone(), (*ty).to_owned())))
+        .collect();
+    if !missing.is_empty() {
+        let mut q = QueryBuilder::<Sqlite>::new(
+            "SELECT tenant_id, subject_hash, signal_type, event_id FROM alert_windows \
+             WHERE (tenant_id, subject_hash, signal_type) IN (VALUES ",
+        );
+        let mut list = q.separated(", ");
+        for (tenant, subject, signal_type) in missing {
+            list.push("(");
+            list.push_bind_unseparated(*tenant);
+            list.push_unseparated(", ");
+            list.push_bind_unseparated(subject.clone());
+            list.push_unseparated(", ");
+            list.push_bind_unseparated(*signal_type);
+            list.push_unseparated(")");
+        }
+        q.push(")");
+        let held: Vec<(Uuid, Vec<u8>, String, Uuid)> =
+            q.build_query_as().fetch_all(&mut *conn).await?;
+        holder.extend(held.into_iter().map(|(t, s, ty, e)| ((t, s, ty), e)));
+    }
+    let ours: Vec<bool> = targets
+        .iter()
+        .map(|t| {
+            holder.get(&(
+                t.tenant_id,
+                t.subject_hash.clone(),
+                t.signal_type.to_owned(),
+            )) == Some(&t.event_id)
+        })
+        .collect();
+    let sent: Vec<_> = targets
+        .iter()
+        .zip(&ours)
+        .filter(|(_, ours)| **ours)
+        .map(|(t, _)| t)
+        .collect();
+    if !sent.is_empty() {
+        let mut q = QueryBuilder::<Sqlite>::new(
+            "INSERT INTO alerts (tenant_id, subject_hash, signal_type, event_id, sent_at) ",
+        );
+        q.push_values(sent, |mut row, t| {
+            row.push_bind(t.tenant_id)
+                .push_bind(t.subject_hash.clone())
+                .push_bind(t.signal_type)
+                .push_bind(t.event_id)
+                .push_bind(t.now);
+        });
+        q.push(" ON CONFLICT DO NOTHING");
+        q.build().execute(&mut *conn).await?;
+    }
+    Ok(ours.into_iter().map(applied).collect())
+}
+
+/// An effect held once per subject (a lock, a deny): `insert` takes (tenant, subject,
+
+/// Records callbacks in the outbox, one per signal: returns, per row, whether this
+/// event holds the delivery and whether this statement inserted it (only then does the
+/// inline attempt go out, with exactly the bytes stored).
+async fn insert_deliveries(
+    conn: &mut SqliteConnection,
+    rows: &[OutboxRow<'_>],
+) -> Result<Vec<(Applied, bool)>, sqlx::Error> {
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    let key = |r: &OutboxRow<'_>| (r.target.tenant_id, r.target.signal_key.clone());
+    let mut seen = HashSet::new();
+    let mut unique: Vec<_> = rows.iter().filter(|r| seen.insert(key(r))).collect();
+    unique.sort_by_key(|r| key(r));
+    let mut q = QueryBuilder::<Sqlite>::new("INSERT INTO deliveries ");
+    push_values(&mut q, &unique);
+    q.push(" ON CONFLICT DO NOTHING RETURNING id");
+    let inserted: HashSet<Uuid> = q
+        .build_query_scalar()
+        .fetch_all(&mut *conn)
+        .await?
+        .into_iter()
+        .collect();
+    let missing: Vec<_> = rows
+        .iter()
+        .filter(|r| !inserted.contains(&r.delivery.id))
+        .map(key)
+        .collect::<HashSet<_>>()
+        .into_iter()
+        .collect();
+    let holder = holders_of(
+        conn,
+        "SELECT tenant_id, signal_key, event_id FROM deliveries \
+         WHERE (tenant_id, signal_key) IN ",
+        &missing,
+    )
+    .await?;
+    Ok(rows
+        .iter()
+        .map(|r| {
+            let fresh = inserted.contains(&r.delivery.id);
+            let ours = fresh || holder.get(&key(r)) == Some(&r.target.event_id);
+            (applied(ours), fresh)
+        })
+        .collect())
+}
+
+/// Adds to `q` the statement that inserts `events` (none if there are none); an event already
+/// stored (a retry) is left alone.
+fn push_insert_events(q: &mut QueryBuilder<Sqlite>, events: &[&NewEvent]) {
+    if events.is_empty() {
+        return;
+    }
+    q.push("INSERT INTO events ");
+    push_values(q, events);
+    q.push(" ON CONFLICT DO NOTHING; ");
+}
