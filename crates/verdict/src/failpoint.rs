@@ -116,38 +116,3 @@ impl sqlx::error::DatabaseError for InjectedDeadlock {
         sqlx::error::ErrorKind::Other
     }
 }
-
-/// Whether fresh keys' claims commit on their own, before their acts: only when a test has
-/// configured `ingest::after_claim` to stop a signal between the two (a fresh key otherwise
-/// commits its claim with its act, and nothing comes between them).
-pub(crate) fn claims_apart() -> bool {
-    #[cfg(feature = "failpoints")]
-    {
-        static APART: std::sync::LazyLock<bool> =
-            std::sync::LazyLock::new(|| configured(|name| name == "ingest::after_claim"));
-        *APART
-    }
-    #[cfg(not(feature = "failpoints"))]
-    false
-}
-
-/// Whether a test configured a failpoint inside a group commit's transaction (`act::…`): a
-/// PostgreSQL batch then always runs as a transaction of several statements, so the failpoint
-/// has a point between them to stop it at.
-pub(crate) fn inside_commits() -> bool {
-    #[cfg(feature = "failpoints")]
-    {
-        static INSIDE: std::sync::LazyLock<bool> =
-            std::sync::LazyLock::new(|| configured(|name| name.starts_with("act::")));
-        *INSIDE
-    }
-    #[cfg(not(feature = "failpoints"))]
-    false
-}
-
-/// Whether a failpoint whose name `matches` is configured (read once by each caller: the
-/// configuration comes from `FAILPOINTS` at start-up).
-#[cfg(feature = "failpoints")]
-fn configured(matches: impl Fn(&str) -> bool) -> bool {
-    fail::list().iter().any(|(name, _)| matches(name))
-}

@@ -37,23 +37,20 @@ async fn assert_each_side_effect_once(db: &TestDb) {
     }
 }
 
-/// Aborts the real binary at `failpoint`, restarts it, and retries with the same key until the
+/// Aborts the real binary where `failpoints` say (the `fail` crate's syntax), restarts it, and retries with the same key until the
 /// dead holder's lock expires: one event, one decision, each side effect once.
-async fn crash_at(backend: Backend, failpoint: &str) {
+async fn crash_at(backend: Backend, failpoints: &str) {
     let db = TestDb::new(backend).await;
     let tenant = tenant_with_every_action(&db).await;
     let key = new_key();
     let body = sim_swap("+447700900201");
     let lock = ("VERDICT_LOCK_TIMEOUT_SECS", "1");
 
-    let doomed = Server::start(
-        &db,
-        &[lock, ("FAILPOINTS", &format!("{failpoint}=return(abort)"))],
-    );
+    let doomed = Server::start(&db, &[lock, ("FAILPOINTS", failpoints)]);
     doomed.send_raw_expecting_crash(&tenant, &key, &body).await;
     assert!(
         doomed.wait_for_crash(),
-        "the process aborted at {failpoint}"
+        "the process aborted at {failpoints}"
     );
 
     let server = Server::start(&db, &[lock]);
@@ -88,28 +85,32 @@ async fn crash_at(backend: Backend, failpoint: &str) {
 }
 
 async fn crash_after_claim_is_exactly_once(b: Backend) {
-    crash_at(b, "ingest::after_claim").await
+    crash_at(
+        b,
+        "act::before_commit=1*return(permanent);ingest::after_claim=return(abort)",
+    )
+    .await
 }
 async fn crash_after_lock_account_is_exactly_once(b: Backend) {
-    crash_at(b, "act::after_lock_account").await
+    crash_at(b, "act::after_lock_account=return(abort)").await
 }
 async fn crash_after_open_case_is_exactly_once(b: Backend) {
-    crash_at(b, "act::after_open_case").await
+    crash_at(b, "act::after_open_case=return(abort)").await
 }
 async fn crash_after_alert_customer_is_exactly_once(b: Backend) {
-    crash_at(b, "act::after_alert_customer").await
+    crash_at(b, "act::after_alert_customer=return(abort)").await
 }
 async fn crash_after_charge_step_up_is_exactly_once(b: Backend) {
-    crash_at(b, "act::after_charge_step_up").await
+    crash_at(b, "act::after_charge_step_up=return(abort)").await
 }
 async fn crash_after_deny_is_exactly_once(b: Backend) {
-    crash_at(b, "act::after_deny").await
+    crash_at(b, "act::after_deny=return(abort)").await
 }
 async fn crash_after_dispatch_is_exactly_once(b: Backend) {
-    crash_at(b, "ingest::after_dispatch").await
+    crash_at(b, "ingest::after_dispatch=return(abort)").await
 }
 async fn crash_inside_the_commit_is_exactly_once(b: Backend) {
-    crash_at(b, "act::before_commit").await
+    crash_at(b, "act::before_commit=return(abort)").await
 }
 
 async fn same_signal_five_times_without_a_key_has_each_effect_once(backend: Backend) {

@@ -267,7 +267,13 @@ async fn a_notification_retried_after_a_crash_keeps_the_subject_it_was_decided_f
     let lock = ("VERDICT_LOCK_TIMEOUT_SECS", "1");
     let doomed = Server::start(
         &db,
-        &[lock, ("FAILPOINTS", "ingest::after_claim=return(abort)")],
+        &[
+            lock,
+            (
+                "FAILPOINTS",
+                "act::before_commit=1*return(permanent);ingest::after_claim=return(abort)",
+            ),
+        ],
     );
     let notification = swap("sub-moved", None, 5);
     doomed

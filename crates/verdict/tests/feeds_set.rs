@@ -463,7 +463,10 @@ async fn retried_after_a_crash_and_a_new_mapping(
         &[
             ALLOW_LOOPBACK[0],
             lock,
-            ("FAILPOINTS", "ingest::after_claim=return(abort)"),
+            (
+                "FAILPOINTS",
+                "act::before_commit=1*return(permanent);ingest::after_claim=return(abort)",
+            ),
         ],
     );
     let token = transmitter.sign("ec-1", &claims(SESSION_REVOKED, phone("+12065550131")));

@@ -64,7 +64,10 @@ async fn in_flight_key_gets_409_with_retry_after_then_the_result(backend: Backen
     let tenant = db.tenant(&[]);
     let server = Server::start(
         &db,
-        &[("FAILPOINTS", "ingest::after_claim=1*return(delay_ms=2500)")],
+        &[(
+            "FAILPOINTS",
+            "act::before_commit=1*return(permanent);ingest::after_claim=1*return(delay_ms=2500)",
+        )],
     );
     let key = new_key();
     let body = sim_swap("+447700900004");
@@ -123,7 +126,13 @@ async fn abandoned_in_flight_key_is_taken_over_after_the_lock_expires(backend: B
 
     let doomed = Server::start(
         &db,
-        &[lock[0], ("FAILPOINTS", "ingest::after_claim=return(abort)")],
+        &[
+            lock[0],
+            (
+                "FAILPOINTS",
+                "act::before_commit=1*return(permanent);ingest::after_claim=return(abort)",
+            ),
+        ],
     );
     doomed.send_raw_expecting_crash(&tenant, &key, &body).await;
     assert!(doomed.wait_for_crash());
@@ -245,12 +254,13 @@ async fn transient_failure_of_a_fresh_key_stores_nothing_and_the_retry_decides_i
 async fn transient_failure_after_a_claim_releases_the_lock_and_the_retry_resumes(backend: Backend) {
     let db = TestDb::new(backend).await;
     let tenant = db.tenant(&[]);
-    // A pause after the claim keeps it apart from the act, as after a takeover.
+    // The first commit fails for good, so the claim commits alone (as before a takeover);
+    // the act under it then fails transiently.
     let server = Server::start(
         &db,
         &[(
             "FAILPOINTS",
-            "ingest::after_claim=return(delay_ms=1);act::before_commit=1*return",
+            "act::before_commit=1*return(permanent)->1*return",
         )],
     );
     let key = new_key();
@@ -577,7 +587,10 @@ async fn sigterm_finishes_the_request_in_flight_before_exiting(backend: Backend)
     let tenant = db.tenant(&[]);
     let server = Server::start(
         &db,
-        &[("FAILPOINTS", "ingest::after_claim=return(delay_ms=1500)")],
+        &[(
+            "FAILPOINTS",
+            "act::before_commit=1*return(permanent);ingest::after_claim=return(delay_ms=1500)",
+        )],
     );
     let req = common::signed(
         server.client.post(format!("{}/v1/signals", server.base)),

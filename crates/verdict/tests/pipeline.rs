@@ -88,15 +88,16 @@ const ENV: [(&str, &str); 2] = [
     ("VERDICT_ALLOW_PRIVATE_DESTINATIONS", "1"),
 ];
 
-/// Sends a keyed signal to a server that aborts at `failpoint`, then starts a fresh one.
+/// Sends a keyed signal to a server that aborts where `failpoints` say (the `fail` crate's
+/// syntax), then starts a fresh one.
 async fn crash_then_restart(
     db: &TestDb,
     tenant: &common::Tenant,
     key: &str,
     body: &str,
-    failpoint: &str,
+    failpoints: &str,
 ) -> Server {
-    crash_then_restart_after(db, tenant, key, body, failpoint, || {}).await
+    crash_then_restart_after(db, tenant, key, body, failpoints, || {}).await
 }
 
 /// As [`crash_then_restart`], running `meanwhile` while no server is up.
@@ -105,17 +106,16 @@ async fn crash_then_restart_after(
     tenant: &common::Tenant,
     key: &str,
     body: &str,
-    failpoint: &str,
+    failpoints: &str,
     meanwhile: impl FnOnce(),
 ) -> Server {
-    let abort = format!("{failpoint}=return(abort)");
     let mut doomed_env = ENV.to_vec();
-    doomed_env.push(("FAILPOINTS", &abort));
+    doomed_env.push(("FAILPOINTS", failpoints));
     let doomed = Server::start(db, &doomed_env);
     doomed.send_raw_expecting_crash(tenant, key, body).await;
     assert!(
         doomed.wait_for_crash(),
-        "the process aborted at {failpoint}"
+        "the process aborted at {failpoints}"
     );
     meanwhile();
     Server::start(db, &ENV)
@@ -149,7 +149,14 @@ async fn retry_after_a_crash_mid_effects_gets_the_fresh_decision(backend: Backen
     let tenant = db.tenant(&["--callback-url", &receiver.url]);
     let key = new_key();
     let body = sim_swap("+447700900302");
-    let server = crash_then_restart(&db, &tenant, &key, &body, "act::after_lock_account").await;
+    let server = crash_then_restart(
+        &db,
+        &tenant,
+        &key,
+        &body,
+        "act::after_lock_account=return(abort)",
+    )
+    .await;
     for table in ["idempotency_keys", "account_locks"] {
         assert_eq!(
             db.count(table).await,
@@ -168,13 +175,15 @@ async fn a_takeover_after_a_crash_mid_effects_gets_the_fresh_decision(backend: B
     let tenant = db.tenant(&["--callback-url", &receiver.url]);
     let key = new_key();
     let body = sim_swap("+447700900304");
-    // The pause after the claim commits it on its own, so the crash leaves it in flight.
+    // The first commit fails for good, so the claim commits on its own; the crash in the act
+    // under it (its first pass through the failpoint is the failed commit's) leaves it in
+    // flight.
     let server = crash_then_restart(
         &db,
         &tenant,
         &key,
         &body,
-        "ingest::after_claim=return(delay_ms=1);act::after_lock_account",
+        "act::before_commit=1*return(permanent);act::after_lock_account=1*off->return(abort)",
     )
     .await;
     assert_eq!(db.count("idempotency_keys").await, 1, "the claim survived");
@@ -196,7 +205,9 @@ async fn a_takeover_uses_the_recorded_decision_not_a_newer_playbook(backend: Bac
     let body = sim_swap("+447700900303");
     // A newer playbook that would allow everything, published while the key is abandoned.
     let allow_all = "[[rule]]\nname = \"allow_all\"\ndecision = \"allow\"\nactions = []\n";
-    let server = crash_then_restart_after(&db, &tenant, &key, &body, "ingest::after_claim", || {
+    let crash_after_claim =
+        "act::before_commit=1*return(permanent);ingest::after_claim=return(abort)";
+    let server = crash_then_restart_after(&db, &tenant, &key, &body, crash_after_claim, || {
         db.set_playbook(&tenant, allow_all);
     })
     .await;

@@ -366,19 +366,17 @@ impl Ingest {
         let (decided, destination) = self.decide(signal).await?;
         let mut claim = self.new_claim(signal, key, &decided, now);
         let mut known_taken = false;
-        if !crate::failpoint::claims_apart() {
-            match self
-                .act_claiming(signal, key, &claim, &decided, &destination)
-                .await?
-            {
-                OneCommit::Done(response) => return Ok(Reply::Fresh(response)),
-                // Judged below as any claim that loses is.
-                OneCommit::Taken => known_taken = true,
-                // The claim commits on its own and the act runs once more under it, so that a
-                // failure that persists is stored on the key and replayed; the claim's lock
-                // starts now.
-                OneCommit::Failed => claim = self.new_claim(signal, key, &decided, now_ms()),
-            }
+        match self
+            .act_claiming(signal, key, &claim, &decided, &destination)
+            .await?
+        {
+            OneCommit::Done(response) => return Ok(Reply::Fresh(response)),
+            // Judged below as any claim that loses is.
+            OneCommit::Taken => known_taken = true,
+            // The claim commits on its own and the act runs once more under it, so that a
+            // failure that persists is stored on the key and replayed; the claim's lock
+            // starts now.
+            OneCommit::Failed => claim = self.new_claim(signal, key, &decided, now_ms()),
         }
         let holding = match self.claim(signal, key, claim, decided, known_taken).await? {
             Ok(holding) => holding,

@@ -286,6 +286,7 @@ impl super::PipelineStore for PostgresStore {
         use super::postgres_pipeline as fused;
         if fused::may_commit_alone(batch) {
             let mut conn = self.pipeline.acquire().await?;
+            stop_before_one_statement(batch).await?;
             match fused::apply(&mut conn, batch, fused::APPLY_ALONE.as_str()).await {
                 Ok(found) => {
                     let live = fused::live(batch, &found);
@@ -300,6 +301,25 @@ impl super::PipelineStore for PostgresStore {
         }
         self.commit_in_transaction(batch).await
     }
+}
+
+/// The failpoints of a batch's effects and commit (`act::after_<action>`,
+/// `act::before_commit`), on the path that runs them as one statement committed as it ends:
+/// there is no point between its effects, so each fires where a crash or failure there would
+/// leave the same thing, nothing of the batch, which is before the statement is sent. Tests
+/// stop the production path this way instead of forcing the transaction's.
+async fn stop_before_one_statement(batch: &super::Batch) -> Result<(), StoreError> {
+    use crate::actions::ActionKind;
+    use crate::failpoint::failpoint;
+    for action in ActionKind::LOCAL {
+        if batch.acts.iter().any(|a| a.effects.contains(&action)) {
+            failpoint!(crate::failpoint::after_action(action));
+        }
+    }
+    if !batch.acts.is_empty() {
+        failpoint!("act::before_commit");
+    }
+    Ok(())
 }
 
 impl PostgresStore {

@@ -42,10 +42,9 @@ use super::{Batch, BatchResult, NewDelivery, StoreError};
 use crate::actions::{ActionKind, Applied};
 
 /// Whether `batch` may run [`APPLY_ALONE`], committed as it ends: not when an attempt's
-/// record disables its endpoint (one more statement), nor when a test stops a batch inside its
-/// transaction (failpoints between its statements).
+/// record disables its endpoint (one more statement).
 pub(super) fn may_commit_alone(batch: &Batch) -> bool {
-    !crate::failpoint::inside_commits() && !batch.attempts.iter().any(|a| a.next.disable_endpoint)
+    !batch.attempts.iter().any(|a| a.next.disable_endpoint)
 }
 
 /// Whether [`APPLY_ALONE`] aborted because an act it let go ahead was not settled.
