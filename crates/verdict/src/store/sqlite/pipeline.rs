@@ -151,7 +151,7 @@ impl SqliteStore {
 impl PipelineStore for SqliteStore {
     async fn commit(&self, batch: &Batch) -> Result<BatchResult, StoreError> {
         let mut tx = self.begin().await?;
-        let result = Self::commit_in(&mut *tx, batch).await?;
+        let result = Self::commit_in(&mut tx, batch).await?;
         tx.commit().await?;
         Ok(result)
     }
@@ -450,8 +450,6 @@ async fn apply_alert_customer(
     }
     Ok(ours.into_iter().map(applied).collect())
 }
-
-/// An effect held once per subject (a lock, a deny): `insert` takes (tenant, subject,
 
 /// Records callbacks in the outbox, one per signal: returns, per row, whether this
 /// event holds the delivery and whether this statement inserted it (only then does the
