@@ -14,6 +14,7 @@ pub mod clock;
 pub mod config;
 pub mod console;
 pub mod delivery;
+pub mod domain;
 mod failpoint;
 pub mod feeds;
 pub mod http;

@@ -19,39 +19,8 @@ use crate::clock::now_ms;
 use crate::delivery::destination::{DestinationPolicy, UrlError, check_url};
 use crate::idempotency::IdempotencyKey;
 use crate::secrets::Keyring;
-use crate::signal::{Subject, validate_phone};
+use crate::signal::{Subject, subject_digest, validate_phone};
 use crate::store::{Store, StoreError, TransmitterRecord};
-
-/// Where a signal came in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Feed {
-    /// `POST /v1/signals`, our own JSON.
-    Signals,
-    /// `POST /v1/sets`, a Security Event Token.
-    Set,
-    /// `POST /v1/camara/sim-swap`, a CAMARA notification.
-    Camara,
-}
-
-impl Feed {
-    /// The stored and shown name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Signals => "signals",
-            Self::Set => "set",
-            Self::Camara => "camara",
-        }
-    }
-
-    /// The endpoint part of its idempotency keys: keys are scoped per feed.
-    pub fn endpoint(self) -> &'static str {
-        match self {
-            Self::Signals => crate::idempotency::SIGNALS_ENDPOINT,
-            Self::Set => "POST /v1/sets",
-            Self::Camara => "POST /v1/camara/sim-swap",
-        }
-    }
-}
 
 /// The idempotency key of a feed event made of its natural key's parts (each length-prefixed,
 /// so no two different tuples make the same key). Like every key, it is stored only as a keyed
@@ -173,7 +142,7 @@ pub async fn add_camara_subscription(
         .ok_or(RegistrationError::NoTenant(tenant_id))?;
     let subscription_id = checked_text("subscription id", subscription_id)?;
     let phone = validate_phone(phone).map_err(|_| RegistrationError::BadPhone)?;
-    let subject = crate::ingest::subject_digest(keys, tenant_id, &Subject::Phone(phone));
+    let subject = subject_digest(keys, tenant_id, &Subject::Phone(phone));
     let digest = camara::subscription_digest(keys, tenant_id, &subscription_id);
     store
         .put_camara_subscription(tenant_id, &digest, &subject, now_ms())

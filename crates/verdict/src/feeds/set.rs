@@ -24,10 +24,6 @@ use super::jwks::{KeyCache, KeysError, KeysFrom, Lookup};
 use crate::signal::{MAX_OBSERVED_AHEAD, Subject, validate_account, validate_phone};
 use crate::store::{Store, StoreError, TransmitterRecord};
 
-/// The RISC event every receiver understands: a credential was compromised.
-pub const RISC_CREDENTIAL_COMPROMISE: &str =
-    "https://schemas.openid.net/secevent/risc/event-type/credential-compromise";
-
 /// Longest `iss`, `jti`, event type URI or subject identifier part accepted, in characters.
 const MAX_CLAIM_CHARS: usize = 256;
 
@@ -432,6 +428,8 @@ fn subject(value: &Value) -> Result<Subject, SetError> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    use crate::domain::RISC_CREDENTIAL_COMPROMISE;
 
     const NOW: OffsetDateTime = time::macros::datetime!(2026-11-30 12:00 UTC);
 

@@ -10,6 +10,7 @@ use super::error::{ApiError, AuthError};
 use super::problem::{PROBLEM_JSON, Problem};
 use sha2::{Digest, Sha256};
 
+use crate::domain::Feed;
 use crate::idempotency::{Fingerprint, IdempotencyKey, KeyError};
 use crate::ingest::{Inbound, Reply};
 use crate::signal::{Signal, SignalError};
@@ -71,7 +72,7 @@ pub async fn post_signal(
         .ingest
         .run(Inbound {
             tenant: &tenant,
-            feed: crate::feeds::Feed::Signals,
+            feed: Feed::Signals,
             key,
             signal,
             fingerprint,
