@@ -9,6 +9,7 @@
 //! `verdict` binary.
 
 pub mod actions;
+pub mod app;
 pub mod cli;
 pub mod clock;
 pub mod config;
@@ -22,6 +23,7 @@ pub mod idempotency;
 pub mod ingest;
 pub mod listen;
 pub mod playbook;
+pub mod problem;
 pub mod rate_limit;
 pub mod retention;
 pub mod secrets;

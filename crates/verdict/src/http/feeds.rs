@@ -14,15 +14,15 @@ use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
 
-use super::AppState;
-use super::error::{ApiError, AuthError};
-use super::problem::Problem;
+use crate::app::AppState;
+use crate::app::error::{ApiError, AuthError};
 use crate::domain::Feed;
 use crate::feeds::camara::{self, CamaraError, Notification};
 use crate::feeds::natural_key;
 use crate::feeds::set::SetError;
 use crate::idempotency::Fingerprint;
 use crate::ingest::{FeedEvent, Inbound, IngestError, Reply};
+use crate::problem::Problem;
 use crate::signal::{Signal, SignalType, Subject};
 use crate::store::{KeyGrant, Scope, StoreError};
 

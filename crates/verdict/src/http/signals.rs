@@ -5,9 +5,9 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use super::AppState;
-use super::error::{ApiError, AuthError};
-use super::problem::{PROBLEM_JSON, Problem};
+use crate::app::AppState;
+use crate::app::error::{ApiError, AuthError};
+use crate::problem::{PROBLEM_JSON, Problem};
 use sha2::{Digest, Sha256};
 
 use crate::domain::Feed;
