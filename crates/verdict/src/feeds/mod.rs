@@ -35,6 +35,14 @@ pub fn natural_key(parts: &[&str]) -> IdempotencyKey {
     IdempotencyKey::parse(hex.as_bytes()).expect("64 hex digits are a valid idempotency key")
 }
 
+/// A JSON object's members (none for any other value).
+fn object(value: serde_json::Value) -> serde_json::Map<String, serde_json::Value> {
+    match value {
+        serde_json::Value::Object(map) => map,
+        _ => serde_json::Map::new(),
+    }
+}
+
 /// Where a transmitter's signing keys come from.
 pub enum TransmitterKeys {
     /// A JWKS document, stored with the transmitter.
