@@ -16,7 +16,7 @@ use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use crate::clock::now_ms;
-use crate::delivery::destination::{DestinationPolicy, UrlError, check_url};
+use crate::destination::{DestinationPolicy, UrlError, check_url};
 use crate::idempotency::IdempotencyKey;
 use crate::secrets::Keyring;
 use crate::signal::{Subject, subject_digest, validate_phone};
@@ -63,7 +63,7 @@ pub enum RegistrationError {
     #[error("the JWKS URL must be an absolute http(s) URL")]
     JwksUrlNotHttp,
     #[error("the JWKS URL is refused: {0}")]
-    JwksUrlRefused(crate::delivery::destination::Refusal),
+    JwksUrlRefused(crate::destination::Refusal),
     #[error("the phone number must be E.164: `+` then 2 to 15 digits, not starting with 0")]
     BadPhone,
     #[error(transparent)]

@@ -23,7 +23,7 @@ use crate::problem::Problem;
 pub use keys::KeyView;
 pub use signals::MAX_BODY_BYTES;
 
-/// The API's routes; [`crate::server`] mounts them with the console's and layers them.
+/// The API's routes; `server.rs` mounts them with the console's and layers them.
 pub fn router() -> Router<AppState> {
     Router::new()
         .route("/v1/signals", post(signals::post_signal))
