@@ -7,13 +7,23 @@
 //! (Security Event Tokens, CAMARA notifications) into the same pipeline. [`secrets`] derives
 //! every server key from one master key; [`config`] and [`cli`] wire it together for the
 //! `verdict` binary.
+//!
+//! Each layer imports only the ones below it: [`domain`] (which imports nothing from the crate)
+//! ← [`store`] ← [`ingest`], [`delivery`], [`feeds`], [`playbook`] ← [`app`] (what the HTTP
+//! edges share: state, errors, connections, layers) ← the edges [`http`], [`console`] and
+//! [`cli`], which import neither each other nor are imported below; [`server`] composes the API
+//! and the console. [`problem`], [`signal`], [`secrets`] and [`destination`] import nothing
+//! above them, so any layer may use them.
 
 pub mod actions;
+pub mod app;
 pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod console;
 pub mod delivery;
+pub mod destination;
+pub mod domain;
 mod failpoint;
 pub mod feeds;
 pub mod http;
@@ -21,6 +31,7 @@ pub mod idempotency;
 pub mod ingest;
 pub mod listen;
 pub mod playbook;
+pub mod problem;
 pub mod rate_limit;
 pub mod retention;
 pub mod secrets;

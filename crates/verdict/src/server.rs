@@ -1,18 +1,24 @@
-//! `verdict serve`: the API, its background pruner, and graceful shutdown.
+//! `verdict serve`: the API and the console composed, the background pruner, and graceful
+//! shutdown.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use axum::Router;
+use axum::response::Redirect;
+use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::app::{self, AppState, Shared, connections};
 use crate::clock::now_ms;
 use crate::config::{Config, ServeConfig};
+use crate::console;
 use crate::delivery::{self, Deliverer, DeliverySettings, worker};
 use crate::feeds::jwks::{self, KeyCache};
 use crate::feeds::set::SetReceiver;
-use crate::http::{AppState, Shared, connections, router};
+use crate::http;
 use crate::ingest::Ingest;
 use crate::rate_limit::RateLimits;
 use crate::retention::{self, RetentionSettings};
@@ -92,6 +98,18 @@ pub async fn serve(config: &Config, serve: ServeConfig) -> anyhow::Result<()> {
     background.wait().await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The whole app: the API, the console under `/console`, and the layers every request passes
+/// through. The one place the two edges meet.
+pub fn router(state: AppState) -> Router {
+    app::layered(
+        http::router().nest("/console", console::router()).route(
+            "/console/",
+            get(|| async { Redirect::to("/console/events") }),
+        ),
+        state,
+    )
 }
 
 /// `verdict worker`: the delivery worker on its own, every `interval`, or one round.

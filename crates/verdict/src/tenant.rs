@@ -12,7 +12,7 @@ use uuid::Uuid;
 use verdict_webhooks::Secret;
 
 use crate::clock::now_ms;
-use crate::delivery::destination::{CallbackUrl, UrlError};
+use crate::destination::{CallbackUrl, UrlError};
 use crate::secrets::{Keyring, SecretsError, api_key_hash};
 use crate::store::{
     ApiKeyRecord, KeyGrant, NewApiKey, NewTenant, Scope, SealedSecret, SecretPurpose, Store,

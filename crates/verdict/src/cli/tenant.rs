@@ -7,7 +7,7 @@ use clap::{Subcommand, ValueEnum};
 use uuid::Uuid;
 
 use crate::config::{Config, DestinationArgs};
-use crate::delivery::destination::CallbackUrl;
+use crate::destination::CallbackUrl;
 use crate::store::{self, Scope, SecretPurpose};
 use crate::tenant::{self, TenantSpec};
 

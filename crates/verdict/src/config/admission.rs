@@ -5,9 +5,9 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use super::{ConfigError, FileConfig};
+use crate::app::connections::InboundLimits;
 use crate::delivery::DeliverySettings;
 use crate::feeds::set::SetWindow;
-use crate::http::connections::InboundLimits;
 
 /// How Security Event Tokens pushed to `POST /v1/sets` are judged.
 #[derive(Debug, Clone, Default, clap::Args)]

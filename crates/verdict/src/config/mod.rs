@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::delivery::destination::DestinationPolicy;
+use crate::app::connections::InboundLimits;
 use crate::delivery::{DeliverySettings, MAX_DEADLINE};
-use crate::http::connections::InboundLimits;
+use crate::destination::DestinationPolicy;
 use crate::ingest::IngestSettings;
 use crate::retention::RetentionSettings;
 use crate::secrets::{MasterKey, SecretsError};

@@ -10,8 +10,8 @@ use uuid::Uuid;
 
 use super::layout::{self, Section};
 use super::{CsrfOnly, Operator};
+use crate::app::AppState;
 use crate::delivery::{DeliveryStatus, Redelivered};
-use crate::http::AppState;
 use crate::secrets::hex;
 use crate::store::{DeliveryRecord, EventFilter, EventRecord, Scope};
 

@@ -8,8 +8,8 @@ use maud::{Markup, html};
 
 use super::Operator;
 use super::layout::{self, Section};
+use crate::app::AppState;
 use crate::clock::now_ms;
-use crate::http::AppState;
 use crate::store::{Activity, Scope};
 
 const MINUTES: i64 = 60;

@@ -22,8 +22,8 @@ use maud::html;
 use serde::Deserialize;
 use subtle::ConstantTimeEq;
 
-use crate::http::AppState;
-use crate::http::problem::Problem;
+use crate::app::AppState;
+use crate::problem::Problem;
 use crate::secrets::{api_key_hash, hex};
 use crate::store::{KeyGrant, Scope, TenantRecord};
 
@@ -150,7 +150,7 @@ impl FromRequestParts<AppState> for Operator {
             }
         };
         if let Err(err) = app.rate_limits.admit(&grant.tenant) {
-            return Err(crate::http::error::ApiError::from(err).into_response());
+            return Err(crate::app::error::ApiError::from(err).into_response());
         }
         Ok(Self {
             csrf: csrf_token(app, key),

@@ -9,7 +9,7 @@ use serde::Deserialize;
 
 use super::Operator;
 use super::layout::{self, Section};
-use crate::http::AppState;
+use crate::app::AppState;
 use crate::playbook::simulation::{self, Simulation, Window};
 use crate::playbook::{self, Format, Playbook, PlaybookError, PlaybookStoreError};
 use crate::store::Scope;

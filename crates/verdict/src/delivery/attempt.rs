@@ -7,8 +7,8 @@ use reqwest::StatusCode;
 use reqwest::header::{CONTENT_TYPE, RETRY_AFTER};
 use verdict_webhooks::{Secret, signed_headers};
 
-use super::destination::{DestinationPolicy, DestinationRefused, UrlError, check_url};
 use super::schedule::AttemptOutcome;
+use crate::destination::{DestinationPolicy, DestinationRefused, UrlError, check_url};
 
 /// How much of a response body is kept with the attempt.
 const EXCERPT_BYTES: usize = 1024;

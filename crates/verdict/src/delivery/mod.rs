@@ -1,13 +1,13 @@
 //! Outbound callbacks: every attempt is made against a delivery already recorded in the outbox,
 //! signed per Standard Webhooks, classified, and recorded; the worker retries what is due.
 //!
-//! - [`destination`]: which addresses a callback may reach.
+//! - [`destination`] (a module of its own: tenants and the feeds check URLs with it too): which
+//!   addresses a callback may reach.
 //! - [`attempt`]: one signed POST and its classification.
 //! - [`schedule`]: the state a delivery moves to after an attempt.
 //! - [`worker`]: leases due deliveries and attempts them.
 
 pub mod attempt;
-pub mod destination;
 pub mod schedule;
 pub mod worker;
 
@@ -17,6 +17,7 @@ use std::time::Duration;
 use uuid::Uuid;
 
 use crate::clock::now_ms;
+use crate::destination;
 use crate::secrets::Keyring;
 use crate::store::{AttemptRecord, DueDelivery, Redelivery, SecretPurpose, Store, StoreError};
 use crate::tenant;

@@ -7,13 +7,15 @@
 //! `-updated`, `-ended`, and the older `subscription-ends`) are acknowledged and decide nothing.
 
 use serde::Deserialize;
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
 use time::OffsetDateTime;
-
 use uuid::Uuid;
 
+use super::{natural_key, object};
+use crate::idempotency::IdempotencyKey;
 use crate::secrets::Keyring;
-use crate::signal::{MAX_OBSERVED_AHEAD, strict_json, validate_phone};
+use crate::signal::{MAX_OBSERVED_AHEAD, Signal, SignalType, Subject, strict_json, validate_phone};
+use crate::store::{Store, StoreError};
 
 /// The event type of a SIM swap.
 pub const SWAPPED: &str = "org.camaraproject.sim-swap-subscriptions.v0.swapped";
@@ -94,6 +96,83 @@ pub fn subscription_digest(keys: &Keyring, tenant_id: Uuid, subscription_id: &st
         tenant_id.as_bytes(),
         subscription_id.as_bytes(),
     ])
+}
+
+/// A SIM swap as the signal it is, under its natural idempotency key (`source`, `id`).
+#[derive(Debug)]
+pub struct SwapSignal {
+    pub key: IdempotencyKey,
+    pub signal: Signal,
+}
+
+/// Why a swap could not be made a signal.
+#[derive(Debug, thiserror::Error)]
+pub enum SwapError {
+    /// No `phoneNumber`, and the subscription is not registered.
+    #[error("no `data.phoneNumber`, and the subscription is not registered")]
+    MissingIdentifier,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// What a tenant's notification comes to: a swap is a signal about the number sent, or about
+/// the phone registered for its subscription; a lifecycle event is acknowledged (logged and
+/// counted) and decides nothing (`None`).
+pub async fn signal(
+    store: &dyn Store,
+    keys: &Keyring,
+    tenant_id: Uuid,
+    notification: Notification,
+) -> Result<Option<SwapSignal>, SwapError> {
+    let swap = match notification {
+        Notification::Swapped(swap) => swap,
+        Notification::Lifecycle { event_type } => {
+            let kind = event_type.rsplit('.').next().unwrap_or_default();
+            let kind = match kind {
+                "subscription-started"
+                | "subscription-updated"
+                | "subscription-ended"
+                | "subscription-ends" => kind,
+                _ => "other",
+            };
+            tracing::info!(
+                %tenant_id,
+                lifecycle = kind,
+                "CAMARA subscription lifecycle notification acknowledged"
+            );
+            metrics::counter!("verdict_feed_events_total", "feed" => "camara", "mapped" => "lifecycle")
+                .increment(1);
+            return Ok(None);
+        }
+    };
+    let subject = match swap.phone {
+        Some(phone) => Subject::Phone(phone),
+        None => {
+            let digest = subscription_digest(keys, tenant_id, &swap.subscription_id);
+            let subject_hash = store
+                .camara_subscription(tenant_id, &digest)
+                .await?
+                .and_then(|hash| <[u8; 32]>::try_from(hash).ok())
+                .ok_or(SwapError::MissingIdentifier)?;
+            Subject::Digested(subject_hash)
+        }
+    };
+    let swapped_at = swap
+        .observed_at
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default();
+    metrics::counter!("verdict_feed_events_total", "feed" => "camara", "mapped" => "true")
+        .increment(1);
+    Ok(Some(SwapSignal {
+        key: natural_key(&[&swap.source, &swap.id]),
+        signal: Signal {
+            signal_type: SignalType::SimSwap,
+            subject,
+            observed_at: swap.observed_at,
+            attributes: object(json!({ "event_type": SWAPPED, "swapped_at": swapped_at })),
+            metadata: object(json!({ "cloudevent": { "source": swap.source, "id": swap.id } })),
+        },
+    }))
 }
 
 /// Parses a notification received at `now`; returns the generic JSON too, for the

@@ -14,7 +14,7 @@ use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, Jwk, KeyOperations, 
 use jsonwebtoken::{Algorithm, DecodingKey};
 use uuid::Uuid;
 
-use crate::delivery::destination::{DestinationPolicy, UrlError, check_url};
+use crate::destination::{DestinationPolicy, UrlError, check_url};
 
 /// Largest JWKS document accepted, stored or fetched.
 pub const MAX_JWKS_BYTES: usize = 64 * 1024;

@@ -16,42 +16,11 @@ use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use crate::clock::now_ms;
-use crate::delivery::destination::{DestinationPolicy, UrlError, check_url};
+use crate::destination::{DestinationPolicy, UrlError, check_url};
 use crate::idempotency::IdempotencyKey;
 use crate::secrets::Keyring;
-use crate::signal::{Subject, validate_phone};
+use crate::signal::{Subject, subject_digest, validate_phone};
 use crate::store::{Store, StoreError, TransmitterRecord};
-
-/// Where a signal came in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Feed {
-    /// `POST /v1/signals`, our own JSON.
-    Signals,
-    /// `POST /v1/sets`, a Security Event Token.
-    Set,
-    /// `POST /v1/camara/sim-swap`, a CAMARA notification.
-    Camara,
-}
-
-impl Feed {
-    /// The stored and shown name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Signals => "signals",
-            Self::Set => "set",
-            Self::Camara => "camara",
-        }
-    }
-
-    /// The endpoint part of its idempotency keys: keys are scoped per feed.
-    pub fn endpoint(self) -> &'static str {
-        match self {
-            Self::Signals => crate::idempotency::SIGNALS_ENDPOINT,
-            Self::Set => "POST /v1/sets",
-            Self::Camara => "POST /v1/camara/sim-swap",
-        }
-    }
-}
 
 /// The idempotency key of a feed event made of its natural key's parts (each length-prefixed,
 /// so no two different tuples make the same key). Like every key, it is stored only as a keyed
@@ -64,6 +33,14 @@ pub fn natural_key(parts: &[&str]) -> IdempotencyKey {
     }
     let hex = crate::secrets::hex(&hash.finalize());
     IdempotencyKey::parse(hex.as_bytes()).expect("64 hex digits are a valid idempotency key")
+}
+
+/// A JSON object's members (none for any other value).
+fn object(value: serde_json::Value) -> serde_json::Map<String, serde_json::Value> {
+    match value {
+        serde_json::Value::Object(map) => map,
+        _ => serde_json::Map::new(),
+    }
 }
 
 /// Where a transmitter's signing keys come from.
@@ -86,7 +63,7 @@ pub enum RegistrationError {
     #[error("the JWKS URL must be an absolute http(s) URL")]
     JwksUrlNotHttp,
     #[error("the JWKS URL is refused: {0}")]
-    JwksUrlRefused(crate::delivery::destination::Refusal),
+    JwksUrlRefused(crate::destination::Refusal),
     #[error("the phone number must be E.164: `+` then 2 to 15 digits, not starting with 0")]
     BadPhone,
     #[error(transparent)]
@@ -173,7 +150,7 @@ pub async fn add_camara_subscription(
         .ok_or(RegistrationError::NoTenant(tenant_id))?;
     let subscription_id = checked_text("subscription id", subscription_id)?;
     let phone = validate_phone(phone).map_err(|_| RegistrationError::BadPhone)?;
-    let subject = crate::ingest::subject_digest(keys, tenant_id, &Subject::Phone(phone));
+    let subject = subject_digest(keys, tenant_id, &Subject::Phone(phone));
     let digest = camara::subscription_digest(keys, tenant_id, &subscription_id);
     store
         .put_camara_subscription(tenant_id, &digest, &subject, now_ms())

@@ -16,17 +16,15 @@ use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{Algorithm, Validation};
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
 use super::jwks::{KeyCache, KeysError, KeysFrom, Lookup};
+use super::{natural_key, object};
+use crate::idempotency::IdempotencyKey;
 use crate::signal::{MAX_OBSERVED_AHEAD, Subject, validate_account, validate_phone};
 use crate::store::{Store, StoreError, TransmitterRecord};
-
-/// The RISC event every receiver understands: a credential was compromised.
-pub const RISC_CREDENTIAL_COMPROMISE: &str =
-    "https://schemas.openid.net/secevent/risc/event-type/credential-compromise";
 
 /// Longest `iss`, `jti`, event type URI or subject identifier part accepted, in characters.
 const MAX_CLAIM_CHARS: usize = 256;
@@ -97,6 +95,23 @@ pub struct VerifiedSet {
     pub subject: Subject,
     /// `toe`, or the event's `event_timestamp` (CAEP), or `iat`.
     pub observed_at: OffsetDateTime,
+}
+
+impl VerifiedSet {
+    /// Its natural idempotency key: (`iss`, `jti`).
+    pub fn key(&self) -> IdempotencyKey {
+        natural_key(&[&self.issuer, &self.jti])
+    }
+
+    /// Facts about it that name no identifier: its event type.
+    pub fn attributes(&self) -> Map<String, Value> {
+        object(json!({ "event_type": self.event_type }))
+    }
+
+    /// Where it came from: its issuer and token id.
+    pub fn metadata(&self) -> Map<String, Value> {
+        object(json!({ "set": { "iss": self.issuer, "jti": self.jti } }))
+    }
 }
 
 /// Verifies SETs for every tenant: its transmitter (cached for at most 5 s, so a change made
@@ -431,7 +446,8 @@ fn subject(value: &Value) -> Result<Subject, SetError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+
+    use crate::domain::RISC_CREDENTIAL_COMPROMISE;
 
     const NOW: OffsetDateTime = time::macros::datetime!(2026-11-30 12:00 UTC);
 

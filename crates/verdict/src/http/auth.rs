@@ -7,8 +7,8 @@ use axum::http::header;
 use axum::http::request::Parts;
 use uuid::Uuid;
 
-use super::AppState;
-use super::error::{ApiError, AuthError};
+use crate::app::AppState;
+use crate::app::error::{ApiError, AuthError};
 use crate::rate_limit::RateLimits;
 use crate::store::{KeyGrant, Scope, TenantRecord};
 

@@ -3,7 +3,7 @@
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, header};
 
-use super::error::ApiError;
+use crate::app::error::ApiError;
 
 /// A refused body up to this size is read and dropped before the 413 goes out: closing a
 /// socket with unread bytes makes the kernel send a reset, which can destroy the 413 before

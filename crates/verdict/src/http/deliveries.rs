@@ -7,13 +7,13 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::AppState;
 use super::auth::Authenticated;
-use super::error::ApiError;
 use super::events::{DeliveryState, DeliveryView, rfc3339};
 use super::extract::{Path, Query};
-use super::problem::Problem;
+use crate::app::AppState;
+use crate::app::error::ApiError;
 use crate::delivery::{DeliveryStatus, REDELIVER_INTERVAL, Redelivered};
+use crate::problem::Problem;
 use crate::store::AttemptRow;
 use crate::store::Scope;
 

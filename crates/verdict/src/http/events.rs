@@ -7,12 +7,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::AppState;
 use super::auth::Authenticated;
-use super::error::ApiError;
 use super::extract::{Path, Query};
-use super::problem::Problem;
+use crate::app::AppState;
+use crate::app::error::ApiError;
 use crate::delivery::DeliveryStatus;
+use crate::problem::Problem;
 use crate::secrets::hex;
 use crate::store::Scope;
 use crate::store::{DeliveryRecord, EventRecord};

@@ -8,7 +8,7 @@ use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
 
-use super::error::ApiError;
+use crate::app::error::ApiError;
 
 /// Path parameters; a rejection is a 400 problem.
 pub struct Path<T>(pub T);

@@ -10,19 +10,18 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
-use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
 
-use super::AppState;
-use super::error::{ApiError, AuthError};
-use super::problem::Problem;
-use crate::feeds::camara::{self, CamaraError, Notification};
+use crate::app::AppState;
+use crate::app::error::{ApiError, AuthError};
+use crate::domain::Feed;
+use crate::feeds::camara::{self, CamaraError, SwapError};
 use crate::feeds::set::SetError;
-use crate::feeds::{Feed, natural_key};
 use crate::idempotency::Fingerprint;
 use crate::ingest::{FeedEvent, Inbound, IngestError, Reply};
-use crate::signal::{Signal, SignalType, Subject};
+use crate::problem::Problem;
+use crate::signal::SignalType;
 use crate::store::{KeyGrant, Scope, StoreError};
 
 /// Largest SET or notification accepted, as for signals.
@@ -99,20 +98,18 @@ async fn receive_set(app: &AppState, headers: &HeaderMap, body: Body) -> Result<
     //    ignored) under (`iss`, `jti`).
     let (playbook, version) = app.ingest.playbook_in_force(tenant.id).await?;
     let signal_type = playbook.set_event_signal(&set.event_type);
-    let key = natural_key(&[&set.issuer, &set.jti]);
+    let key = set.key();
     let fingerprint = Fingerprint(Sha256::digest(token.as_bytes()).into());
     let raw_body: [u8; 32] = Sha256::digest(&body).into();
-    let attributes = object(json!({ "event_type": set.event_type }));
-    let metadata = object(json!({ "set": { "iss": set.issuer, "jti": set.jti } }));
     metrics::counter!("verdict_feed_events_total", "feed" => "set", "mapped" => mapped(signal_type))
         .increment(1);
     let event = FeedEvent {
         tenant,
         feed: Feed::Set,
+        attributes: set.attributes(),
+        metadata: set.metadata(),
         subject: set.subject,
         observed_at: set.observed_at,
-        attributes,
-        metadata,
         fingerprint,
         raw_body,
         playbook_version: version,
@@ -174,65 +171,20 @@ async fn receive_camara(
     let grant = grant(app, headers).await?;
     let tenant = super::auth::admit(&grant, Scope::Ingest, &app.rate_limits)?;
 
-    let swap = match notification {
-        Notification::Swapped(swap) => swap,
-        Notification::Lifecycle { event_type } => {
-            let kind = event_type.rsplit('.').next().unwrap_or_default();
-            let kind = match kind {
-                "subscription-started"
-                | "subscription-updated"
-                | "subscription-ended"
-                | "subscription-ends" => kind,
-                _ => "other",
-            };
-            tracing::info!(
-                tenant_id = %tenant.id,
-                lifecycle = kind,
-                "CAMARA subscription lifecycle notification acknowledged"
-            );
-            metrics::counter!("verdict_feed_events_total", "feed" => "camara", "mapped" => "lifecycle")
-                .increment(1);
-            return Ok(());
-        }
-    };
-
-    // 3. The subject: the number sent, or the one registered for the subscription.
-    let subject = match swap.phone {
-        Some(phone) => Subject::Phone(phone),
-        None => {
-            let digest = camara::subscription_digest(&app.keys, tenant.id, &swap.subscription_id);
-            let subject_hash = app
-                .store
-                .camara_subscription(tenant.id, &digest)
-                .await?
-                .and_then(|hash| <[u8; 32]>::try_from(hash).ok())
-                .ok_or(CamaraRefusal::MissingIdentifier)?;
-            Subject::Digested(subject_hash)
-        }
+    // 3. The signal (none for a lifecycle event): about the number sent, or the one
+    //    registered for the subscription.
+    let Some(swap) = camara::signal(&*app.store, &app.keys, tenant.id, notification).await? else {
+        return Ok(());
     };
 
     // 4. Claim, decide, act and send under (`source`, `id`).
-    let swapped_at = swap
-        .observed_at
-        .format(&time::format_description::well_known::Rfc3339)
-        .unwrap_or_default();
-    metrics::counter!("verdict_feed_events_total", "feed" => "camara", "mapped" => "true")
-        .increment(1);
     let reply = run(
         app,
         Inbound {
             tenant,
             feed: Feed::Camara,
-            key: Some(natural_key(&[&swap.source, &swap.id])),
-            signal: Signal {
-                signal_type: SignalType::SimSwap,
-                subject,
-                observed_at: swap.observed_at,
-                attributes: object(
-                    json!({ "event_type": camara::SWAPPED, "swapped_at": swapped_at }),
-                ),
-                metadata: object(json!({ "cloudevent": { "source": swap.source, "id": swap.id } })),
-            },
+            key: Some(swap.key),
+            signal: swap.signal,
             fingerprint,
             raw_body: Sha256::digest(&body).into(),
         },
@@ -297,13 +249,6 @@ fn has_media_type(headers: &HeaderMap, accepted: &[&str]) -> bool {
         .and_then(|v| v.split(';').next())
         .map(str::trim)
         .is_some_and(|essence| accepted.iter().any(|a| essence.eq_ignore_ascii_case(a)))
-}
-
-fn object(value: Value) -> Map<String, Value> {
-    match value {
-        Value::Object(map) => map,
-        _ => Map::new(),
-    }
 }
 
 fn mapped(signal_type: Option<SignalType>) -> &'static str {
@@ -431,6 +376,15 @@ enum CamaraRefusal {
 }
 
 refusal_from!(CamaraRefusal, Invalid(CamaraError));
+
+impl From<SwapError> for CamaraRefusal {
+    fn from(err: SwapError) -> Self {
+        match err {
+            SwapError::MissingIdentifier => Self::MissingIdentifier,
+            SwapError::Store(store) => store.into(),
+        }
+    }
+}
 
 /// A CAMARA error response.
 fn camara_error(status: StatusCode, code: &'static str, message: impl Into<String>) -> Response {

@@ -8,12 +8,12 @@ use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::AppState;
 use super::auth::Authenticated;
-use super::error::ApiError;
 use super::events::rfc3339;
 use super::extract::Path;
-use super::problem::Problem;
+use crate::app::AppState;
+use crate::app::error::ApiError;
+use crate::problem::Problem;
 use crate::store::{ApiKeyRecord, Scope};
 use crate::tenant::{self, IssuedKey};
 

@@ -126,7 +126,7 @@ impl Modify for ProblemJson {
                     {
                         response
                             .content
-                            .insert(super::problem::PROBLEM_JSON.to_owned(), content);
+                            .insert(crate::problem::PROBLEM_JSON.to_owned(), content);
                     }
                 }
             }
@@ -196,7 +196,7 @@ fn operations(item: &mut PathItem) -> impl Iterator<Item = &mut Operation> {
 /// A problem+json response.
 fn problem_response(description: &str) -> ResponseBuilder {
     ResponseBuilder::new().description(description).content(
-        super::problem::PROBLEM_JSON,
+        crate::problem::PROBLEM_JSON,
         Content::new(Some(Ref::from_schema_name("Problem"))),
     )
 }

@@ -8,13 +8,13 @@ use serde::Serialize;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
-use super::AppState;
 use super::auth::Authenticated;
-use super::error::ApiError;
 use super::events::rfc3339;
-use super::problem::Problem;
+use crate::app::AppState;
+use crate::app::error::ApiError;
 use crate::playbook::simulation::{self, MAX_SIMULATED_EVENTS, Simulation, Window};
 use crate::playbook::{self, Format, Playbook, PlaybookStoreError};
+use crate::problem::Problem;
 use crate::store::Scope;
 
 /// A playbook version as the API shows it.

@@ -4,14 +4,15 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-
-use super::AppState;
-use super::error::{ApiError, AuthError};
-use super::problem::{PROBLEM_JSON, Problem};
 use sha2::{Digest, Sha256};
+use verdict_webhooks::Secret;
 
+use crate::app::AppState;
+use crate::app::error::{ApiError, AuthError};
+use crate::domain::Feed;
 use crate::idempotency::{Fingerprint, IdempotencyKey, KeyError};
 use crate::ingest::{Inbound, Reply};
+use crate::problem::{PROBLEM_JSON, Problem};
 use crate::signal::{Signal, SignalError};
 use crate::store::{KeyGrant, Scope, SecretPurpose, StoredResponse};
 
@@ -71,7 +72,7 @@ pub async fn post_signal(
         .ingest
         .run(Inbound {
             tenant: &tenant,
-            feed: crate::feeds::Feed::Signals,
+            feed: Feed::Signals,
             key,
             signal,
             fingerprint,
@@ -120,14 +121,8 @@ async fn replay_same_bytes(
             .credentials
             .cached_secrets(tenant.id, SecretPurpose::Inbound)
             .await?;
-        let (timestamp, signature) = signature_headers(headers)?;
-        let ts: i64 = timestamp.trim().parse().ok()?;
-        let now = time::OffsetDateTime::now_utc().unix_timestamp();
-        if now.abs_diff(ts) > TIMESTAMP_TOLERANCE_SECS as u64 {
-            return None;
-        }
-        let content = signed_content(timestamp, body);
-        if !verdict_webhooks::signature_matches(&secrets, &content, signature) {
+        let signed = Signed::read(headers, body).ok()?;
+        if !signed.by(&secrets) {
             return None;
         }
     }
@@ -184,18 +179,7 @@ async fn authenticate(
     if !tenant.inbound_signature_required {
         return Ok(grant);
     }
-    let Some((timestamp, signature)) = signature_headers(headers) else {
-        return Err(AuthError::MissingSignature.into());
-    };
-    let ts: i64 = timestamp
-        .trim()
-        .parse()
-        .map_err(|_| AuthError::MalformedTimestamp)?;
-    let now = time::OffsetDateTime::now_utc().unix_timestamp();
-    if now.abs_diff(ts) > TIMESTAMP_TOLERANCE_SECS as u64 {
-        return Err(AuthError::StaleTimestamp.into());
-    }
-    let content = signed_content(timestamp, body);
+    let signed = Signed::read(headers, body)?;
     // The cached secrets first; on a mismatch the stored ones, so a secret rotated in a
     // moment ago works at once (a retired one stops at its own time either way).
     for fresh in [false, true] {
@@ -203,29 +187,52 @@ async fn authenticate(
             .credentials
             .secrets(tenant.id, SecretPurpose::Inbound, fresh)
             .await?;
-        if verdict_webhooks::signature_matches(&secrets, &content, signature) {
+        if signed.by(&secrets) {
             return Ok(grant);
         }
     }
     Err(AuthError::BadSignature.into())
 }
 
-/// `Verdict-Timestamp` and `Verdict-Signature`, if both are there.
-fn signature_headers(headers: &HeaderMap) -> Option<(&str, &str)> {
-    let header_str = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    Some((
-        header_str("verdict-timestamp")?,
-        header_str("verdict-signature")?,
-    ))
+/// A request's inbound signature: `Verdict-Signature` over `"{Verdict-Timestamp}.{raw body}"`,
+/// with a timestamp within [`TIMESTAMP_TOLERANCE_SECS`] of our clock. The one check both the
+/// full path and the cached replay make.
+struct Signed<'a> {
+    /// What the signature signs.
+    content: Vec<u8>,
+    /// `Verdict-Signature`: one or more `v1,<base64>`, space-separated.
+    signature: &'a str,
 }
 
-/// What `Verdict-Signature` signs: `"{timestamp}.{raw body}"`.
-fn signed_content(timestamp: &str, body: &[u8]) -> Vec<u8> {
-    let mut content = Vec::with_capacity(timestamp.len() + 1 + body.len());
-    content.extend_from_slice(timestamp.trim().as_bytes());
-    content.push(b'.');
-    content.extend_from_slice(body);
-    content
+impl<'a> Signed<'a> {
+    /// The signature headers over `body`, checked for presence and freshness.
+    fn read(headers: &'a HeaderMap, body: &[u8]) -> Result<Self, AuthError> {
+        let header_str = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        let (Some(timestamp), Some(signature)) = (
+            header_str("verdict-timestamp"),
+            header_str("verdict-signature"),
+        ) else {
+            return Err(AuthError::MissingSignature);
+        };
+        let timestamp = timestamp.trim();
+        let ts: i64 = timestamp
+            .parse()
+            .map_err(|_| AuthError::MalformedTimestamp)?;
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        if now.abs_diff(ts) > TIMESTAMP_TOLERANCE_SECS as u64 {
+            return Err(AuthError::StaleTimestamp);
+        }
+        let mut content = Vec::with_capacity(timestamp.len() + 1 + body.len());
+        content.extend_from_slice(timestamp.as_bytes());
+        content.push(b'.');
+        content.extend_from_slice(body);
+        Ok(Self { content, signature })
+    }
+
+    /// Whether one of `secrets` made the signature.
+    fn by(&self, secrets: &[Secret]) -> bool {
+        verdict_webhooks::signature_matches(secrets, &self.content, self.signature)
+    }
 }
 
 fn stored_response(stored: StoredResponse, replayed: bool) -> Response {

@@ -10,4 +10,4 @@ pub use fingerprint::{Fingerprint, FingerprintError};
 pub use key::{IdempotencyKey, KeyError};
 
 /// The endpoint part of the key table's primary key: keys are scoped per tenant and endpoint.
-pub const SIGNALS_ENDPOINT: &str = "POST /v1/signals";
+pub const SIGNALS_ENDPOINT: &str = crate::domain::Feed::Signals.endpoint();

@@ -10,23 +10,18 @@ use uuid::Uuid;
 
 use super::{
     Decided, Holding, Inbound, Ingest, IngestError, Mapping, Reply, record, recorded_decision,
-    subject_digest,
 };
 use crate::clock::{now_ms, to_ms};
+use crate::domain::{Feed, IGNORED_DECISION, UNMAPPED_TYPE};
 use crate::failpoint::failpoint;
-use crate::feeds::Feed;
 use crate::idempotency::{Cached, Fingerprint, IdempotencyKey, Payload};
 use crate::playbook::{Decision, SubjectFacts};
-use crate::signal::{Signal, SignalType, Subject};
+use crate::signal::{Signal, SignalType, Subject, subject_digest};
 use crate::store::{
     Act, ActionTarget, Claim, ClaimOutcome, Finished, HeldKey, KeyRef, NewEvent, StoredResponse,
     TenantRecord,
 };
 
-/// The type an unmapped event is stored under.
-pub const UNMAPPED_TYPE: &str = "unmapped";
-/// The decision it records.
-pub const IGNORED_DECISION: &str = "ignored";
 /// The rule it records.
 pub(super) const IGNORED_RULE: &str = "unmapped_event_type";
 

@@ -32,14 +32,14 @@ use uuid::Uuid;
 use crate::clock::{now_ms, to_ms};
 use crate::delivery::Deliverer;
 use crate::delivery::schedule;
+use crate::domain::Feed;
 use crate::failpoint::failpoint;
-use crate::feeds::Feed;
 use crate::idempotency::{
     Cached, CompletedCache, DEFAULT_CAPACITY_BYTES, Fingerprint, IdempotencyKey, Payload,
 };
 use crate::playbook::{Library, Playbook, SubjectFacts};
 use crate::secrets::Keyring;
-use crate::signal::{Signal, Subject};
+use crate::signal::{Signal, Subject, subject_digest};
 use crate::store::{
     Act, ActionTarget, CallbackDraft, Claim, ClaimOutcome, DecisionInputs, DueDelivery, HeldKey,
     KeyRef, RecoveryPoint, Store, StoreError, StoredResponse, TenantRecord,
@@ -50,7 +50,7 @@ use decision_reads::DecisionReads;
 pub use decision_reads::READERS as DECISION_READERS;
 use group_commit::GroupCommit;
 pub use group_commit::MAX_BATCH;
-pub use ignored::{FeedEvent, IGNORED_DECISION, UNMAPPED_TYPE};
+pub use ignored::FeedEvent;
 use record::Draft;
 pub use record::SignalResponse;
 
@@ -671,20 +671,6 @@ impl Ingest {
             .await;
         }
         Ok(committed.response)
-    }
-}
-
-/// The subject's keyed digest, scoped to the tenant so digests do not correlate across tenants;
-/// a subject that is already a digest is that digest.
-pub fn subject_digest(keys: &Keyring, tenant_id: Uuid, subject: &Subject) -> [u8; 32] {
-    match subject {
-        Subject::Digested(digest) => *digest,
-        Subject::Phone(value) | Subject::Account(value) => keys.digest(&[
-            b"subject",
-            tenant_id.as_bytes(),
-            subject.kind().as_bytes(),
-            value.as_bytes(),
-        ]),
     }
 }
 

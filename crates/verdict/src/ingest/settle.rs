@@ -21,7 +21,7 @@ impl Ingest {
                 tracing::error!(error = ?cause, "signal failed permanently; storing the 500");
                 let response = StoredResponse {
                     status: 500,
-                    body: crate::http::problem::Problem::internal().to_json(),
+                    body: crate::problem::Problem::internal().to_json(),
                 };
                 if let Err(store) = self
                     .store

@@ -286,7 +286,7 @@ impl Playbook {
     /// own mapping, else the built-in one.
     pub fn set_event_signal(&self, event_type: &str) -> Option<SignalType> {
         self.feeds.set_events.get(event_type).copied().or_else(|| {
-            (event_type == crate::feeds::set::RISC_CREDENTIAL_COMPROMISE)
+            (event_type == crate::domain::RISC_CREDENTIAL_COMPROMISE)
                 .then_some(SignalType::CredentialBreach)
         })
     }

@@ -103,7 +103,7 @@ pub async fn simulate(
                 break 'pages;
             }
             // A feed event no signal type mapped decided nothing: there is nothing to compare.
-            if event.decision == crate::ingest::IGNORED_DECISION {
+            if event.decision == crate::domain::IGNORED_DECISION {
                 continue;
             }
             let stored = Stored::read(event)?;

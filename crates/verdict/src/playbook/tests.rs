@@ -242,7 +242,7 @@ fn feeds_map_set_event_types_with_a_built_in_for_risc_credential_compromise() {
     .unwrap();
     assert_eq!(pb.set_event_signal(CHANGED), Some(SignalType::SimSwap));
     assert_eq!(
-        pb.set_event_signal(crate::feeds::set::RISC_CREDENTIAL_COMPROMISE),
+        pb.set_event_signal(crate::domain::RISC_CREDENTIAL_COMPROMISE),
         Some(SignalType::CredentialBreach)
     );
     assert_eq!(

@@ -5,6 +5,9 @@ pub(crate) mod strict_json;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use time::OffsetDateTime;
+use uuid::Uuid;
+
+use crate::secrets::Keyring;
 
 /// The kinds of identity-risk signal verdict understands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -44,6 +47,20 @@ impl Subject {
             Self::Account(_) => "account",
             Self::Digested(_) => "digested",
         }
+    }
+}
+
+/// The subject's keyed digest, scoped to the tenant so digests do not correlate across tenants;
+/// a subject that is already a digest is that digest.
+pub fn subject_digest(keys: &Keyring, tenant_id: Uuid, subject: &Subject) -> [u8; 32] {
+    match subject {
+        Subject::Digested(digest) => *digest,
+        Subject::Phone(value) | Subject::Account(value) => keys.digest(&[
+            b"subject",
+            tenant_id.as_bytes(),
+            subject.kind().as_bytes(),
+            value.as_bytes(),
+        ]),
     }
 }
 

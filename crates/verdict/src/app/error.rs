@@ -3,11 +3,11 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
-use super::problem::Problem;
 use crate::idempotency::KeyError;
 use crate::ingest::IngestError;
 use crate::playbook::simulation::SimulationError;
 use crate::playbook::{PlaybookError, PlaybookStoreError};
+use crate::problem::Problem;
 use crate::rate_limit::RateLimited;
 use crate::signal::SignalError;
 use crate::store::{Scope, StoreError};

@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower_http::timeout::RequestBodyTimeoutLayer;
 
-use super::problem::Problem;
+use crate::problem::Problem;
 
 /// Bounds on what clients can hold open.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

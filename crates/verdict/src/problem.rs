@@ -142,3 +142,18 @@ impl IntoResponse for Problem {
         response
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The 500 a final failure stores on its key is replayed byte for byte, to every retry
+    /// and across versions: its bytes must not change.
+    #[test]
+    fn the_stored_internal_error_keeps_its_bytes() {
+        assert_eq!(
+            Problem::internal().to_json(),
+            br#"{"type":"https://verdict.dev/problems/internal-error","title":"The signal could not be processed","status":500}"#
+        );
+    }
+}
