@@ -6,6 +6,10 @@
 //! failpoints) is shared between tests here. The fault suite (`crash_storm`, `faults`) runs with
 //! `scripts/faults`, which filters this binary by those modules.
 
+// clippy.toml's allow-unwrap-in-tests covers #[test] functions only; the helpers and the
+// per-backend test bodies here are plain functions, and a panic is how a test fails.
+#![allow(clippy::unwrap_used)]
+
 #[macro_use]
 mod common;
 
