@@ -135,7 +135,8 @@ impl Modify for ProblemJson {
 }
 
 /// OpenAPI links: where an id in one response is a path parameter of another operation. They
-/// tell a client (and the stateful fuzzer in `tests/openapi_fuzz.rs`) how the operations chain.
+/// tell a client (and the stateful fuzzer in `tests/it/openapi_fuzz.rs`) how the operations
+/// chain.
 struct Links;
 
 /// (from operation, status, link name, to operation, parameter, runtime expression).

@@ -1,4 +1,4 @@
-"""Schemathesis hooks for fuzzing verdict's API (loaded by tests/openapi_fuzz.rs through
+"""Schemathesis hooks for fuzzing verdict's API (loaded by tests/it/openapi_fuzz.rs through
 SCHEMATHESIS_HOOKS).
 
 Only what the OpenAPI document cannot say is here:

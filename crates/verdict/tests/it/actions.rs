@@ -1,0 +1,319 @@
+//! Exactly-once side effects: the real binary aborted at every failpoint between the phases,
+//! restarted, and retried by the client; and duplicates sent with no key at all.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::common;
+use crate::common::{
+    ALL_ACTIONS_PLAYBOOK, Backend, Server, Tenant, TestDb, UNUSED_CALLBACK, new_key, sim_swap,
+};
+
+const SIDE_EFFECTS: [&str; 7] = [
+    "account_locks",
+    "cases",
+    "case_events",
+    "alerts",
+    "ledger_entries",
+    "denies",
+    "deliveries",
+];
+
+async fn tenant_with_every_action(db: &TestDb) -> Tenant {
+    let tenant = db.tenant(&["--callback-url", UNUSED_CALLBACK]);
+    db.set_playbook(&tenant, ALL_ACTIONS_PLAYBOOK);
+    tenant
+}
+
+async fn assert_each_side_effect_once(db: &TestDb) {
+    for table in SIDE_EFFECTS {
+        assert_eq!(
+            db.count(table).await,
+            1,
+            "{table} should hold exactly one row"
+        );
+    }
+}
+
+/// Aborts the real binary where `failpoints` say (the `fail` crate's syntax), restarts it, and retries with the same key until the
+/// dead holder's lock expires: one event, one decision, each side effect once.
+async fn crash_at(backend: Backend, failpoints: &str) {
+    let db = TestDb::new(backend).await;
+    let tenant = tenant_with_every_action(&db).await;
+    let key = new_key();
+    let body = sim_swap("+447700900201");
+    let lock = ("VERDICT_LOCK_TIMEOUT_SECS", "1");
+
+    let doomed = Server::start(&db, &[lock, ("FAILPOINTS", failpoints)]);
+    doomed.send_raw_expecting_crash(&tenant, &key, &body).await;
+    assert!(
+        doomed.wait_for_crash(),
+        "the process aborted at {failpoints}"
+    );
+
+    let server = Server::start(&db, &[lock]);
+    let mut reply = server.send(&tenant, Some(&key), &body).await;
+    for _ in 0..30 {
+        if reply.status != 409 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        reply = server.send(&tenant, Some(&key), &body).await;
+    }
+    assert_eq!(
+        reply.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&reply.body)
+    );
+    let decided = reply.json();
+    assert_eq!(decided["decision"], "deny");
+    for action in decided["actions"].as_array().unwrap() {
+        assert_eq!(
+            action["outcome"], "done",
+            "the retry reports the same event's effects as done: {action}"
+        );
+    }
+    assert_eq!(db.count("events").await, 1);
+    assert_each_side_effect_once(&db).await;
+
+    let replay = server.send(&tenant, Some(&key), &body).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.json(), decided);
+}
+
+async fn crash_after_claim_is_exactly_once(b: Backend) {
+    crash_at(
+        b,
+        "act::before_commit=1*return(permanent);ingest::after_claim=return(abort)",
+    )
+    .await
+}
+async fn crash_after_lock_account_is_exactly_once(b: Backend) {
+    crash_at(b, "act::after_lock_account=return(abort)").await
+}
+async fn crash_after_open_case_is_exactly_once(b: Backend) {
+    crash_at(b, "act::after_open_case=return(abort)").await
+}
+async fn crash_after_alert_customer_is_exactly_once(b: Backend) {
+    crash_at(b, "act::after_alert_customer=return(abort)").await
+}
+async fn crash_after_charge_step_up_is_exactly_once(b: Backend) {
+    crash_at(b, "act::after_charge_step_up=return(abort)").await
+}
+async fn crash_after_deny_is_exactly_once(b: Backend) {
+    crash_at(b, "act::after_deny=return(abort)").await
+}
+async fn crash_after_dispatch_is_exactly_once(b: Backend) {
+    crash_at(b, "ingest::after_dispatch=return(abort)").await
+}
+async fn crash_inside_the_commit_is_exactly_once(b: Backend) {
+    crash_at(b, "act::before_commit=return(abort)").await
+}
+
+async fn same_signal_five_times_without_a_key_has_each_effect_once(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = tenant_with_every_action(&db).await;
+    let server = Server::start(&db, &[]);
+    let body = sim_swap("+447700900202");
+    let mut outcomes = Vec::new();
+    for _ in 0..5 {
+        let reply = server.send(&tenant, None, &body).await;
+        assert_eq!(reply.status, 200);
+        outcomes.push(reply.json()["actions"].clone());
+    }
+    assert_eq!(
+        db.count("events").await,
+        5,
+        "without a key, each delivery is processed"
+    );
+    for table in [
+        "account_locks",
+        "cases",
+        "alerts",
+        "ledger_entries",
+        "denies",
+        "deliveries",
+    ] {
+        assert_eq!(
+            db.count(table).await,
+            1,
+            "{table} should hold exactly one row"
+        );
+    }
+    assert_eq!(
+        db.count("case_events").await,
+        5,
+        "each event is attached to the one open case"
+    );
+    for later in &outcomes[1..] {
+        for action in later.as_array().unwrap() {
+            assert_eq!(action["outcome"], "already_done", "{action}");
+        }
+    }
+}
+
+async fn a_crash_after_dispatch_without_a_key_leaves_no_callback_without_its_event(
+    backend: Backend,
+) {
+    let db = TestDb::new(backend).await;
+    let tenant = tenant_with_every_action(&db).await;
+    let body = sim_swap("+447700900205");
+    let doomed = Server::start(
+        &db,
+        &[("FAILPOINTS", "ingest::after_dispatch=return(abort)")],
+    );
+    let req = common::signed(
+        doomed.client.post(format!("{}/v1/signals", doomed.base)),
+        &tenant,
+        None,
+        &body,
+        common::now(),
+    );
+    assert!(
+        req.send().await.is_err(),
+        "the connection dies with the process"
+    );
+    assert!(doomed.wait_for_crash());
+    assert_eq!(db.count("deliveries").await, 1);
+    assert_eq!(
+        db.count("events").await,
+        1,
+        "without a key, the event is stored with the callback's outbox row"
+    );
+    assert_eq!(
+        db.scalar("SELECT COUNT(*) FROM deliveries d JOIN events e ON e.id = d.event_id")
+            .await,
+        1
+    );
+
+    // The client's retry is another event; every effect stays single.
+    let server = Server::start(&db, &[]);
+    assert_eq!(server.send(&tenant, None, &body).await.status, 200);
+    for table in [
+        "account_locks",
+        "cases",
+        "alerts",
+        "ledger_entries",
+        "denies",
+        "deliveries",
+    ] {
+        assert_eq!(db.count(table).await, 1, "{table}");
+    }
+}
+
+async fn concurrent_duplicates_without_a_key_still_have_each_effect_once(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = tenant_with_every_action(&db).await;
+    let server = Server::start(&db, &[]);
+    let body = sim_swap("+447700900203");
+    let mut tasks = Vec::new();
+    for _ in 0..10 {
+        let req = common::signed(
+            server.client.post(format!("{}/v1/signals", server.base)),
+            &tenant,
+            None,
+            &body,
+            common::now(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let response = req.send().await.unwrap();
+            (
+                response.status().as_u16(),
+                response.json::<Value>().await.unwrap(),
+            )
+        }));
+    }
+    let mut replies = Vec::new();
+    for t in tasks {
+        let (status, reply) = t.await.unwrap();
+        assert_eq!(status, 200, "{reply}");
+        replies.push(reply);
+    }
+    for table in [
+        "account_locks",
+        "cases",
+        "alerts",
+        "ledger_entries",
+        "denies",
+        "deliveries",
+    ] {
+        assert_eq!(db.count(table).await, 1, "{table}");
+    }
+    // One of them did the work and says so; every other one reports it already done, and
+    // each event stores what its response said.
+    let all = |reply: &Value, outcome: &str| {
+        reply["actions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|a| a["outcome"] == outcome)
+    };
+    let doers = replies.iter().filter(|r| all(r, "done")).count();
+    assert_eq!(doers, 1, "{replies:#?}");
+    for reply in replies.iter().filter(|r| !all(r, "done")) {
+        assert!(all(reply, "already_done"), "{reply}");
+    }
+    for reply in &replies {
+        let event_id = reply["event_id"].as_str().unwrap();
+        let event = server.get(&tenant, &format!("/v1/events/{event_id}")).await;
+        assert_eq!(event.json()["actions"], reply["actions"], "{event_id}");
+    }
+}
+
+async fn an_open_case_collects_later_events_for_the_subject(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = tenant_with_every_action(&db).await;
+    let server = Server::start(&db, &[]);
+    let first = server
+        .send(&tenant, Some(&new_key()), &sim_swap("+447700900204"))
+        .await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let second = server
+        .send(&tenant, Some(&new_key()), &sim_swap("+447700900204"))
+        .await;
+    assert_eq!(first.json()["subject_hash"], second.json()["subject_hash"]);
+    let outcome = |r: &common::Reply, action: &str| {
+        r.json()["actions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["action"] == action)
+            .unwrap()["outcome"]
+            .clone()
+    };
+    assert_eq!(outcome(&second, "open_case"), "already_done");
+    assert_eq!(outcome(&second, "lock_account"), "already_done");
+    assert_eq!(
+        outcome(&second, "charge_step_up"),
+        "done",
+        "a different signal is charged"
+    );
+    assert_eq!(db.count("cases").await, 1);
+    assert_eq!(db.count("case_events").await, 2);
+
+    let hash = first.json()["subject_hash"].as_str().unwrap().to_owned();
+    let subject = server.get(&tenant, &format!("/v1/subjects/{hash}")).await;
+    assert_eq!(subject.status, 200);
+    let s = subject.json();
+    assert_eq!(s["lock"]["event_id"], first.json()["event_id"]);
+    assert_eq!(s["deny"]["event_id"], first.json()["event_id"]);
+    assert_eq!(s["open_cases"].as_array().unwrap().len(), 1);
+    assert_eq!(s["open_cases"][0]["events"].as_array().unwrap().len(), 2);
+}
+
+on_both_backends!(
+    crash_after_claim_is_exactly_once,
+    crash_after_lock_account_is_exactly_once,
+    crash_after_open_case_is_exactly_once,
+    crash_after_alert_customer_is_exactly_once,
+    crash_after_charge_step_up_is_exactly_once,
+    crash_after_deny_is_exactly_once,
+    crash_after_dispatch_is_exactly_once,
+    crash_inside_the_commit_is_exactly_once,
+    same_signal_five_times_without_a_key_has_each_effect_once,
+    concurrent_duplicates_without_a_key_still_have_each_effect_once,
+    a_crash_after_dispatch_without_a_key_leaves_no_callback_without_its_event,
+    an_open_case_collects_later_events_for_the_subject,
+);

@@ -1,0 +1,295 @@
+//! Crash storm: the real binary is SIGKILLed at random moments, several times, while clients send
+//! fresh SIM-swap signals and retry each with the same key and the same body bytes until they get
+//! a 200. Afterwards every signal must have the decision a fresh signal gets, every action of it
+//! done, exactly one row per effect, and exactly one callback whose bytes never change.
+//!
+//! CI-sized by default; `CRASH_STORM_SIGNALS` (80) and `CRASH_STORM_KILLS` (6) make it longer.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::common;
+use crate::common::receiver::Receiver;
+use crate::common::retrying::{Tally, send_until_answered, wrong_sim_swap_answer};
+use crate::common::{Backend, Server, TestDb, new_key, random_between, sim_swap};
+use serde_json::Value;
+
+on_both_backends!(crash_storm_keeps_every_signal_exactly_once);
+
+/// The server as every incarnation runs: callbacks to this machine allowed, no background
+/// worker (the test drives it), and a 3 s lock: a retry takes over a dead holder's key soon, while
+/// a live holder on a busy CI machine does not overrun it (the storm is about crashes).
+const SERVER_ENV: [(&str, &str); 4] = [
+    ("VERDICT_ALLOW_PRIVATE_DESTINATIONS", "1"),
+    ("VERDICT_NO_WORKER", "1"),
+    ("VERDICT_LOCK_TIMEOUT_SECS", "3"),
+    ("VERDICT_RETRY_INTERVAL_SECS", "1"),
+];
+
+/// Gives up on a signal after this long: generous, the storm itself lasts seconds.
+const SIGNAL_DEADLINE: Duration = Duration::from_secs(120);
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+async fn crash_storm_keeps_every_signal_exactly_once(backend: Backend) {
+    let signals = env_usize("CRASH_STORM_SIGNALS", 80).max(1);
+    let kills = env_usize("CRASH_STORM_KILLS", 6);
+    let db = Arc::new(TestDb::new(backend).await);
+    let receiver = Receiver::start(Vec::new()).await;
+    let tenant = db.tenant(&["--callback-url", &receiver.url]);
+
+    let server = Server::start(&db, &SERVER_ENV);
+    let base = Arc::new(Mutex::new(server.base.clone()));
+    let tally = Arc::new(Tally::default());
+    let finished = Arc::new(AtomicUsize::new(0));
+
+    // Signals are released evenly over about the time the kills take (a mean gap of 375 ms
+    // each), so the storm hits requests in every phase rather than an idle server.
+    let spacing = Duration::from_millis((kills as u64 * 375 / signals as u64).clamp(2, 200));
+    let mut clients = Vec::new();
+    let mut sent = Vec::new();
+    for i in 0..signals {
+        let key = new_key();
+        let body = sim_swap(&format!("+4477009{i:05}"));
+        sent.push((key.clone(), body.clone()));
+        let (base, tenant, tally, finished) = (
+            base.clone(),
+            tenant.clone(),
+            tally.clone(),
+            finished.clone(),
+        );
+        clients.push(tokio::spawn(async move {
+            tokio::time::sleep(spacing * i as u32).await;
+            let client = common::retrying::client();
+            let reply = send_until_answered(
+                &client,
+                &base,
+                &tenant,
+                Some(&key),
+                &body,
+                &tally,
+                SIGNAL_DEADLINE,
+            )
+            .await;
+            finished.fetch_add(1, Ordering::SeqCst);
+            reply
+        }));
+    }
+
+    // The storm: SIGKILL at a random moment, restart on the same database, publish the new
+    // address; a bounded number of times, and not once everything has been answered.
+    let storm = {
+        let (db, base, finished) = (db.clone(), base.clone(), finished.clone());
+        tokio::spawn(async move {
+            let mut server = server;
+            let mut done_kills = 0;
+            for _ in 0..kills {
+                tokio::time::sleep(Duration::from_millis(random_between(150, 600))).await;
+                if finished.load(Ordering::SeqCst) == signals {
+                    break;
+                }
+                let db = db.clone();
+                server = tokio::task::spawn_blocking(move || {
+                    common::keep_log(&format!("crash storm {backend:?}"), &server.logs());
+                    server.kill();
+                    Server::start(&db, &SERVER_ENV)
+                })
+                .await
+                .unwrap();
+                *base.lock().unwrap() = server.base.clone();
+                done_kills += 1;
+            }
+            (server, done_kills)
+        })
+    };
+
+    let mut replies = Vec::new();
+    for client in clients {
+        replies.push(client.await.unwrap());
+    }
+    let (server, done_kills) = storm.await.unwrap();
+
+    // A deliberate duplicate of every signal after the storm: answered from the record.
+    let mut final_replays = 0;
+    for ((key, body), reply) in sent.iter().zip(&replies) {
+        let again = server.send(&tenant, Some(key.as_str()), body).await;
+        assert_eq!(again.status, reply.status, "{key}");
+        if reply.status == 200 {
+            assert!(again.replayed(), "{key}: a completed key is replayed");
+            assert_eq!(
+                again.json(),
+                reply.json(),
+                "{key}: the replay is the record"
+            );
+            final_replays += 1;
+        }
+    }
+    common::keep_log(&format!("crash storm {backend:?}"), &server.logs());
+    tokio::task::spawn_blocking(move || server.kill())
+        .await
+        .unwrap();
+
+    let retries = tally.retries(signals);
+    eprintln!(
+        "crash storm ({backend:?}): {signals} signals, {done_kills} kills (faults injected); \
+         {retries} retries with the same key and bytes, {final_replays} duplicates sent after \
+         the storm = {} duplicates absorbed; {}",
+        retries + final_replays,
+        tally.summary(),
+    );
+
+    // Exactly one row per signal in every effect table, each naming a stored event.
+    let n = signals as i64;
+    let checks: [(&str, &'static str, &'static str, &'static str); 6] = [
+        (
+            "events",
+            "SELECT COUNT(*) FROM events",
+            "SELECT COUNT(DISTINCT id) FROM events",
+            "SELECT COUNT(*) FROM events",
+        ),
+        (
+            "account_locks",
+            "SELECT COUNT(*) FROM account_locks",
+            "SELECT COUNT(DISTINCT event_id) FROM account_locks",
+            "SELECT COUNT(*) FROM account_locks x JOIN events e ON e.id = x.event_id",
+        ),
+        (
+            "cases",
+            "SELECT COUNT(*) FROM cases",
+            "SELECT COUNT(DISTINCT opened_by_event) FROM cases",
+            "SELECT COUNT(*) FROM cases x JOIN events e ON e.id = x.opened_by_event",
+        ),
+        (
+            "alerts",
+            "SELECT COUNT(*) FROM alerts",
+            "SELECT COUNT(DISTINCT event_id) FROM alerts",
+            "SELECT COUNT(*) FROM alerts x JOIN events e ON e.id = x.event_id",
+        ),
+        (
+            "denies",
+            "SELECT COUNT(*) FROM denies",
+            "SELECT COUNT(DISTINCT event_id) FROM denies",
+            "SELECT COUNT(*) FROM denies x JOIN events e ON e.id = x.event_id",
+        ),
+        (
+            "deliveries",
+            "SELECT COUNT(*) FROM deliveries",
+            "SELECT COUNT(DISTINCT event_id) FROM deliveries",
+            "SELECT COUNT(*) FROM deliveries x JOIN events e ON e.id = x.event_id",
+        ),
+    ];
+    let mut table_counts = Vec::new();
+    for (table, rows, distinct, joined) in checks {
+        let counts = (
+            db.scalar(rows).await,
+            db.scalar(distinct).await,
+            db.scalar(joined).await,
+        );
+        eprintln!(
+            "crash storm ({backend:?}): {table}: {} rows, {} distinct events, {} naming a stored event",
+            counts.0, counts.1, counts.2
+        );
+        table_counts.push((table, counts));
+    }
+
+    // Every signal: the decision a fresh signal gets, every action done.
+    let wrong: Vec<String> = sent
+        .iter()
+        .zip(&replies)
+        .filter_map(|((key, _), reply)| wrong_sim_swap_answer(reply).map(|w| format!("{key}: {w}")))
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "{} of {signals} signals did not end with deny by recent_sim_swap and every action done:\n{}",
+        wrong.len(),
+        wrong.join("\n")
+    );
+    for (table, counts) in table_counts {
+        assert_eq!(
+            counts,
+            (n, n, n),
+            "{table}: (rows, distinct events, rows naming a stored event) must each be one per signal"
+        );
+    }
+    let event_ids: BTreeSet<String> = replies
+        .iter()
+        .map(|r| r.json()["event_id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(event_ids.len(), signals, "one event per signal");
+
+    // Every pending delivery sent by the worker. No process is alive now, so a lease taken by an
+    // inline attempt that a kill interrupted is released as the 60 s lease expiry would.
+    for _ in 0..10 {
+        release_dead_leases(&db).await;
+        db.worker_once(&[("VERDICT_RETRY_INTERVAL_SECS", "1")]);
+        if db
+            .scalar("SELECT COUNT(*) FROM deliveries WHERE status <> 'succeeded'")
+            .await
+            == 0
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+    }
+    assert_eq!(
+        db.scalar("SELECT COUNT(*) FROM deliveries WHERE status = 'succeeded'")
+            .await,
+        n,
+        "every callback delivered"
+    );
+
+    // One callback per event, and the bytes for one webhook-id never change across attempts.
+    let mut by_webhook: BTreeMap<String, Vec<Vec<u8>>> = BTreeMap::new();
+    for r in receiver.received() {
+        by_webhook
+            .entry(r.header("webhook-id").to_owned())
+            .or_default()
+            .push(r.body);
+    }
+    let mut called_back = BTreeSet::new();
+    let mut attempts = 0;
+    for (id, bodies) in &by_webhook {
+        attempts += bodies.len();
+        assert!(
+            bodies.iter().all(|b| b == &bodies[0]),
+            "webhook-id {id}: the callback bytes changed between attempts"
+        );
+        let envelope: Value = serde_json::from_slice(&bodies[0]).unwrap();
+        assert!(
+            called_back.insert(envelope["event_id"].as_str().unwrap().to_owned()),
+            "two webhook-ids for event {}",
+            envelope["event_id"]
+        );
+    }
+    assert_eq!(called_back, event_ids, "every event got its callback");
+    eprintln!(
+        "crash storm ({backend:?}): {} callbacks received in {attempts} attempts, bytes stable; \
+         nothing lost: {signals} of {signals} signals decided once, acted on once, called back once",
+        by_webhook.len()
+    );
+}
+
+/// Releases the delivery leases of inline attempts that a kill interrupted (every process is
+/// dead, so none is held), as their 60 s expiry would, so that the test need not wait it out.
+async fn release_dead_leases(db: &TestDb) {
+    let sql = "UPDATE deliveries SET leased_until = 0 WHERE status = 'pending'";
+    match db.backend {
+        Backend::Sqlite => {
+            let pool = sqlx::SqlitePool::connect(&db.url).await.unwrap();
+            sqlx::query(sql).execute(&pool).await.unwrap();
+            pool.close().await;
+        }
+        Backend::Postgres => {
+            let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+            sqlx::query(sql).execute(&pool).await.unwrap();
+            pool.close().await;
+        }
+    }
+}

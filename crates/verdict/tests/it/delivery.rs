@@ -1,0 +1,456 @@
+//! Outbound callbacks against real receivers on 127.0.0.1: signatures the reference library
+//! accepts, the inline attempt and its deadline, the worker's retries, dead letters and
+//! redelivery, and several workers sharing one queue.
+
+use std::time::{Duration, Instant};
+
+use crate::common;
+use crate::common::deliveries::{delivery_of, wait_for_next_round};
+use crate::common::receiver::{Receiver, Step};
+use crate::common::{Backend, MANUAL_WORKER, Reply, Server, TestDb, new_key, sim_swap};
+
+const RETRY_INTERVAL: [(&str, &str); 1] = [("VERDICT_RETRY_INTERVAL_SECS", "1")];
+
+async fn a_receiver_answering_503_twice_then_200_gets_three_identical_deliveries(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let receiver = Receiver::start(vec![Step::status(503), Step::status(503)]).await;
+    let tenant = db.tenant(&["--callback-url", &receiver.url]);
+    let server = Server::start(&db, &MANUAL_WORKER);
+
+    let reply = server
+        .send(&tenant, Some(&new_key()), &sim_swap("+447700900501"))
+        .await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(receiver.received().len(), 1, "one inline attempt");
+    wait_for_next_round().await;
+    assert_eq!(db.worker_once(&RETRY_INTERVAL)["attempted"], 1);
+    wait_for_next_round().await;
+    assert_eq!(db.worker_once(&RETRY_INTERVAL)["delivered"], 1);
+
+    let got = receiver.received();
+    assert_eq!(got.len(), 3);
+    let first = &got[0];
+    assert!(first.header("webhook-id").starts_with("msg_"));
+    assert_eq!(first.header("content-type"), "application/json");
+    assert!(first.header("user-agent").starts_with("verdict/"));
+    let envelope = first.json();
+    assert_eq!(envelope["event_id"], reply.json()["event_id"]);
+    assert_eq!(envelope["tenant"], tenant.id);
+    assert_eq!(envelope["event_type"], "decision.sim_swap");
+    assert_eq!(envelope["subject_hash"], reply.json()["subject_hash"]);
+    assert_eq!(envelope["decision"], "deny");
+    assert_eq!(
+        envelope["metadata"],
+        serde_json::json!({"case_ref": "abc-1"})
+    );
+    for later in &got[1..] {
+        assert_eq!(later.header("webhook-id"), first.header("webhook-id"));
+        assert_eq!(
+            later.body, first.body,
+            "the envelope is built once, timestamp included"
+        );
+    }
+    receiver.verify_all_with_python(&tenant.webhook_secret);
+
+    let delivery = delivery_of(&server, &tenant, &reply).await;
+    assert_eq!(delivery["status"], "succeeded");
+    let codes: Vec<_> = delivery["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["status_code"].clone())
+        .collect();
+    assert_eq!(codes, vec![503, 503, 200]);
+    assert_eq!(delivery["attempts"][0]["trigger"], "inline");
+}
+
+async fn a_receiver_that_sleeps_10s_does_not_hold_the_response_past_the_deadline(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let receiver = Receiver::start(vec![Step::slow(200, Duration::from_secs(10))]).await;
+    let tenant = db.tenant(&["--callback-url", &receiver.url]);
+    let server = Server::start(&db, &MANUAL_WORKER);
+
+    let started = Instant::now();
+    let reply = server
+        .send(&tenant, Some(&new_key()), &sim_swap("+447700900502"))
+        .await;
+    let took = started.elapsed();
+    assert_eq!(reply.status, 200);
+    assert!(took < Duration::from_millis(6000), "ingest took {took:?}");
+    assert!(
+        took >= Duration::from_millis(4500),
+        "the inline attempt had its 5 s: {took:?}"
+    );
+
+    // The background attempt gives up at its deadline and records a retryable failure.
+    let mut status = String::new();
+    for _ in 0..40 {
+        let d = delivery_of(&server, &tenant, &reply).await;
+        if d["attempts"].as_array().unwrap().len() == 1 {
+            status = d["status"].as_str().unwrap().to_owned();
+            assert!(
+                d["attempts"][0]["error"]
+                    .as_str()
+                    .unwrap()
+                    .contains("timed out")
+                    || d["attempts"][0]["error"]
+                        .as_str()
+                        .unwrap()
+                        .contains("timeout"),
+                "{d}"
+            );
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(status, "pending");
+    wait_for_next_round().await;
+    assert_eq!(
+        db.worker_once(&RETRY_INTERVAL)["delivered"],
+        1,
+        "the worker retries it"
+    );
+    assert_eq!(
+        delivery_of(&server, &tenant, &reply).await["status"],
+        "succeeded"
+    );
+}
+
+async fn a_400_is_terminal_after_one_attempt(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let receiver = Receiver::start(vec![Step::status(400)]).await;
+    let tenant = db.tenant(&["--callback-url", &receiver.url]);
+    let server = Server::start(&db, &MANUAL_WORKER);
+    let reply = server
+        .send(&tenant, Some(&new_key()), &sim_swap("+447700900503"))
+        .await;
+    wait_for_next_round().await;
+    assert_eq!(db.worker_once(&RETRY_INTERVAL)["attempted"], 0);
+    assert_eq!(receiver.received().len(), 1);
+    let delivery = delivery_of(&server, &tenant, &reply).await;
+    assert_eq!(delivery["status"], "failed");
+    assert_eq!(delivery["attempts"].as_array().unwrap().len(), 1);
+    // The CLI shows the same delivery and attempt, read together.
+    let shown: serde_json::Value = serde_json::from_str(&db.cli(&[
+        "deliveries",
+        "show",
+        "--tenant",
+        &tenant.id,
+        delivery["id"].as_str().unwrap(),
+    ]))
+    .unwrap();
+    assert_eq!(shown["status"], "failed", "{shown}");
+    assert_eq!(shown["attempts"][0]["status_code"], 400, "{shown}");
+    assert_eq!(shown["attempts"].as_array().unwrap().len(), 1, "{shown}");
+    let failed = server
+        .get(&tenant, "/v1/deliveries?status=failed")
+        .await
+        .json();
+    assert_eq!(failed["data"].as_array().unwrap().len(), 1);
+}
+
+async fn a_410_is_terminal_and_disables_the_endpoint_until_re_enabled(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let receiver = Receiver::start(vec![Step::status(410)]).await;
+    let tenant = db.tenant(&["--callback-url", &receiver.url]);
+    let server = Server::start(&db, &MANUAL_WORKER);
+    let first = server
+        .send(&tenant, Some(&new_key()), &sim_swap("+447700900504"))
+        .await;
+    assert_eq!(
+        delivery_of(&server, &tenant, &first).await["status"],
+        "failed"
+    );
+
+    let second = server
+        .send(&tenant, Some(&new_key()), &sim_swap("+447700900505"))
+        .await;
+    let callback = second.json()["actions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["action"] == "callback")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        callback["outcome"],
+        "failed: the callback endpoint is disabled"
+    );
+    assert_eq!(
+        receiver.received().len(),
+        1,
+        "nothing more is sent to a disabled endpoint"
+    );
+
+    db.cli(&[
+        "tenant",
+        "set-callback",
+        "--tenant",
+        &tenant.id,
+        "--url",
+        &receiver.url,
+    ]);
+    let third = server
+        .send(&tenant, Some(&new_key()), &sim_swap("+447700900506"))
+        .await;
+    assert_eq!(
+        delivery_of(&server, &tenant, &third).await["status"],
+        "succeeded"
+    );
+}
+
+async fn four_500s_make_a_delivery_dead_and_redeliver_sends_the_same_webhook_id(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let receiver = Receiver::start(vec![Step::status(500); 4]).await;
+    let tenant = db.tenant(&["--callback-url", &receiver.url]);
+    let server = Server::start(&db, &MANUAL_WORKER);
+    let reply = server
+        .send(&tenant, Some(&new_key()), &sim_swap("+447700900507"))
+        .await;
+    for _ in 0..3 {
+        wait_for_next_round().await;
+        assert_eq!(db.worker_once(&RETRY_INTERVAL)["attempted"], 1);
+    }
+    wait_for_next_round().await;
+    assert_eq!(
+        db.worker_once(&RETRY_INTERVAL)["attempted"],
+        0,
+        "a dead delivery is not retried"
+    );
+    let dead = delivery_of(&server, &tenant, &reply).await;
+    assert_eq!(dead["status"], "dead");
+    assert_eq!(
+        dead["attempts"].as_array().unwrap().len(),
+        4,
+        "1 inline + 3 worker attempts"
+    );
+    let listed = server
+        .get(&tenant, "/v1/deliveries?status=dead")
+        .await
+        .json();
+    assert_eq!(listed["data"][0]["id"], dead["id"]);
+
+    let id = dead["id"].as_str().unwrap();
+    let redelivered = Reply::from(
+        server
+            .client
+            .post(format!("{}/v1/deliveries/{id}/redeliver", server.base))
+            .bearer_auth(&tenant.api_key)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(redelivered.status, 202);
+    assert_eq!(redelivered.json()["status"], "succeeded");
+    let got = receiver.received();
+    assert_eq!(got.len(), 5);
+    assert_eq!(got[4].header("webhook-id"), got[0].header("webhook-id"));
+    assert_eq!(got[4].body, got[0].body);
+    receiver.verify_all_with_python(&tenant.webhook_secret);
+}
+
+async fn retry_after_longer_than_the_schedule_is_honoured(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let receiver = Receiver::start(vec![Step::status(429).header("retry-after", "3600")]).await;
+    let tenant = db.tenant(&["--callback-url", &receiver.url]);
+    let server = Server::start(&db, &MANUAL_WORKER);
+    let reply = server
+        .send(&tenant, Some(&new_key()), &sim_swap("+447700900508"))
+        .await;
+    wait_for_next_round().await;
+    assert_eq!(
+        db.worker_once(&RETRY_INTERVAL)["attempted"],
+        0,
+        "not due for an hour"
+    );
+    let d = delivery_of(&server, &tenant, &reply).await;
+    assert_eq!(d["status"], "pending");
+    let next = time::OffsetDateTime::parse(
+        d["next_attempt_at"].as_str().unwrap(),
+        &time::format_description::well_known::Rfc3339,
+    )
+    .unwrap();
+    assert!(next - time::OffsetDateTime::now_utc() > time::Duration::minutes(55));
+}
+
+async fn redirects_are_not_followed(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let receiver = Receiver::start(vec![Step::status(302).header("location", "/elsewhere")]).await;
+    let tenant = db.tenant(&["--callback-url", &receiver.url]);
+    let server = Server::start(&db, &MANUAL_WORKER);
+    let reply = server
+        .send(&tenant, Some(&new_key()), &sim_swap("+447700900509"))
+        .await;
+    assert_eq!(
+        delivery_of(&server, &tenant, &reply).await["status"],
+        "failed"
+    );
+    let paths: Vec<String> = receiver.received().iter().map(|r| r.path.clone()).collect();
+    assert_eq!(paths, vec!["/hook"]);
+}
+
+async fn private_destinations_are_refused_unless_allowed(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let receiver = Receiver::start(vec![]).await;
+    let tenant = db.tenant(&["--callback-url", &receiver.url]);
+    let server = Server::start(&db, &[("VERDICT_NO_WORKER", "1")]);
+    let reply = server
+        .send(&tenant, Some(&new_key()), &sim_swap("+447700900510"))
+        .await;
+    let d = delivery_of(&server, &tenant, &reply).await;
+    assert_eq!(d["status"], "failed");
+    assert!(
+        d["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("destination refused"),
+        "{d}"
+    );
+    assert!(receiver.received().is_empty());
+
+    // A hostname that resolves to loopback is refused by the resolver too.
+    let port = receiver
+        .url
+        .split(':')
+        .nth(2)
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    let by_name = format!("http://localhost:{port}/hook");
+    db.cli(&[
+        "tenant",
+        "set-callback",
+        "--tenant",
+        &tenant.id,
+        "--url",
+        &by_name,
+    ]);
+    let reply = server
+        .send(&tenant, Some(&new_key()), &sim_swap("+447700900511"))
+        .await;
+    let d = delivery_of(&server, &tenant, &reply).await;
+    assert_eq!(d["status"], "failed", "{d}");
+    assert!(
+        d["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("destination refused"),
+        "{d}"
+    );
+    assert!(receiver.received().is_empty());
+}
+
+async fn two_workers_share_500_due_deliveries_and_attempt_each_once(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let receiver = Receiver::start(vec![]).await;
+    receiver.answer_by_default(Step::status(503));
+    let tenant = db.tenant(&["--callback-url", &receiver.url]);
+    let server = Server::start(&db, &MANUAL_WORKER);
+
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..500 {
+        let req = common::signed(
+            server.client.post(format!("{}/v1/signals", server.base)),
+            &tenant,
+            Some(&new_key()),
+            &sim_swap(&format!("+4477009{i:05}")),
+            common::now(),
+        );
+        tasks.spawn(async move { req.send().await.unwrap().status().as_u16() });
+        while tasks.len() >= 16 {
+            assert_eq!(tasks.join_next().await.unwrap().unwrap(), 200);
+        }
+    }
+    while let Some(status) = tasks.join_next().await {
+        assert_eq!(status.unwrap(), 200);
+    }
+    assert_eq!(receiver.received().len(), 500, "500 inline attempts");
+    assert_eq!(db.count("deliveries").await, 500);
+
+    receiver.answer_by_default(Step::slow(200, Duration::from_millis(5)));
+    wait_for_next_round().await;
+    let workers: Vec<_> = (0..2)
+        .map(|_| {
+            db.worker_once_command(&RETRY_INTERVAL)
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut attempted = Vec::new();
+    for w in workers {
+        let out = w.wait_with_output().unwrap();
+        assert!(out.status.success());
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        attempted.push(report["attempted"].as_u64().unwrap());
+    }
+    assert_eq!(
+        attempted.iter().sum::<u64>(),
+        500,
+        "per worker: {attempted:?}"
+    );
+
+    let round: Vec<_> = receiver.received()[500..].to_vec();
+    assert_eq!(
+        round.len(),
+        500,
+        "every due delivery attempted once this round"
+    );
+    let mut ids: Vec<&str> = round.iter().map(|r| r.header("webhook-id")).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), 500, "no delivery attempted twice, none skipped");
+    assert_eq!(
+        db.scalar("SELECT COUNT(*) FROM deliveries WHERE status = 'succeeded'")
+            .await,
+        500
+    );
+}
+
+async fn during_a_webhook_secret_rotation_callbacks_carry_both_signatures(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let receiver = Receiver::start(vec![]).await;
+    let tenant = db.tenant(&["--callback-url", &receiver.url]);
+    let rotated = db.cli(&[
+        "tenant",
+        "rotate-secret",
+        "--tenant",
+        &tenant.id,
+        "--purpose",
+        "webhook",
+        "--json",
+    ]);
+    let new_secret = serde_json::from_str::<serde_json::Value>(&rotated).unwrap()["secret"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let server = Server::start(&db, &MANUAL_WORKER);
+    let reply = server
+        .send(&tenant, Some(&new_key()), &sim_swap("+447700900512"))
+        .await;
+    assert_eq!(
+        delivery_of(&server, &tenant, &reply).await["status"],
+        "succeeded"
+    );
+    let got = receiver.received();
+    assert_eq!(got[0].header("webhook-signature").split(' ').count(), 2);
+    // Receivers on either secret accept it, checked by the reference library.
+    receiver.verify_all_with_python(&tenant.webhook_secret);
+    receiver.verify_all_with_python(&new_secret);
+}
+
+on_both_backends!(
+    during_a_webhook_secret_rotation_callbacks_carry_both_signatures,
+    a_receiver_answering_503_twice_then_200_gets_three_identical_deliveries,
+    a_receiver_that_sleeps_10s_does_not_hold_the_response_past_the_deadline,
+    a_400_is_terminal_after_one_attempt,
+    a_410_is_terminal_and_disables_the_endpoint_until_re_enabled,
+    four_500s_make_a_delivery_dead_and_redeliver_sends_the_same_webhook_id,
+    retry_after_longer_than_the_schedule_is_honoured,
+    redirects_are_not_followed,
+    private_destinations_are_refused_unless_allowed,
+    two_workers_share_500_due_deliveries_and_attempt_each_once,
+);

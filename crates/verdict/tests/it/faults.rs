@@ -1,0 +1,853 @@
+//! The fault suite's scenarios besides the crash storm (`tests/it/crash_storm.rs`): a database
+//! outage, a database failover, and a duplicate storm. Each drives the real `verdict` binary
+//! over real sockets, prints its counts, and fails when an invariant breaks.
+//!
+//! They run under `scripts/faults`, which sets `VERDICT_FAULTS` to `short` (CI-sized) or `long`;
+//! a plain `cargo test` skips them, because the outage and failover scenarios create, stop, kill
+//! and promote PostgreSQL clusters of their own (`common::cluster`), which needs root or the
+//! `postgres` user, and the long sizes take minutes.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::common;
+use crate::common::cluster::Cluster;
+use crate::common::receiver::{Receiver, Step};
+use crate::common::retrying::{
+    SIM_SWAP_ACTIONS, Tally, UNAVAILABLE_WITHIN, action_outcomes, send_until_answered,
+    wrong_sim_swap_answer,
+};
+use crate::common::{
+    Backend, Reply, Server, Tenant, TestDb, new_key, random_between, signed, sim_swap,
+};
+use serde_json::Value;
+
+/// How big a run is: `VERDICT_FAULTS=short` for CI, `long` for a person; unset skips.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Size {
+    Short,
+    Long,
+}
+
+impl Size {
+    fn from_env(scenario: &str) -> Option<Size> {
+        match std::env::var("VERDICT_FAULTS").as_deref() {
+            Ok("short") => Some(Size::Short),
+            Ok("long") => Some(Size::Long),
+            Ok(other) => panic!("VERDICT_FAULTS is `short` or `long`, not `{other}`"),
+            Err(_) => {
+                eprintln!("{scenario}: skipped (run it with scripts/faults)");
+                None
+            }
+        }
+    }
+
+    fn pick<T>(self, short: T, long: T) -> T {
+        match self {
+            Size::Short => short,
+            Size::Long => long,
+        }
+    }
+}
+
+/// Gives up on a signal after this long.
+const SIGNAL_DEADLINE: Duration = Duration::from_secs(180);
+/// The lock timeout the outage and failover servers run with: short enough that a key left
+/// locked would show, long enough that a live holder on a busy machine never overruns it.
+const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A server's environment in these scenarios: callbacks to this machine, and the worker
+/// inside `serve` retrying every second.
+fn server_env() -> Vec<(&'static str, String)> {
+    vec![
+        ("VERDICT_ALLOW_PRIVATE_DESTINATIONS", "1".into()),
+        ("VERDICT_RETRY_INTERVAL_SECS", "1".into()),
+        (
+            "VERDICT_LOCK_TIMEOUT_SECS",
+            LOCK_TIMEOUT.as_secs().to_string(),
+        ),
+    ]
+}
+
+fn start_server(db: &TestDb, env: &[(&'static str, String)]) -> Server {
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    Server::start(db, &env)
+}
+
+/// One signal a sender got a final answer for.
+struct Sent {
+    key: String,
+    body: String,
+    reply: Reply,
+    answered_at: Instant,
+}
+
+/// Senders that each send fresh keyed SIM swaps one after another, each until it gets a final
+/// answer (same key, same bytes), until stopped.
+struct Load {
+    senders: Vec<tokio::task::JoinHandle<Vec<Sent>>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Load {
+    fn start(base: Arc<Mutex<String>>, tenant: &Tenant, senders: usize, tally: Arc<Tally>) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let senders = (0..senders)
+            .map(|s| {
+                let (base, tenant, tally, stop) =
+                    (base.clone(), tenant.clone(), tally.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let client = common::retrying::client();
+                    let mut sent = Vec::new();
+                    for n in 0.. {
+                        if stop.load(Ordering::SeqCst) {
+                            break;
+                        }
+                        let key = new_key();
+                        let body = sim_swap(&format!("+447{s:03}{n:06}"));
+                        let reply = send_until_answered(
+                            &client,
+                            &base,
+                            &tenant,
+                            Some(&key),
+                            &body,
+                            &tally,
+                            SIGNAL_DEADLINE,
+                        )
+                        .await;
+                        sent.push(Sent {
+                            key,
+                            body,
+                            reply,
+                            answered_at: Instant::now(),
+                        });
+                    }
+                    sent
+                })
+            })
+            .collect();
+        Load { senders, stop }
+    }
+
+    /// Stops sending new signals and waits for every signal sent to be answered.
+    async fn finish(self) -> Vec<Sent> {
+        self.stop.store(true, Ordering::SeqCst);
+        let mut all = Vec::new();
+        for sender in self.senders {
+            all.extend(sender.await.unwrap());
+        }
+        all
+    }
+}
+
+/// Every answer a fresh SIM swap must get, one event per signal, each key replayed from its
+/// record, no key left in flight or holding a stored 5xx. Returns the event ids and the
+/// duplicates sent to check the replays.
+async fn check_exactly_once(
+    scenario: &str,
+    db: &TestDb,
+    server: &Server,
+    tenant: &Tenant,
+    sent: &[Sent],
+) -> (BTreeSet<String>, usize) {
+    let wrong: Vec<String> = sent
+        .iter()
+        .filter_map(|s| wrong_sim_swap_answer(&s.reply).map(|w| format!("{}: {w}", s.key)))
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "{scenario}: {} of {} signals did not end with deny by recent_sim_swap and every action done:\n{}",
+        wrong.len(),
+        sent.len(),
+        wrong.join("\n")
+    );
+    let event_ids: BTreeSet<String> = sent
+        .iter()
+        .map(|s| s.reply.json()["event_id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        event_ids.len(),
+        sent.len(),
+        "{scenario}: one event per signal"
+    );
+
+    // A deliberate duplicate of every signal: answered from the record, byte for byte.
+    for s in sent {
+        let again = server.send(tenant, Some(&s.key), &s.body).await;
+        assert_eq!(again.status, 200, "{scenario}: {}", s.key);
+        assert!(again.replayed(), "{scenario}: {} is replayed", s.key);
+        assert_eq!(
+            again.json(),
+            s.reply.json(),
+            "{scenario}: the replay is the record"
+        );
+    }
+
+    let n = sent.len() as i64;
+    let rows = [
+        ("events", db.count("events").await),
+        ("account_locks", db.count("account_locks").await),
+        ("cases", db.count("cases").await),
+        ("alerts", db.count("alerts").await),
+        ("denies", db.count("denies").await),
+        ("deliveries", db.count("deliveries").await),
+    ];
+    eprintln!(
+        "{scenario}: rows per table: {}",
+        rows.iter()
+            .map(|(t, c)| format!("{t} {c}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    for (table, count) in rows {
+        assert_eq!(count, n, "{scenario}: {table} must hold one row per signal");
+    }
+    assert_eq!(
+        db.scalar("SELECT COUNT(*) FROM idempotency_keys WHERE response_status >= 500")
+            .await,
+        0,
+        "{scenario}: a 5xx was stored on a key"
+    );
+    assert_eq!(
+        db.scalar("SELECT COUNT(*) FROM idempotency_keys WHERE state <> 'completed'")
+            .await,
+        0,
+        "{scenario}: a key was left unfinished"
+    );
+    (event_ids, sent.len())
+}
+
+/// Waits until every delivery has succeeded, then checks that every event got exactly one
+/// callback (one webhook-id) whose bytes never changed between attempts. Returns the attempts
+/// the receiver got.
+async fn check_callbacks(
+    scenario: &str,
+    db: &TestDb,
+    receiver: &Receiver,
+    event_ids: &BTreeSet<String>,
+) -> usize {
+    let n = event_ids.len() as i64;
+    let started = Instant::now();
+    // An inline attempt whose record the fault cut off waits out its lease (60 s) first.
+    while db
+        .scalar("SELECT COUNT(*) FROM deliveries WHERE status = 'succeeded'")
+        .await
+        < n
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "{scenario}: callbacks still undelivered after 120 s: {} of {n} succeeded",
+            db.scalar("SELECT COUNT(*) FROM deliveries WHERE status = 'succeeded'")
+                .await
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let mut by_webhook: BTreeMap<String, Vec<Vec<u8>>> = BTreeMap::new();
+    for r in receiver.received() {
+        by_webhook
+            .entry(r.header("webhook-id").to_owned())
+            .or_default()
+            .push(r.body);
+    }
+    let mut called_back = BTreeSet::new();
+    let mut attempts = 0;
+    for (id, bodies) in &by_webhook {
+        attempts += bodies.len();
+        assert!(
+            bodies.iter().all(|b| b == &bodies[0]),
+            "{scenario}: webhook-id {id}: the callback bytes changed between attempts"
+        );
+        let envelope: Value = serde_json::from_slice(&bodies[0]).unwrap();
+        assert!(
+            called_back.insert(envelope["event_id"].as_str().unwrap().to_owned()),
+            "{scenario}: two webhook-ids for event {}",
+            envelope["event_id"]
+        );
+    }
+    assert_eq!(
+        &called_back, event_ids,
+        "{scenario}: every event got its callback, and no other"
+    );
+    attempts
+}
+
+/// How many log lines contain `needle`.
+fn log_lines(server: &Server, needle: &str) -> usize {
+    server.logs().lines().filter(|l| l.contains(needle)).count()
+}
+
+/// Keeps the server's log (`common::keep_log`) when the scenario ends, passed or failed.
+struct KeepLog<'a>(&'a Server, &'a str);
+
+impl Drop for KeepLog<'_> {
+    fn drop(&mut self) {
+        common::keep_log(self.1, &self.0.logs());
+    }
+}
+
+/// What the probes saw while the database was down.
+#[derive(Default)]
+struct Probes {
+    healthz: Vec<u16>,
+    readyz: Vec<(u16, Duration)>,
+    /// A fresh keyed signal each: its first answer and how long it took.
+    signals: Vec<(String, String, Reply, Duration)>,
+}
+
+/// Probes `/healthz`, `/readyz` and a fresh keyed signal, at once, every 250 ms for `time`.
+async fn probe_for(server: &Server, tenant: &Tenant, time: Duration) -> Probes {
+    let started = Instant::now();
+    let mut rounds = tokio::task::JoinSet::new();
+    let mut n = 0;
+    while started.elapsed() < time {
+        let (client, base, tenant) = (server.client.clone(), server.base.clone(), tenant.clone());
+        rounds.spawn(async move {
+            let timed_get = |path: &str| {
+                let (client, url) = (client.clone(), format!("{base}{path}"));
+                async move {
+                    let asked = Instant::now();
+                    let status = client.get(url).send().await.unwrap().status().as_u16();
+                    (status, asked.elapsed())
+                }
+            };
+            let key = new_key();
+            let body = sim_swap(&format!("+447999{n:06}"));
+            let signal = async {
+                let asked = Instant::now();
+                let req = signed(
+                    client.post(format!("{base}/v1/signals")),
+                    &tenant,
+                    Some(&key),
+                    &body,
+                    common::now(),
+                );
+                let reply = Reply::from(req.send().await.unwrap()).await;
+                (reply, asked.elapsed())
+            };
+            let ((health, _), ready, (reply, took)) =
+                tokio::join!(timed_get("/healthz"), timed_get("/readyz"), signal);
+            (health, ready, (key, body, reply, took))
+        });
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let mut probes = Probes::default();
+    for (health, ready, signal) in rounds.join_all().await {
+        probes.healthz.push(health);
+        probes.readyz.push(ready);
+        probes.signals.push(signal);
+    }
+    probes
+}
+
+/// The database stopped under load for several seconds, then started: while it is down,
+/// `/healthz` answers 200, `/readyz` 503 and signals 503 with `Retry-After`, each within 2 s;
+/// afterwards every retried signal completes exactly once, no key holds a stored 5xx or stays
+/// locked past the lock timeout, the callbacks queued meanwhile go out, and the worker logged
+/// the outage once, not once per round or row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_outage_answers_503_at_once_and_loses_nothing() {
+    let scenario = "database outage";
+    let Some(size) = Size::from_env(scenario) else {
+        return;
+    };
+    let senders = size.pick(8, 24);
+    let before = size.pick(Duration::from_secs(2), Duration::from_secs(5));
+    let outage = size.pick(Duration::from_secs(4), Duration::from_secs(15));
+    let after = size.pick(Duration::from_secs(2), Duration::from_secs(5));
+
+    let cluster = Arc::new(Cluster::create("outage"));
+    let db = TestDb::in_cluster(&cluster).await;
+    let receiver = Receiver::start(Vec::new()).await;
+    let tenant = db.tenant(&["--callback-url", &receiver.url]);
+    let server = start_server(&db, &server_env());
+    let _log = KeepLog(&server, scenario);
+    let base = Arc::new(Mutex::new(server.base.clone()));
+    let tally = Arc::new(Tally::default());
+    let load = Load::start(base, &tenant, senders, tally.clone());
+
+    tokio::time::sleep(before).await;
+    // Callbacks fail for the second before the outage: they are queued for the worker, which
+    // meets the outage when their retry comes due (the receiver is fine again by then).
+    receiver.answer_by_default(Step::status(503));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let stopping = cluster.clone();
+    tokio::task::spawn_blocking(move || stopping.stop())
+        .await
+        .unwrap();
+    let down_at = Instant::now();
+    receiver.answer_by_default(Step::status(200));
+    let probes = probe_for(&server, &tenant, outage).await;
+    let starting = cluster.clone();
+    tokio::task::spawn_blocking(move || starting.start())
+        .await
+        .unwrap();
+    let up_at = Instant::now();
+    let down_for = up_at - down_at;
+    tokio::time::sleep(after).await;
+    let mut sent = load.finish().await;
+    let load_signals = sent.len();
+
+    // The probes' signals, retried now with the same key and bytes.
+    let client = common::retrying::client();
+    let here = Mutex::new(server.base.clone());
+    for (key, body, _, _) in &probes.signals {
+        let reply = send_until_answered(
+            &client,
+            &here,
+            &tenant,
+            Some(key),
+            body,
+            &tally,
+            SIGNAL_DEADLINE,
+        )
+        .await;
+        sent.push(Sent {
+            key: key.clone(),
+            body: body.clone(),
+            reply,
+            answered_at: Instant::now(),
+        });
+    }
+
+    // While it was down.
+    let slowest = |v: &mut dyn Iterator<Item = Duration>| v.max().unwrap_or_default();
+    let readyz_slowest = slowest(&mut probes.readyz.iter().map(|(_, t)| *t));
+    let signal_slowest = slowest(&mut probes.signals.iter().map(|(_, _, _, t)| *t));
+    eprintln!(
+        "{scenario}: PostgreSQL down {} ms under {senders} senders; {} probes: /healthz {:?}, \
+         /readyz {:?} (slowest {} ms), fresh signals {:?} (slowest {} ms)",
+        down_for.as_millis(),
+        probes.healthz.len(),
+        counts(probes.healthz.iter().copied()),
+        counts(probes.readyz.iter().map(|(s, _)| *s)),
+        readyz_slowest.as_millis(),
+        counts(probes.signals.iter().map(|(_, _, r, _)| r.status)),
+        signal_slowest.as_millis(),
+    );
+    assert!(
+        probes.healthz.iter().all(|&s| s == 200),
+        "{scenario}: /healthz answers 200 while the database is down"
+    );
+    assert!(
+        probes
+            .readyz
+            .iter()
+            .all(|&(s, t)| s == 503 && t <= UNAVAILABLE_WITHIN),
+        "{scenario}: /readyz answers 503 within {UNAVAILABLE_WITHIN:?} while the database is down: {:?}",
+        probes.readyz
+    );
+    for (key, _, reply, took) in &probes.signals {
+        assert_eq!(reply.status, 503, "{scenario}: signal {key} while down");
+        assert!(
+            reply.header("retry-after").is_some(),
+            "{scenario}: a 503 carries Retry-After"
+        );
+        assert_eq!(
+            reply.json()["type"],
+            "https://verdict.dev/problems/temporarily-unavailable"
+        );
+        assert!(
+            *took <= UNAVAILABLE_WITHIN,
+            "{scenario}: signal {key} took {took:?} to be refused"
+        );
+    }
+    assert_eq!(
+        Tally::get(&tally.unavailable_slow),
+        0,
+        "{scenario}: every 503 the senders got came within {UNAVAILABLE_WITHIN:?}: {}",
+        tally.summary()
+    );
+    assert_eq!(
+        Tally::get(&tally.unavailable_without_retry_after),
+        0,
+        "{scenario}: every 503 carries Retry-After"
+    );
+    assert_eq!(
+        Tally::get(&tally.slow_answers),
+        0,
+        "{scenario}: no request waited out the outage: {}",
+        tally.summary()
+    );
+
+    // Afterwards.
+    let last_conflict = *tally.last_conflict.lock().unwrap();
+    if let Some(last) = last_conflict {
+        assert!(
+            last <= up_at + LOCK_TIMEOUT,
+            "{scenario}: a key was still locked {:?} after the database returned (lock timeout {LOCK_TIMEOUT:?})",
+            last - up_at
+        );
+    }
+    let first_after = sent
+        .iter()
+        .filter(|s| s.answered_at > up_at)
+        .map(|s| s.answered_at - up_at)
+        .min()
+        .unwrap_or_default();
+    let signals = sent.len();
+    let (event_ids, duplicates) = check_exactly_once(scenario, &db, &server, &tenant, &sent).await;
+    eprintln!(
+        "{scenario}: {signals} signals ({load_signals} under load, {} probes), 1 outage of {} ms \
+         (fault injected); {} retries with the same key and bytes + {duplicates} duplicates \
+         sent afterwards = {} duplicates absorbed; {}",
+        probes.signals.len(),
+        down_for.as_millis(),
+        tally.retries(signals),
+        tally.retries(signals) + duplicates,
+        tally.summary(),
+    );
+    let attempts = check_callbacks(scenario, &db, &receiver, &event_ids).await;
+    let queued = db
+        .scalar(
+            "SELECT COUNT(DISTINCT delivery_id) FROM delivery_attempts \
+             WHERE trigger_kind = 'worker'",
+        )
+        .await;
+    let worker_outage_logs = log_lines(&server, "delivery rounds back off");
+    let per_row_logs = log_lines(&server, "could not record a delivery attempt");
+    let round_failures = log_lines(&server, "delivery round failed");
+    eprintln!(
+        "{scenario}: first decision {} ms after the database returned; last 409 {}; \
+         {queued} callbacks queued for the worker, {signals} delivered in {attempts} attempts; \
+         the worker logged the outage {worker_outage_logs} time(s), {round_failures} failed \
+         rounds, {per_row_logs} per-row record failures; nothing lost: {signals} of {signals} \
+         signals decided once, acted on once, called back once",
+        first_after.as_millis(),
+        match last_conflict {
+            Some(t) if t > up_at => format!("{} ms after it returned", (t - up_at).as_millis()),
+            Some(_) => "before it returned".into(),
+            None => "never".into(),
+        },
+    );
+    assert!(
+        queued > 0,
+        "{scenario}: some callbacks waited for the worker"
+    );
+    assert_eq!(
+        worker_outage_logs, 1,
+        "{scenario}: the worker logs the outage once"
+    );
+    assert_eq!(
+        per_row_logs + round_failures,
+        0,
+        "{scenario}: the worker logs no failure per round or per row during an outage"
+    );
+}
+
+/// A primary with a synchronous standby; the primary is SIGKILLed under load and the standby
+/// promoted. The server, given both hosts, resumes on the promoted standby without a restart,
+/// and every decision a client got a 200 for is there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_to_a_synchronous_standby_loses_no_acknowledged_decision() {
+    let scenario = "database failover";
+    let Some(size) = Size::from_env(scenario) else {
+        return;
+    };
+    let senders = size.pick(8, 24);
+    let before = size.pick(Duration::from_secs(3), Duration::from_secs(10));
+    let noticed = Duration::from_secs(1);
+    let after = size.pick(Duration::from_secs(3), Duration::from_secs(10));
+
+    let primary = Arc::new(Cluster::create("primary"));
+    let standby = Arc::new(Cluster::standby_of(&primary, "standby"));
+    primary.make_standby_synchronous();
+    primary.wait_for_synchronous_standby();
+    let mut db = TestDb::in_cluster(&primary).await;
+    let database = db.url.rsplit('/').next().unwrap().to_owned();
+    let receiver = Receiver::start(Vec::new()).await;
+    let tenant = db.tenant(&["--callback-url", &receiver.url]);
+    let both = format!(
+        "postgres://postgres@{},{}/{database}",
+        primary.host(),
+        standby.host()
+    );
+    let mut env = server_env();
+    env.push(("VERDICT_DATABASE_URL", both));
+    let server = start_server(&db, &env);
+    let _log = KeepLog(&server, scenario);
+    let base = Arc::new(Mutex::new(server.base.clone()));
+    let tally = Arc::new(Tally::default());
+    let load = Load::start(base, &tenant, senders, tally.clone());
+
+    tokio::time::sleep(before).await;
+    let killing = primary.clone();
+    tokio::task::spawn_blocking(move || killing.kill())
+        .await
+        .unwrap();
+    let killed_at = Instant::now();
+    // The time a failover manager takes to notice, then the promotion.
+    tokio::time::sleep(noticed).await;
+    let promoting = standby.clone();
+    tokio::task::spawn_blocking(move || promoting.promote())
+        .await
+        .unwrap();
+    let promoted_at = Instant::now();
+    tokio::time::sleep(after).await;
+    let sent = load.finish().await;
+
+    // The primary is gone: everything is checked on the promoted standby.
+    db.url = standby.url(&database);
+    let on_standby: BTreeSet<String> = standby
+        .psql(&database, "SELECT id FROM events")
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let acknowledged_before_kill: Vec<&Sent> =
+        sent.iter().filter(|s| s.answered_at < killed_at).collect();
+    let lost: Vec<String> = sent
+        .iter()
+        .filter(|s| s.reply.status == 200)
+        .map(|s| s.reply.json()["event_id"].as_str().unwrap().to_owned())
+        .filter(|id| !on_standby.contains(id))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "{scenario}: acknowledged decisions missing on the promoted standby: {lost:?}"
+    );
+    let resumed = sent.iter().filter(|s| s.answered_at > promoted_at).count();
+    assert!(
+        resumed > 0,
+        "{scenario}: the server resumed on the promoted standby without a restart"
+    );
+    let (event_ids, duplicates) = check_exactly_once(scenario, &db, &server, &tenant, &sent).await;
+    let attempts = check_callbacks(scenario, &db, &receiver, &event_ids).await;
+    let switched = log_lines(&server, "database failover: new connections go to");
+    let signals = sent.len();
+    let first_after = sent
+        .iter()
+        .filter(|s| s.answered_at > promoted_at)
+        .map(|s| s.answered_at - promoted_at)
+        .min()
+        .unwrap_or_default();
+    eprintln!(
+        "{scenario}: {signals} signals under {senders} senders; primary SIGKILLed and standby \
+         promoted {} ms later (faults injected: 1 kill, 1 promotion); {} retries with the same \
+         key and bytes + {duplicates} duplicates sent afterwards = {} duplicates absorbed; {}",
+        (promoted_at - killed_at).as_millis(),
+        tally.retries(signals),
+        tally.retries(signals) + duplicates,
+        tally.summary(),
+    );
+    eprintln!(
+        "{scenario}: {} decisions acknowledged before the kill, {signals} in all, every one on \
+         the promoted standby; first answer {} ms after the promotion, {resumed} after it, same \
+         process; the server switched hosts {switched} time(s); {signals} callbacks in \
+         {attempts} attempts; nothing lost",
+        acknowledged_before_kill.len(),
+        first_after.as_millis(),
+    );
+    assert_eq!(
+        switched, 1,
+        "{scenario}: the server followed the failover once"
+    );
+}
+
+on_both_backends!(a_duplicate_storm_has_one_effect_per_signal);
+
+/// Thousands of requests: each signal sent 1 to 20 times at once, two thirds with a key (the
+/// same on every copy) and a third without. Keyed: one event, one fresh answer, every copy the
+/// same record. Keyless: an event per copy, but each action done by exactly one of them, and
+/// one row per signal in every effect table, one callback per signal.
+async fn a_duplicate_storm_has_one_effect_per_signal(backend: Backend) {
+    let scenario = format!("duplicate storm ({backend:?})");
+    let Some(size) = Size::from_env(&scenario) else {
+        return;
+    };
+    let signals = size.pick(240, 2400);
+    let at_once = size.pick(8, 16);
+
+    let db = TestDb::new(backend).await;
+    let receiver = Receiver::start(Vec::new()).await;
+    let tenant = db.tenant(&["--callback-url", &receiver.url]);
+    let server = start_server(&db, &server_env());
+    let _log = KeepLog(&server, &scenario);
+    let base = Arc::new(Mutex::new(server.base.clone()));
+    let tally = Arc::new(Tally::default());
+    let client = common::retrying::client();
+    let gate = Arc::new(tokio::sync::Semaphore::new(at_once));
+    let started = Instant::now();
+
+    let mut storms = Vec::new();
+    for i in 0..signals {
+        let keyed = i % 3 != 2;
+        let copies = random_between(1, 20) as usize;
+        let key = keyed.then(new_key);
+        let body = sim_swap(&format!("+4477{i:08}"));
+        let (base, tenant, tally, client, gate) = (
+            base.clone(),
+            tenant.clone(),
+            tally.clone(),
+            client.clone(),
+            gate.clone(),
+        );
+        storms.push(tokio::spawn(async move {
+            let _turn = gate.acquire_owned().await.unwrap();
+            let mut copies_sent = tokio::task::JoinSet::new();
+            for _ in 0..copies {
+                let (base, tenant, tally, client, key, body) = (
+                    base.clone(),
+                    tenant.clone(),
+                    tally.clone(),
+                    client.clone(),
+                    key.clone(),
+                    body.clone(),
+                );
+                copies_sent.spawn(async move {
+                    send_until_answered(
+                        &client,
+                        &base,
+                        &tenant,
+                        key.as_deref(),
+                        &body,
+                        &tally,
+                        SIGNAL_DEADLINE,
+                    )
+                    .await
+                });
+            }
+            let replies: Vec<Reply> = copies_sent.join_all().await;
+            (key, replies)
+        }));
+    }
+    let mut results = Vec::new();
+    for storm in storms {
+        results.push(storm.await.unwrap());
+    }
+    let took = started.elapsed();
+
+    let mut keyed_signals = 0;
+    let mut keyless_events = 0;
+    let mut requests = 0;
+    let mut event_ids = BTreeSet::new();
+    for (key, replies) in &results {
+        requests += replies.len();
+        for reply in replies {
+            assert_eq!(
+                reply.status,
+                200,
+                "{scenario}: {}",
+                String::from_utf8_lossy(&reply.body)
+            );
+            assert_eq!(reply.json()["decision"], "deny", "{scenario}");
+        }
+        let ids: BTreeSet<String> = replies
+            .iter()
+            .map(|r| r.json()["event_id"].as_str().unwrap().to_owned())
+            .collect();
+        match key {
+            Some(key) => {
+                keyed_signals += 1;
+                assert_eq!(ids.len(), 1, "{scenario}: key {key}: one event");
+                let fresh: Vec<&Reply> = replies.iter().filter(|r| !r.replayed()).collect();
+                assert_eq!(
+                    fresh.len(),
+                    1,
+                    "{scenario}: key {key}: one copy processed, the rest replayed"
+                );
+                if let Some(wrong) = wrong_sim_swap_answer(fresh[0]) {
+                    panic!("{scenario}: key {key}: {wrong}");
+                }
+                assert!(
+                    replies.iter().all(|r| r.json() == fresh[0].json()),
+                    "{scenario}: key {key}: every copy gets the same record"
+                );
+                event_ids.extend(ids);
+            }
+            None => {
+                assert_eq!(
+                    ids.len(),
+                    replies.len(),
+                    "{scenario}: without a key, each copy is its own event"
+                );
+                keyless_events += replies.len();
+                // Each effect done by exactly one copy; the others find it already done.
+                let mut done: HashMap<String, usize> = HashMap::new();
+                for reply in replies {
+                    for (action, outcome) in action_outcomes(&reply.json()) {
+                        assert!(
+                            outcome == "done" || outcome == "already_done",
+                            "{scenario}: {action}: {outcome}"
+                        );
+                        if outcome == "done" {
+                            *done.entry(action).or_default() += 1;
+                        }
+                    }
+                }
+                for action in SIM_SWAP_ACTIONS {
+                    assert_eq!(
+                        done.get(action).copied().unwrap_or(0),
+                        1,
+                        "{scenario}: a keyless signal sent {} times: {action} done once, by {:?}",
+                        replies.len(),
+                        replies
+                            .iter()
+                            .map(|r| action_outcomes(&r.json()))
+                            .collect::<Vec<_>>()
+                    );
+                }
+                // The copy that did the callback is the event the callback names.
+                let caller = replies
+                    .iter()
+                    .find(|r| {
+                        action_outcomes(&r.json())
+                            .iter()
+                            .any(|(a, o)| a == "callback" && o == "done")
+                    })
+                    .unwrap();
+                event_ids.insert(caller.json()["event_id"].as_str().unwrap().to_owned());
+            }
+        }
+    }
+    let n = signals as i64;
+    let rows = [
+        ("account_locks", db.count("account_locks").await, n),
+        ("cases", db.count("cases").await, n),
+        ("alerts", db.count("alerts").await, n),
+        ("denies", db.count("denies").await, n),
+        ("deliveries", db.count("deliveries").await, n),
+        (
+            "events",
+            db.count("events").await,
+            (keyed_signals + keyless_events) as i64,
+        ),
+    ];
+    let attempts = check_callbacks(&scenario, &db, &receiver, &event_ids).await;
+    eprintln!(
+        "{scenario}: {signals} signals ({keyed_signals} keyed, {} keyless), {requests} requests \
+         in {} ms (each signal 1–20 copies at once, {at_once} signals at a time): {} duplicates \
+         absorbed ({} keyed copies replayed, {} keyless copies found every effect done); {}",
+        signals - keyed_signals,
+        took.as_millis(),
+        requests - signals,
+        results
+            .iter()
+            .filter(|(k, _)| k.is_some())
+            .map(|(_, r)| r.len() - 1)
+            .sum::<usize>(),
+        keyless_events - (signals - keyed_signals),
+        tally.summary(),
+    );
+    eprintln!(
+        "{scenario}: rows per table: {}; {signals} callbacks in {attempts} attempts; nothing \
+         lost, nothing repeated",
+        rows.iter()
+            .map(|(t, c, _)| format!("{t} {c}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    for (table, count, expected) in rows {
+        assert_eq!(count, expected, "{scenario}: {table}");
+    }
+}
+
+/// How often each status came, in order.
+fn counts(statuses: impl Iterator<Item = u16>) -> BTreeMap<u16, usize> {
+    let mut counts = BTreeMap::new();
+    for s in statuses {
+        *counts.entry(s).or_default() += 1;
+    }
+    counts
+}

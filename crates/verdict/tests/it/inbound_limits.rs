@@ -1,0 +1,187 @@
+//! Bounds on what a client can hold open: header and body timeouts, the connection cap, and
+//! which client request ids are kept. Driven over raw sockets against the real binary.
+
+use std::time::{Duration, Instant};
+
+use crate::common::{Backend, Reply, Server, TestDb, new_key, sim_swap};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+fn addr(server: &Server) -> String {
+    server.base.trim_start_matches("http://").to_owned()
+}
+
+/// Opens a connection that sends half a request's headers and then nothing.
+async fn stuck_in_headers(server: &Server) -> TcpStream {
+    let mut stream = TcpStream::connect(addr(server)).await.unwrap();
+    stream
+        .write_all(b"POST /v1/signals HTTP/1.1\r\nHost: verdict\r\nContent-Type: appl")
+        .await
+        .unwrap();
+    stream
+}
+
+/// Waits until the server closes `stream`, and returns how long that took.
+async fn closed_within(stream: &mut TcpStream, limit: Duration) -> Duration {
+    let started = Instant::now();
+    let mut buf = [0u8; 1024];
+    loop {
+        match tokio::time::timeout(
+            limit.saturating_sub(started.elapsed()),
+            stream.read(&mut buf),
+        )
+        .await
+        {
+            Ok(Ok(0) | Err(_)) => return started.elapsed(),
+            Ok(Ok(_)) => continue,
+            Err(_) => panic!("the connection was still open after {limit:?}"),
+        }
+    }
+}
+
+async fn clients_stuck_in_their_headers_neither_block_a_signal_nor_stay(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = db.tenant(&[]);
+    let server = Server::start(&db, &[("VERDICT_HEADER_TIMEOUT_SECS", "2")]);
+    let opened = Instant::now();
+    let mut stuck = Vec::new();
+    for _ in 0..200 {
+        stuck.push(stuck_in_headers(&server).await);
+    }
+    let started = Instant::now();
+    let reply = server
+        .send(&tenant, Some(&new_key()), &sim_swap("+15551234567"))
+        .await;
+    assert_eq!(reply.status, 200);
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "a signal took {:?} beside 200 stuck clients",
+        started.elapsed()
+    );
+    for stream in &mut stuck {
+        closed_within(stream, Duration::from_secs(5)).await;
+    }
+    let all_closed = opened.elapsed();
+    assert!(
+        all_closed >= Duration::from_secs(2) && all_closed < Duration::from_secs(5),
+        "stuck clients were cut off after {all_closed:?}, not the 2 s header timeout"
+    );
+}
+
+async fn an_idle_connection_is_closed_after_the_header_timeout(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let server = Server::start(&db, &[("VERDICT_HEADER_TIMEOUT_SECS", "1")]);
+    let mut silent = TcpStream::connect(addr(&server)).await.unwrap();
+    let took = closed_within(&mut silent, Duration::from_secs(4)).await;
+    assert!(took >= Duration::from_millis(900), "closed after {took:?}");
+
+    // A kept-alive connection gets the same time for its next request's headers.
+    let mut kept = TcpStream::connect(addr(&server)).await.unwrap();
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: verdict\r\n\r\n")
+        .await
+        .unwrap();
+    let took = closed_within(&mut kept, Duration::from_secs(4)).await;
+    assert!(took >= Duration::from_millis(900), "closed after {took:?}");
+}
+
+async fn connections_past_the_cap_wait_for_a_free_one(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let server = Server::start(
+        &db,
+        &[
+            ("VERDICT_MAX_CONNECTIONS", "4"),
+            ("VERDICT_HEADER_TIMEOUT_SECS", "2"),
+        ],
+    );
+    let mut stuck = Vec::new();
+    for _ in 0..4 {
+        stuck.push(stuck_in_headers(&server).await);
+    }
+    // Let the server accept all four before the fifth arrives.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = Instant::now();
+    let reply = server
+        .client
+        .get(format!("{}/healthz", server.base))
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reply.status(), 200);
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(1500),
+        "the fifth connection was served after {waited:?}, past a cap of four"
+    );
+}
+
+async fn a_body_sent_too_slowly_gets_408_and_claims_nothing(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = db.tenant(&["--no-inbound-signature"]);
+    let server = Server::start(&db, &[("VERDICT_BODY_TIMEOUT_SECS", "1")]);
+    let mut stream = TcpStream::connect(addr(&server)).await.unwrap();
+    let head = format!(
+        "POST /v1/signals HTTP/1.1\r\nHost: verdict\r\nAuthorization: Bearer {}\r\n\
+         Content-Type: application/json\r\nIdempotency-Key: {}\r\nContent-Length: 400\r\n\r\n{{\"type\":",
+        tenant.api_key,
+        new_key()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let started = Instant::now();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer)).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(
+        answer.contains("https://verdict.dev/problems/request-timeout"),
+        "{answer}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert_eq!(db.count("idempotency_keys").await, 0);
+}
+
+async fn only_short_safe_request_ids_are_kept(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let server = Server::start(&db, &[]);
+    let id_of = |sent: String| {
+        let server = &server;
+        async move {
+            let reply = Reply::from(
+                server
+                    .client
+                    .get(format!("{}/healthz", server.base))
+                    .header("x-request-id", sent)
+                    .send()
+                    .await
+                    .unwrap(),
+            )
+            .await;
+            reply.header("x-request-id").unwrap().to_owned()
+        }
+    };
+    assert_eq!(id_of("req-42.abc:9_Z".into()).await, "req-42.abc:9_Z");
+    for unsafe_id in [
+        "has spaces".to_owned(),
+        "x".repeat(65),
+        "a\tb".to_owned(),
+        "<script>".to_owned(),
+        "id/../../etc".to_owned(),
+        "quote\"d".to_owned(),
+    ] {
+        let got = id_of(unsafe_id.clone()).await;
+        assert_ne!(got, unsafe_id);
+        assert!(
+            uuid::Uuid::parse_str(&got).is_ok(),
+            "{got} is not a fresh id"
+        );
+    }
+    assert!(!server.logs().contains("has spaces"));
+}
+
+on_both_backends!(
+    clients_stuck_in_their_headers_neither_block_a_signal_nor_stay,
+    an_idle_connection_is_closed_after_the_header_timeout,
+    connections_past_the_cap_wait_for_a_free_one,
+    a_body_sent_too_slowly_gets_408_and_claims_nothing,
+    only_short_safe_request_ids_are_kept,
+);

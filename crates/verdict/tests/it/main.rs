@@ -1,0 +1,44 @@
+//! verdict's integration tests, one binary: each module is one area, and `common` is the harness
+//! they share (a fresh database per test on either backend, the real `verdict` binary on a real
+//! socket). One binary compiles and links the harness once instead of once per area.
+//!
+//! Every test drives the server as a child process, so nothing process-global (environment,
+//! failpoints) is shared between tests here. The fault suite (`crash_storm`, `faults`) runs with
+//! `scripts/faults`, which filters this binary by those modules.
+
+// clippy.toml's allow-unwrap-in-tests covers #[test] functions only; the helpers and the
+// per-backend test bodies here are plain functions, and a panic is how a test fails.
+#![allow(clippy::unwrap_used)]
+
+#[macro_use]
+mod common;
+
+mod actions;
+mod console;
+mod crash_storm;
+mod delivery;
+mod delivery_faults;
+mod delivery_hardening;
+mod destination_guard;
+mod embedded_default;
+mod end_to_end;
+mod faults;
+mod feeds_camara;
+mod feeds_set;
+mod hostile_input;
+mod hostile_receivers;
+mod idempotency;
+mod inbound_limits;
+mod listen;
+mod openapi_fuzz;
+mod operations;
+mod pipeline;
+mod playbooks;
+mod privacy;
+mod rate_limits;
+mod readme;
+mod rejection;
+mod retention;
+mod robustness;
+mod scopes;
+mod simulation;

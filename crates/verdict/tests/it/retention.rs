@@ -1,0 +1,230 @@
+//! Retention on both backends: events past the window go with their deliveries, attempts and
+//! sent alerts, never one whose delivery is pending, never the state they produced; old
+//! playbook versions go unless an event names them. Rows are back-dated; `verdict prune` and the
+//! server's pruner do the deleting.
+
+use std::time::Duration;
+
+use crate::common::receiver::{Receiver, Step};
+use crate::common::{
+    ALL_ACTIONS_PLAYBOOK, Backend, MANUAL_WORKER, Server, TestDb, new_key, sim_swap,
+};
+use serde_json::Value;
+
+const DAY_MS: i64 = 86_400_000;
+
+/// A server whose pruner stays out of the way (its first run is at start).
+fn quiet_pruner() -> Vec<(&'static str, &'static str)> {
+    let mut env = MANUAL_WORKER.to_vec();
+    env.push(("VERDICT_PRUNE_INTERVAL_SECS", "3600"));
+    env
+}
+
+fn prune(db: &TestDb) -> Value {
+    serde_json::from_str(&db.cli(&["prune"])).unwrap()
+}
+
+async fn wait_for_attempts(db: &TestDb, n: i64) {
+    for _ in 0..100 {
+        if db.count("delivery_attempts").await >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("fewer than {n} attempts were recorded");
+}
+
+async fn events_past_retention_go_with_their_deliveries_but_never_a_pending_one(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let receiver = Receiver::start(vec![
+        Step::status(200),
+        Step::status(500),
+        Step::status(400),
+    ])
+    .await;
+    let tenant = db.tenant(&["--callback-url", &receiver.url]);
+    db.set_playbook(&tenant, ALL_ACTIONS_PLAYBOOK);
+    let server = Server::start(&db, &quiet_pruner());
+
+    // Succeeded, pending (a 500 to retry), failed: then 91 days pass.
+    let mut old = Vec::new();
+    for phone in ["+447700900901", "+447700900902", "+447700900903"] {
+        let reply = server
+            .send(&tenant, Some(&new_key()), &sim_swap(phone))
+            .await;
+        assert_eq!(reply.status, 200);
+        old.push(reply.json()["event_id"].as_str().unwrap().to_owned());
+    }
+    wait_for_attempts(&db, 3).await;
+    db.exec(format!(
+        "UPDATE events SET created_at = created_at - {}",
+        91 * DAY_MS
+    ))
+    .await;
+    let recent = server
+        .send(&tenant, Some(&new_key()), &sim_swap("+447700900904"))
+        .await;
+    wait_for_attempts(&db, 4).await;
+
+    let pruned = prune(&db);
+    assert_eq!(pruned["events"], 2, "{pruned}");
+    assert_eq!(pruned["deliveries"], 2, "{pruned}");
+    assert_eq!(pruned["delivery_attempts"], 2, "{pruned}");
+    assert_eq!(pruned["alerts"], 2, "{pruned}");
+    assert_eq!(db.count("events").await, 2);
+    assert_eq!(db.count("deliveries").await, 2);
+    assert_eq!(db.count("delivery_attempts").await, 2);
+    assert_eq!(db.count("alerts").await, 2);
+    // What the events did stays: locks, denies, cases and charges outlive them.
+    for table in [
+        "account_locks",
+        "denies",
+        "cases",
+        "case_events",
+        "ledger_entries",
+    ] {
+        assert_eq!(db.count(table).await, 4, "{table}");
+    }
+
+    // The pending one is whole, the settled ones are gone.
+    let pending = server.get(&tenant, &format!("/v1/events/{}", old[1])).await;
+    assert_eq!(pending.status, 200);
+    assert_eq!(pending.json()["deliveries"][0]["status"], "pending");
+    for gone in [&old[0], &old[2]] {
+        assert_eq!(
+            server
+                .get(&tenant, &format!("/v1/events/{gone}"))
+                .await
+                .status,
+            404
+        );
+    }
+    let recent_id = recent.json()["event_id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        server
+            .get(&tenant, &format!("/v1/events/{recent_id}"))
+            .await
+            .status,
+        200
+    );
+
+    // Once its delivery settles, it goes too; then there is nothing left to do.
+    db.exec("UPDATE deliveries SET status = 'dead' WHERE status = 'pending'")
+        .await;
+    assert_eq!(prune(&db)["events"], 1);
+    assert_eq!(db.count("events").await, 1);
+    assert_eq!(db.count("deliveries").await, 1);
+    let again = prune(&db);
+    assert_eq!(
+        (
+            again["events"].as_i64(),
+            again["playbook_versions"].as_i64()
+        ),
+        (Some(0), Some(0)),
+        "{again}"
+    );
+}
+
+async fn the_servers_pruner_applies_the_configured_retention(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let receiver = Receiver::start(vec![]).await;
+    let tenant = db.tenant(&["--callback-url", &receiver.url]);
+    let mut env = MANUAL_WORKER.to_vec();
+    env.extend([
+        ("VERDICT_EVENT_RETENTION_DAYS", "1"),
+        ("VERDICT_PRUNE_INTERVAL_SECS", "1"),
+    ]);
+    let server = Server::start(&db, &env);
+    for phone in ["+447700900911", "+447700900912"] {
+        let reply = server
+            .send(&tenant, Some(&new_key()), &sim_swap(phone))
+            .await;
+        assert_eq!(reply.status, 200);
+    }
+    wait_for_attempts(&db, 2).await;
+    // One of them two days old: past a one-day retention.
+    db.exec(format!(
+        "UPDATE events SET created_at = created_at - {} WHERE created_at = \
+         (SELECT MIN(created_at) FROM events)",
+        2 * DAY_MS
+    ))
+    .await;
+    for _ in 0..100 {
+        if db.count("events").await == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(db.count("events").await, 1);
+    assert_eq!(db.count("deliveries").await, 1);
+    assert_eq!(db.count("delivery_attempts").await, 1);
+    assert!(server.logged("pruned past retention").await);
+}
+
+async fn playbook_versions_beyond_the_newest_50_go_unless_an_event_names_them(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = db.tenant(&[]);
+    for _ in 0..3 {
+        db.set_playbook(&tenant, ALL_ACTIONS_PLAYBOOK);
+    }
+    let server = Server::start(&db, &quiet_pruner());
+    let reply = server
+        .send(&tenant, Some(&new_key()), &sim_swap("+447700900921"))
+        .await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(
+        db.scalar("SELECT MAX(playbook_version) FROM events").await,
+        3
+    );
+    // Versions 4 to 60, uploaded since.
+    db.exec(format!(
+        "INSERT INTO playbooks (tenant_id, version, format, source, created_at) \
+         WITH RECURSIVE n(v) AS (SELECT 4 UNION ALL SELECT v + 1 FROM n WHERE v < 60) \
+         SELECT t.id, n.v, 'toml', '{}', 0 FROM tenants t, n",
+        ALL_ACTIONS_PLAYBOOK.replace('\'', "''")
+    ))
+    .await;
+
+    // 1 to 10 are beyond the newest 50; 3 is named by the event.
+    assert_eq!(prune(&db)["playbook_versions"], 9);
+    assert_eq!(db.scalar("SELECT COUNT(*) FROM playbooks").await, 51);
+    assert_eq!(
+        db.scalar("SELECT COUNT(*) FROM playbooks WHERE version = 3")
+            .await,
+        1
+    );
+    assert_eq!(
+        db.scalar("SELECT MIN(version) FROM playbooks WHERE version <> 3")
+            .await,
+        11
+    );
+    assert!(
+        db.cli(&["playbook", "show", "--tenant", &tenant.id])
+            .starts_with("# version 60")
+    );
+    assert_eq!(prune(&db)["playbook_versions"], 0);
+
+    // Once the event is past retention and gone, its version goes too.
+    db.exec(format!(
+        "UPDATE events SET created_at = created_at - {}",
+        91 * DAY_MS
+    ))
+    .await;
+    db.exec("UPDATE deliveries SET status = 'failed'").await;
+    let pruned = prune(&db);
+    assert_eq!(
+        (
+            pruned["events"].as_i64(),
+            pruned["playbook_versions"].as_i64()
+        ),
+        (Some(1), Some(1)),
+        "{pruned}"
+    );
+    assert_eq!(db.scalar("SELECT COUNT(*) FROM playbooks").await, 50);
+}
+
+on_both_backends!(
+    events_past_retention_go_with_their_deliveries_but_never_a_pending_one,
+    the_servers_pruner_applies_the_configured_retention,
+    playbook_versions_beyond_the_newest_50_go_unless_an_event_names_them,
+);
