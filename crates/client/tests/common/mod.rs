@@ -1,6 +1,5 @@
 //! The one test helper module: a real HTTP server on 127.0.0.1 that answers from a script and
 //! remembers every request it saw, optionally dropping the first connection unanswered.
-#![allow(dead_code)]
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
