@@ -55,18 +55,10 @@ impl From<Option<String>> for Injected {
     }
 }
 
-/// The failpoint after an action, named `act::after_<action>`.
+/// The failpoint after an action, named `act::after_<action>` after its wire name.
 #[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
-pub(crate) fn after_action(action: crate::actions::ActionKind) -> &'static str {
-    use crate::actions::ActionKind;
-    match action {
-        ActionKind::LockAccount => "act::after_lock_account",
-        ActionKind::OpenCase => "act::after_open_case",
-        ActionKind::AlertCustomer => "act::after_alert_customer",
-        ActionKind::ChargeStepUp => "act::after_charge_step_up",
-        ActionKind::Deny => "act::after_deny",
-        ActionKind::Callback => "act::after_callback",
-    }
+pub(crate) fn after_action(action: crate::actions::ActionKind) -> String {
+    format!("act::after_{}", action.as_str())
 }
 
 /// The error PostgreSQL reports when it breaks a deadlock (SQLSTATE 40P01), for the

@@ -68,69 +68,6 @@ pub struct SubjectState {
     pub deny: Option<(Uuid, i64)>,
 }
 
-/// An effect held at most once per natural key, by the event that applied it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum OncePerKey {
-    /// One lock per subject.
-    Lock,
-    /// One standing deny per subject.
-    Deny,
-    /// One step-up charge per signal.
-    Ledger,
-}
-
-impl OncePerKey {
-    /// The statement that inserts rows, up to its `VALUES`.
-    pub(crate) fn insert(self) -> &'static str {
-        match self {
-            Self::Lock => {
-                "INSERT INTO account_locks (tenant_id, subject_hash, event_id, locked_at) "
-            }
-            Self::Deny => "INSERT INTO denies (tenant_id, subject_hash, event_id, issued_at) ",
-            Self::Ledger => {
-                "INSERT INTO ledger_entries (tenant_id, signal_key, event_id, created_at, id, \
-                 subject_hash, kind) "
-            }
-        }
-    }
-
-    /// What the insert returns: the key and the event that now holds it.
-    pub(crate) fn returning(self) -> &'static str {
-        match self {
-            Self::Lock | Self::Deny => {
-                " ON CONFLICT DO NOTHING RETURNING tenant_id, subject_hash, event_id"
-            }
-            Self::Ledger => " ON CONFLICT DO NOTHING RETURNING tenant_id, signal_key, event_id",
-        }
-    }
-
-    /// Who holds keys the insert did not take, up to the list of keys.
-    pub(crate) fn holders(self) -> &'static str {
-        match self {
-            Self::Lock => {
-                "SELECT tenant_id, subject_hash, event_id FROM account_locks \
-                 WHERE (tenant_id, subject_hash) IN "
-            }
-            Self::Deny => {
-                "SELECT tenant_id, subject_hash, event_id FROM denies \
-                 WHERE (tenant_id, subject_hash) IN "
-            }
-            Self::Ledger => {
-                "SELECT tenant_id, signal_key, event_id FROM ledger_entries \
-                 WHERE (tenant_id, signal_key) IN "
-            }
-        }
-    }
-
-    /// The natural key of a target's row.
-    pub(crate) fn key(self, t: &ActionTarget) -> (Uuid, Vec<u8>) {
-        match self {
-            Self::Lock | Self::Deny => (t.tenant_id, t.subject_hash.clone()),
-            Self::Ledger => (t.tenant_id, t.signal_key.clone()),
-        }
-    }
-}
-
 /// Reads of the actions' state.
 #[async_trait]
 pub trait ActionStore {

@@ -313,7 +313,7 @@ async fn stop_before_one_statement(batch: &super::Batch) -> Result<(), StoreErro
     use crate::failpoint::failpoint;
     for action in ActionKind::LOCAL {
         if batch.acts.iter().any(|a| a.effects.contains(&action)) {
-            failpoint!(crate::failpoint::after_action(action));
+            failpoint!(&crate::failpoint::after_action(action));
         }
     }
     if !batch.acts.is_empty() {
@@ -341,7 +341,7 @@ impl PostgresStore {
                 .iter()
                 .any(|&i| batch.acts[i].effects.contains(&action))
             {
-                failpoint!(crate::failpoint::after_action(action));
+                failpoint!(&crate::failpoint::after_action(action));
             }
         }
         // The acts APPLY did not settle are finished with their actual outcomes.

@@ -12,6 +12,7 @@ use sqlx::Sqlite;
 use uuid::Uuid;
 
 use super::{NewDelivery, NewEvent};
+use crate::actions::ActionKind;
 use crate::store::ActionTarget;
 
 /// One column of a row type `R`: its name and how to read its value from a row. The variant is
@@ -22,13 +23,14 @@ pub(crate) enum Col<R> {
     Int8(&'static str, fn(&R) -> i64),
     Int4(&'static str, fn(&R) -> i32),
     OptInt4(&'static str, fn(&R) -> Option<i32>),
-    Bool(&'static str, fn(&R) -> bool),
     Str(&'static str, fn(&R) -> &'static str),
     OptStr(&'static str, fn(&R) -> Option<&'static str>),
     Text(&'static str, fn(&R) -> String),
     OptText(&'static str, fn(&R) -> Option<String>),
     Bytes(&'static str, fn(&R) -> Vec<u8>),
     OptBytes(&'static str, fn(&R) -> Option<Vec<u8>>),
+    /// Whether the row asks for an action: a boolean column named after it.
+    Wants(ActionKind, fn(&R, ActionKind) -> bool),
 }
 
 impl<R> Col<R> {
@@ -40,13 +42,13 @@ impl<R> Col<R> {
             | Self::Int8(name, _)
             | Self::Int4(name, _)
             | Self::OptInt4(name, _)
-            | Self::Bool(name, _)
             | Self::Str(name, _)
             | Self::OptStr(name, _)
             | Self::Text(name, _)
             | Self::OptText(name, _)
             | Self::Bytes(name, _)
             | Self::OptBytes(name, _) => name,
+            Self::Wants(action, _) => action.as_str(),
         }
     }
 
@@ -56,7 +58,7 @@ impl<R> Col<R> {
             Self::Uuid(..) | Self::OptUuid(..) => "uuid",
             Self::Int8(..) => "int8",
             Self::Int4(..) | Self::OptInt4(..) => "int4",
-            Self::Bool(..) => "bool",
+            Self::Wants(..) => "bool",
             Self::Str(..) | Self::OptStr(..) | Self::Text(..) | Self::OptText(..) => "text",
             Self::Bytes(..) | Self::OptBytes(..) => "bytea",
         }
@@ -70,13 +72,13 @@ impl<R> Col<R> {
             Self::Int8(_, f) => values.push_bind(f(row)),
             Self::Int4(_, f) => values.push_bind(f(row)),
             Self::OptInt4(_, f) => values.push_bind(f(row)),
-            Self::Bool(_, f) => values.push_bind(f(row)),
             Self::Str(_, f) => values.push_bind(f(row)),
             Self::OptStr(_, f) => values.push_bind(f(row)),
             Self::Text(_, f) => values.push_bind(f(row)),
             Self::OptText(_, f) => values.push_bind(f(row)),
             Self::Bytes(_, f) => values.push_bind(f(row)),
             Self::OptBytes(_, f) => values.push_bind(f(row)),
+            Self::Wants(action, f) => values.push_bind(f(row, *action)),
         };
     }
 }

@@ -7,7 +7,7 @@ use sqlx::Row as _;
 
 use super::inputs::{ActIn, ClaimIn};
 use super::params::{Int8, Param, Rows, bind_all, render};
-use super::{Found, index, kind_name};
+use super::{Found, effects, index};
 use crate::actions::ActionKind;
 use crate::store::rows::OutboxRow;
 use crate::store::{Batch, NewEvent, StoreError, StoredResponse};
@@ -71,85 +71,12 @@ WITH claim_in AS (
         retries_left = t.retries_left, next_attempt_at = t.next_attempt_at, leased_until = 0,
         last_error = t.error, updated_at = t.attempted_at
     FROM attempt_in t WHERE d.id = t.delivery_id
-), lock_ins AS (
-    INSERT INTO account_locks (tenant_id, subject_hash, event_id, locked_at)
-    SELECT DISTINCT ON (tenant_id, subject_hash) tenant_id, subject_hash, event_id, now
-    FROM live WHERE lock ORDER BY tenant_id, subject_hash, i
-    ON CONFLICT DO NOTHING RETURNING tenant_id, subject_hash, event_id
-), deny_ins AS (
-    INSERT INTO denies (tenant_id, subject_hash, event_id, issued_at)
-    SELECT DISTINCT ON (tenant_id, subject_hash) tenant_id, subject_hash, event_id, now
-    FROM live WHERE deny ORDER BY tenant_id, subject_hash, i
-    ON CONFLICT DO NOTHING RETURNING tenant_id, subject_hash, event_id
-), ledger_ins AS (
-    INSERT INTO ledger_entries (tenant_id, signal_key, event_id, created_at, id, subject_hash,
-        kind)
-    SELECT DISTINCT ON (tenant_id, signal_key) tenant_id, signal_key, event_id, now, ledger_id,
-        subject_hash, 'step_up_verification'
-    FROM live WHERE ledger ORDER BY tenant_id, signal_key, i
-    ON CONFLICT DO NOTHING RETURNING tenant_id, signal_key, event_id
-), case_ins AS (
-    INSERT INTO cases (id, tenant_id, subject_hash, status, opened_by_event, opened_at)
-    SELECT DISTINCT ON (tenant_id, subject_hash) case_id, tenant_id, subject_hash, 'open',
-        event_id, now
-    FROM live WHERE open_case ORDER BY tenant_id, subject_hash, i
-    ON CONFLICT DO NOTHING RETURNING id, tenant_id, subject_hash, opened_by_event
-), case_of AS (
-    -- The case this statement opened for the subject, else the open one already there.
-    SELECT a.i, a.event_id, a.now,
-        COALESCE(c.id, (SELECT x.id FROM cases x WHERE x.tenant_id = a.tenant_id
-            AND x.subject_hash = a.subject_hash AND x.status = 'open')) AS case_id,
-        COALESCE(c.opened_by_event, (SELECT x.opened_by_event FROM cases x
-            WHERE x.tenant_id = a.tenant_id AND x.subject_hash = a.subject_hash
-            AND x.status = 'open')) AS opener
-    FROM live a
-    LEFT JOIN case_ins c ON c.tenant_id = a.tenant_id AND c.subject_hash = a.subject_hash
-    WHERE a.open_case
-), case_attached AS (
-    INSERT INTO case_events (case_id, event_id, attached_at)
-    SELECT case_id, event_id, now FROM case_of WHERE case_id IS NOT NULL
-    ORDER BY case_id, event_id
-    ON CONFLICT DO NOTHING
-), alert_ins AS (
-    -- Claims each subject's alert window: inserted, or moved to this event once it expired.
-    INSERT INTO alert_windows (tenant_id, subject_hash, signal_type, event_id, last_sent_at)
-    SELECT DISTINCT ON (tenant_id, subject_hash, signal_type) tenant_id, subject_hash,
-        signal_type, event_id, now
-    FROM live WHERE alert ORDER BY tenant_id, subject_hash, signal_type, i
-    ON CONFLICT (tenant_id, subject_hash, signal_type) DO UPDATE
-        SET event_id = excluded.event_id, last_sent_at = excluded.last_sent_at
-        WHERE alert_windows.last_sent_at <= excluded.last_sent_at - {alert_window}
-    RETURNING tenant_id, subject_hash, signal_type, event_id
-), alert_of AS (
-    SELECT a.i, a.tenant_id, a.subject_hash, a.signal_type, a.event_id, a.now,
-        COALESCE(COALESCE(w.event_id, (SELECT x.event_id FROM alert_windows x
-            WHERE x.tenant_id = a.tenant_id AND x.subject_hash = a.subject_hash
-            AND x.signal_type = a.signal_type)) = a.event_id, FALSE) AS ours
-    FROM live a
-    LEFT JOIN alert_ins w ON w.tenant_id = a.tenant_id AND w.subject_hash = a.subject_hash
-        AND w.signal_type = a.signal_type
-    WHERE a.alert
-), alert_sent AS (
-    INSERT INTO alerts (tenant_id, subject_hash, signal_type, event_id, sent_at)
-    SELECT tenant_id, subject_hash, signal_type, event_id, now FROM alert_of WHERE ours
-    ON CONFLICT DO NOTHING
-), expected AS (
+){effects}
+, expected AS (
     -- The live acts whose every effect this statement wrote for them: their outbox row, event
     -- and response were built, before it ran, with every effect done.
     SELECT a.i FROM live a
-    WHERE (NOT a.lock OR EXISTS (SELECT 1 FROM lock_ins l WHERE l.tenant_id = a.tenant_id
-            AND l.subject_hash = a.subject_hash AND l.event_id = a.event_id))
-        AND (NOT a.deny OR EXISTS (SELECT 1 FROM deny_ins d WHERE d.tenant_id = a.tenant_id
-            AND d.subject_hash = a.subject_hash AND d.event_id = a.event_id))
-        AND (NOT a.ledger OR EXISTS (SELECT 1 FROM ledger_ins l
-            WHERE l.tenant_id = a.tenant_id AND l.signal_key = a.signal_key
-            AND l.event_id = a.event_id))
-        AND (NOT a.open_case OR EXISTS (SELECT 1 FROM case_ins c
-            WHERE c.tenant_id = a.tenant_id AND c.subject_hash = a.subject_hash
-            AND c.opened_by_event = a.event_id))
-        AND (NOT a.alert OR EXISTS (SELECT 1 FROM alert_ins w WHERE w.tenant_id = a.tenant_id
-            AND w.subject_hash = a.subject_hash AND w.signal_type = a.signal_type
-            AND w.event_id = a.event_id))
+    WHERE {effects_written}
 ), outbox_in AS (
     SELECT * FROM {outbox_rows}
 ), outbox_ins AS (
@@ -180,40 +107,21 @@ WITH claim_in AS (
 SELECT 'claim' AS kind, c.i, TRUE AS ours
     FROM claimed JOIN claim_in c ON c.lock_token = claimed.lock_token WHERE c.i IS NOT NULL
 UNION ALL SELECT 'held', i, TRUE FROM held
-UNION ALL SELECT 'lock', a.i, COALESCE(COALESCE(l.event_id, (SELECT x.event_id
-        FROM account_locks x WHERE x.tenant_id = a.tenant_id
-        AND x.subject_hash = a.subject_hash)) = a.event_id, FALSE)
-    FROM live a
-    LEFT JOIN lock_ins l ON l.tenant_id = a.tenant_id AND l.subject_hash = a.subject_hash
-    WHERE a.lock
-UNION ALL SELECT 'deny', a.i, COALESCE(COALESCE(d.event_id, (SELECT x.event_id
-        FROM denies x WHERE x.tenant_id = a.tenant_id
-        AND x.subject_hash = a.subject_hash)) = a.event_id, FALSE)
-    FROM live a
-    LEFT JOIN deny_ins d ON d.tenant_id = a.tenant_id AND d.subject_hash = a.subject_hash
-    WHERE a.deny
-UNION ALL SELECT 'ledger', a.i, COALESCE(COALESCE(l.event_id, (SELECT x.event_id
-        FROM ledger_entries x WHERE x.tenant_id = a.tenant_id
-        AND x.signal_key = a.signal_key)) = a.event_id, FALSE)
-    FROM live a
-    LEFT JOIN ledger_ins l ON l.tenant_id = a.tenant_id AND l.signal_key = a.signal_key
-    WHERE a.ledger
-UNION ALL SELECT 'case', i, COALESCE(opener = event_id, FALSE) FROM case_of
-UNION ALL SELECT 'alert', i, ours FROM alert_of
-UNION ALL SELECT 'settled', i, TRUE FROM settled
+{effects_outcomes}UNION ALL SELECT 'settled', i, TRUE FROM settled
 "#;
 
 /// [`TEMPLATE`], run inside the batch's transaction.
 pub(in crate::store) static APPLY: LazyLock<String> =
-    LazyLock::new(|| Inputs::of(&Batch::default()).render(TEMPLATE));
+    LazyLock::new(|| Inputs::of(&Batch::default()).render(&effects::assemble(TEMPLATE)));
 
 /// [`TEMPLATE`], run as a transaction of its own: it aborts, keeping nothing, unless every act
 /// that went ahead was settled by it (`verdict_require_settled` raises SQLSTATE [`UNSETTLED`]
 /// otherwise), since no later statement could finish the others.
 pub(in crate::store) static APPLY_ALONE: LazyLock<String> = LazyLock::new(|| {
     Inputs::of(&Batch::default()).render(&format!(
-        "{TEMPLATE}UNION ALL SELECT 'guard', 0, verdict_require_settled(\n    \
-         (SELECT count(*) FROM live) - (SELECT count(*) FROM settled))\n"
+        "{}UNION ALL SELECT 'guard', 0, verdict_require_settled(\n    \
+         (SELECT count(*) FROM live) - (SELECT count(*) FROM settled))\n",
+        effects::assemble(TEMPLATE)
     ))
 });
 
@@ -329,8 +237,7 @@ pub(in crate::store) async fn apply(
             kind => {
                 let kind = ActionKind::LOCAL
                     .into_iter()
-                    .map(kind_name)
-                    .find(|name| *name == kind)
+                    .find(|action| action.as_str() == kind)
                     .ok_or_else(|| StoreError::Corrupt(format!("unknown effect {kind}")))?;
                 found.effects.insert((kind, i), ours);
             }

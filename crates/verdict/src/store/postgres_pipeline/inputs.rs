@@ -92,7 +92,7 @@ impl<'a> ActIn<'a> {
 
 impl Row for ActIn<'_> {
     fn columns() -> Vec<Col<Self>> {
-        vec![
+        let mut columns: Vec<Col<Self>> = vec![
             Col::Int4("i", |a| a.i),
             Col::Uuid("tenant_id", |a| a.act.target.tenant_id),
             Col::Uuid("event_id", |a| a.act.target.event_id),
@@ -100,17 +100,19 @@ impl Row for ActIn<'_> {
             Col::Bytes("signal_key", |a| a.act.target.signal_key.clone()),
             Col::Str("signal_type", |a| a.act.target.signal_type),
             Col::Int8("now", |a| a.act.target.now),
-            Col::Bool("lock", |a| a.wants(ActionKind::LockAccount)),
-            Col::Bool("deny", |a| a.wants(ActionKind::Deny)),
-            Col::Bool("ledger", |a| a.wants(ActionKind::ChargeStepUp)),
-            Col::Bool("open_case", |a| a.wants(ActionKind::OpenCase)),
-            Col::Bool("alert", |a| a.wants(ActionKind::AlertCustomer)),
             Col::Uuid("ledger_id", |a| a.ledger_id),
             Col::Uuid("case_id", |a| a.case_id),
             Col::OptStr("endpoint", |a| a.held().map(|h| h.key.endpoint)),
             Col::OptBytes("key_digest", |a| a.held().map(|h| h.key.digest.clone())),
             Col::OptUuid("lock_token", |a| a.held().map(|h| h.lock_token)),
-        ]
+        ];
+        // One boolean column per local action, named after it: whether the act asks for it.
+        columns.extend(
+            ActionKind::LOCAL
+                .into_iter()
+                .map(|action| Col::Wants(action, Self::wants)),
+        );
+        columns
     }
 }
 

@@ -26,6 +26,7 @@
 //! not attached to that case.
 
 mod apply;
+mod effects;
 mod finish;
 mod inputs;
 mod outbox;
@@ -84,25 +85,13 @@ pub(super) fn result(
     ))
 }
 
-/// The kind name [`apply::APPLY`] reports an action's outcome under.
-fn kind_name(action: ActionKind) -> &'static str {
-    match action {
-        ActionKind::LockAccount => "lock",
-        ActionKind::Deny => "deny",
-        ActionKind::ChargeStepUp => "ledger",
-        ActionKind::OpenCase => "case",
-        ActionKind::AlertCustomer => "alert",
-        ActionKind::Callback => "callback",
-    }
-}
-
 /// What [`apply::APPLY`] found: the claims won, the acts whose lock held, each live act's
 /// effects, and the acts it settled, by index.
 #[derive(Default)]
 pub(super) struct Found {
     claims_won: HashSet<i32>,
     held: HashSet<i32>,
-    effects: HashMap<(&'static str, i32), bool>,
+    effects: HashMap<(ActionKind, i32), bool>,
     settled: HashSet<i32>,
 }
 
@@ -133,7 +122,7 @@ pub(super) fn outcomes_of(batch: &Batch, live: &[usize], found: &Found) -> Vec<A
                 .into_iter()
                 .filter(|action| act.effects.contains(action))
                 .map(|action| {
-                    let ours = found.effects.get(&(kind_name(action), index(i)));
+                    let ours = found.effects.get(&(action, index(i)));
                     let applied = if ours == Some(&true) {
                         Applied::Done
                     } else {

@@ -132,13 +132,13 @@ fn bind_column<'q, R>(query: PgQuery<'q>, column: &Col<R>, rows: &[&R]) -> PgQue
         Col::Int8(_, f) => query.bind(array(rows, f)),
         Col::Int4(_, f) => query.bind(array(rows, f)),
         Col::OptInt4(_, f) => query.bind(array(rows, f)),
-        Col::Bool(_, f) => query.bind(array(rows, f)),
         Col::Str(_, f) => query.bind(array(rows, f)),
         Col::OptStr(_, f) => query.bind(array(rows, f)),
         Col::Text(_, f) => query.bind(array(rows, f)),
         Col::OptText(_, f) => query.bind(array(rows, f)),
         Col::Bytes(_, f) => query.bind(array(rows, f)),
         Col::OptBytes(_, f) => query.bind(array(rows, f)),
+        Col::Wants(action, f) => query.bind(array(rows, |r| f(r, *action))),
     }
 }
 

@@ -7,13 +7,13 @@
 
 use std::collections::{HashMap, HashSet};
 
+use sqlx::query_builder::Separated;
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 use uuid::Uuid;
 
 use super::{SqliteStore, execute_pushed, insert_claims, push_keys, record_attempts};
 use crate::actions::{ActionKind, Applied};
 use crate::failpoint::failpoint;
-use crate::store::actions::OncePerKey;
 use crate::store::pipeline::{batch_result, live_acts};
 use crate::store::rows::{OutboxRow, push_values};
 use crate::store::{
@@ -37,10 +37,43 @@ async fn apply_effects(
         }
         let targets: Vec<_> = which.iter().map(|&i| &acts[i].target).collect();
         let applied = match action {
-            ActionKind::LockAccount => apply_once_per_key(conn, OncePerKey::Lock, &targets).await?,
-            ActionKind::Deny => apply_once_per_key(conn, OncePerKey::Deny, &targets).await?,
+            // One lock per subject.
+            ActionKind::LockAccount => {
+                let lock = OncePerKey {
+                    insert: "INSERT INTO account_locks (tenant_id, subject_hash, event_id, \
+                             locked_at) ",
+                    holders: "SELECT tenant_id, subject_hash, event_id FROM account_locks \
+                              WHERE (tenant_id, subject_hash) IN ",
+                    ..OncePerKey::PER_SUBJECT
+                };
+                apply_once_per_key(conn, &lock, &targets).await?
+            }
+            // One standing deny per subject.
+            ActionKind::Deny => {
+                let deny = OncePerKey {
+                    insert: "INSERT INTO denies (tenant_id, subject_hash, event_id, issued_at) ",
+                    holders: "SELECT tenant_id, subject_hash, event_id FROM denies \
+                              WHERE (tenant_id, subject_hash) IN ",
+                    ..OncePerKey::PER_SUBJECT
+                };
+                apply_once_per_key(conn, &deny, &targets).await?
+            }
+            // One step-up charge per signal.
             ActionKind::ChargeStepUp => {
-                apply_once_per_key(conn, OncePerKey::Ledger, &targets).await?
+                let ledger = OncePerKey {
+                    insert: "INSERT INTO ledger_entries (tenant_id, signal_key, event_id, \
+                             created_at, id, subject_hash, kind) ",
+                    returning: " ON CONFLICT DO NOTHING RETURNING tenant_id, signal_key, event_id",
+                    holders: "SELECT tenant_id, signal_key, event_id FROM ledger_entries \
+                              WHERE (tenant_id, signal_key) IN ",
+                    key: |t| (t.tenant_id, t.signal_key.clone()),
+                    more: |t, row| {
+                        row.push_bind(Uuid::now_v7())
+                            .push_bind(t.subject_hash.clone())
+                            .push_bind("step_up_verification");
+                    },
+                };
+                apply_once_per_key(conn, &ledger, &targets).await?
             }
             ActionKind::OpenCase => apply_open_case(conn, &targets).await?,
             ActionKind::AlertCustomer => {
@@ -51,7 +84,7 @@ async fn apply_effects(
         for (&i, applied) in which.iter().zip(applied) {
             outcomes[i].effects.push((action, applied));
         }
-        failpoint!(crate::failpoint::after_action(action));
+        failpoint!(&crate::failpoint::after_action(action));
     }
     // Each callback's envelope, built now that the local effects are known.
     let deliveries: Vec<Option<NewDelivery>> = acts
@@ -228,11 +261,37 @@ async fn holders_of(
     Ok(rows.into_iter().map(|(t, k, e)| ((t, k), e)).collect())
 }
 
+/// An effect held at most once per natural key, by the event that applied it: its rows start
+/// (tenant, key, event, time), then `more`.
+struct OncePerKey {
+    /// The statement that inserts rows, up to its `VALUES`.
+    insert: &'static str,
+    /// What the insert returns: the key and the event that now holds it.
+    returning: &'static str,
+    /// Who holds keys the insert did not take, up to the list of keys.
+    holders: &'static str,
+    /// The natural key of a target's row.
+    key: fn(&ActionTarget) -> (Uuid, Vec<u8>),
+    /// The row's values after the first four.
+    more: fn(&ActionTarget, &mut Separated<'_, Sqlite, &'static str>),
+}
+
+impl OncePerKey {
+    /// What an effect held once per subject shares (the statements name its table).
+    const PER_SUBJECT: Self = Self {
+        insert: "",
+        returning: " ON CONFLICT DO NOTHING RETURNING tenant_id, subject_hash, event_id",
+        holders: "",
+        key: |t| (t.tenant_id, t.subject_hash.clone()),
+        more: |_, _| {},
+    };
+}
+
 /// Applies an effect held once per key for each target: `Done` where the target's
 /// event holds the key afterwards (now, or from an earlier attempt of the same event).
 async fn apply_once_per_key(
     conn: &mut SqliteConnection,
-    kind: OncePerKey,
+    kind: &OncePerKey,
     targets: &[&ActionTarget],
 ) -> Result<Vec<Applied>, sqlx::Error> {
     if targets.is_empty() {
@@ -242,37 +301,33 @@ async fn apply_once_per_key(
     let mut seen = HashSet::new();
     let mut rows: Vec<_> = targets
         .iter()
-        .filter(|t| seen.insert(kind.key(t)))
+        .filter(|t| seen.insert((kind.key)(t)))
         .collect();
     // Concurrent batches take the keys' index locks in one order: no deadlock cycle.
-    rows.sort_by_key(|t| kind.key(t));
-    let mut q = QueryBuilder::<Sqlite>::new(kind.insert());
+    rows.sort_by_key(|t| (kind.key)(t));
+    let mut q = QueryBuilder::<Sqlite>::new(kind.insert);
     q.push_values(rows, |mut row, t| {
-        let (tenant, key) = kind.key(t);
+        let (tenant, key) = (kind.key)(t);
         row.push_bind(tenant)
             .push_bind(key)
             .push_bind(t.event_id)
             .push_bind(t.now);
-        if kind == OncePerKey::Ledger {
-            row.push_bind(Uuid::now_v7())
-                .push_bind(t.subject_hash.clone())
-                .push_bind("step_up_verification");
-        }
+        (kind.more)(t, &mut row);
     });
-    q.push(kind.returning());
+    q.push(kind.returning);
     let inserted: Vec<(Uuid, Vec<u8>, Uuid)> = q.build_query_as().fetch_all(&mut *conn).await?;
     let mut holder: HashMap<_, _> = inserted.into_iter().map(|(t, k, e)| ((t, k), e)).collect();
     let missing: Vec<_> = targets
         .iter()
-        .map(|t| kind.key(t))
+        .map(|t| (kind.key)(t))
         .filter(|k| !holder.contains_key(k))
         .collect::<HashSet<_>>()
         .into_iter()
         .collect();
-    holder.extend(holders_of(conn, kind.holders(), &missing).await?);
+    holder.extend(holders_of(conn, kind.holders, &missing).await?);
     Ok(targets
         .iter()
-        .map(|t| applied(holder.get(&kind.key(t)) == Some(&t.event_id)))
+        .map(|t| applied(holder.get(&(kind.key)(t)) == Some(&t.event_id)))
         .collect())
 }
 

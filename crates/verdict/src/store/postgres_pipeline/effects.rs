@@ -1,0 +1,169 @@
+//! Each local effect's part of [`super::apply::APPLY`], in one place per action: the CTEs
+//! that write it for the live acts that ask for it (`live`, with a boolean column named after
+//! the action), its clause in `expected` (the act's row is this event's, written now), and the
+//! query that reports, per act, whether the effect is the act's own. A new action is one arm
+//! of [`effect`]; the statement is assembled from every [`ActionKind::LOCAL`].
+
+use crate::actions::ActionKind;
+
+/// One action's SQL in [`super::apply::APPLY`].
+pub(super) struct Effect {
+    /// CTEs, each starting `, name AS (` and ending `)`, that write the effect.
+    ctes: &'static str,
+    /// A condition on the act `a` that holds when this statement wrote its row for `a`.
+    written: &'static str,
+    /// A query of `(i, ours)` for each live act that asks for it.
+    outcome: &'static str,
+}
+
+/// The SQL of a local action (the callback has none here: its outbox row is the statement's
+/// own step).
+fn effect(action: ActionKind) -> Option<Effect> {
+    Some(match action {
+        ActionKind::LockAccount => Effect {
+            ctes: r#"
+, lock_ins AS (
+    INSERT INTO account_locks (tenant_id, subject_hash, event_id, locked_at)
+    SELECT DISTINCT ON (tenant_id, subject_hash) tenant_id, subject_hash, event_id, now
+    FROM live WHERE lock_account ORDER BY tenant_id, subject_hash, i
+    ON CONFLICT DO NOTHING RETURNING tenant_id, subject_hash, event_id
+)"#,
+            written: "EXISTS (SELECT 1 FROM lock_ins l WHERE l.tenant_id = a.tenant_id
+            AND l.subject_hash = a.subject_hash AND l.event_id = a.event_id)",
+            outcome: "SELECT a.i, COALESCE(COALESCE(l.event_id, (SELECT x.event_id
+        FROM account_locks x WHERE x.tenant_id = a.tenant_id
+        AND x.subject_hash = a.subject_hash)) = a.event_id, FALSE)
+    FROM live a
+    LEFT JOIN lock_ins l ON l.tenant_id = a.tenant_id AND l.subject_hash = a.subject_hash
+    WHERE a.lock_account",
+        },
+        ActionKind::Deny => Effect {
+            ctes: r#"
+, deny_ins AS (
+    INSERT INTO denies (tenant_id, subject_hash, event_id, issued_at)
+    SELECT DISTINCT ON (tenant_id, subject_hash) tenant_id, subject_hash, event_id, now
+    FROM live WHERE deny ORDER BY tenant_id, subject_hash, i
+    ON CONFLICT DO NOTHING RETURNING tenant_id, subject_hash, event_id
+)"#,
+            written: "EXISTS (SELECT 1 FROM deny_ins d WHERE d.tenant_id = a.tenant_id
+            AND d.subject_hash = a.subject_hash AND d.event_id = a.event_id)",
+            outcome: "SELECT a.i, COALESCE(COALESCE(d.event_id, (SELECT x.event_id
+        FROM denies x WHERE x.tenant_id = a.tenant_id
+        AND x.subject_hash = a.subject_hash)) = a.event_id, FALSE)
+    FROM live a
+    LEFT JOIN deny_ins d ON d.tenant_id = a.tenant_id AND d.subject_hash = a.subject_hash
+    WHERE a.deny",
+        },
+        ActionKind::ChargeStepUp => Effect {
+            ctes: r#"
+, ledger_ins AS (
+    INSERT INTO ledger_entries (tenant_id, signal_key, event_id, created_at, id, subject_hash,
+        kind)
+    SELECT DISTINCT ON (tenant_id, signal_key) tenant_id, signal_key, event_id, now, ledger_id,
+        subject_hash, 'step_up_verification'
+    FROM live WHERE charge_step_up ORDER BY tenant_id, signal_key, i
+    ON CONFLICT DO NOTHING RETURNING tenant_id, signal_key, event_id
+)"#,
+            written: "EXISTS (SELECT 1 FROM ledger_ins l
+            WHERE l.tenant_id = a.tenant_id AND l.signal_key = a.signal_key
+            AND l.event_id = a.event_id)",
+            outcome: "SELECT a.i, COALESCE(COALESCE(l.event_id, (SELECT x.event_id
+        FROM ledger_entries x WHERE x.tenant_id = a.tenant_id
+        AND x.signal_key = a.signal_key)) = a.event_id, FALSE)
+    FROM live a
+    LEFT JOIN ledger_ins l ON l.tenant_id = a.tenant_id AND l.signal_key = a.signal_key
+    WHERE a.charge_step_up",
+        },
+        ActionKind::OpenCase => Effect {
+            ctes: r#"
+, case_ins AS (
+    INSERT INTO cases (id, tenant_id, subject_hash, status, opened_by_event, opened_at)
+    SELECT DISTINCT ON (tenant_id, subject_hash) case_id, tenant_id, subject_hash, 'open',
+        event_id, now
+    FROM live WHERE open_case ORDER BY tenant_id, subject_hash, i
+    ON CONFLICT DO NOTHING RETURNING id, tenant_id, subject_hash, opened_by_event
+), case_of AS (
+    -- The case this statement opened for the subject, else the open one already there.
+    SELECT a.i, a.event_id, a.now,
+        COALESCE(c.id, (SELECT x.id FROM cases x WHERE x.tenant_id = a.tenant_id
+            AND x.subject_hash = a.subject_hash AND x.status = 'open')) AS case_id,
+        COALESCE(c.opened_by_event, (SELECT x.opened_by_event FROM cases x
+            WHERE x.tenant_id = a.tenant_id AND x.subject_hash = a.subject_hash
+            AND x.status = 'open')) AS opener
+    FROM live a
+    LEFT JOIN case_ins c ON c.tenant_id = a.tenant_id AND c.subject_hash = a.subject_hash
+    WHERE a.open_case
+), case_attached AS (
+    INSERT INTO case_events (case_id, event_id, attached_at)
+    SELECT case_id, event_id, now FROM case_of WHERE case_id IS NOT NULL
+    ORDER BY case_id, event_id
+    ON CONFLICT DO NOTHING
+)"#,
+            written: "EXISTS (SELECT 1 FROM case_ins c
+            WHERE c.tenant_id = a.tenant_id AND c.subject_hash = a.subject_hash
+            AND c.opened_by_event = a.event_id)",
+            outcome: "SELECT i, COALESCE(opener = event_id, FALSE) FROM case_of",
+        },
+        ActionKind::AlertCustomer => Effect {
+            ctes: r#"
+, alert_ins AS (
+    -- Claims each subject's alert window: inserted, or moved to this event once it expired.
+    INSERT INTO alert_windows (tenant_id, subject_hash, signal_type, event_id, last_sent_at)
+    SELECT DISTINCT ON (tenant_id, subject_hash, signal_type) tenant_id, subject_hash,
+        signal_type, event_id, now
+    FROM live WHERE alert_customer ORDER BY tenant_id, subject_hash, signal_type, i
+    ON CONFLICT (tenant_id, subject_hash, signal_type) DO UPDATE
+        SET event_id = excluded.event_id, last_sent_at = excluded.last_sent_at
+        WHERE alert_windows.last_sent_at <= excluded.last_sent_at - {alert_window}
+    RETURNING tenant_id, subject_hash, signal_type, event_id
+), alert_of AS (
+    SELECT a.i, a.tenant_id, a.subject_hash, a.signal_type, a.event_id, a.now,
+        COALESCE(COALESCE(w.event_id, (SELECT x.event_id FROM alert_windows x
+            WHERE x.tenant_id = a.tenant_id AND x.subject_hash = a.subject_hash
+            AND x.signal_type = a.signal_type)) = a.event_id, FALSE) AS ours
+    FROM live a
+    LEFT JOIN alert_ins w ON w.tenant_id = a.tenant_id AND w.subject_hash = a.subject_hash
+        AND w.signal_type = a.signal_type
+    WHERE a.alert_customer
+), alert_sent AS (
+    INSERT INTO alerts (tenant_id, subject_hash, signal_type, event_id, sent_at)
+    SELECT tenant_id, subject_hash, signal_type, event_id, now FROM alert_of WHERE ours
+    ON CONFLICT DO NOTHING
+)"#,
+            written: "EXISTS (SELECT 1 FROM alert_ins w WHERE w.tenant_id = a.tenant_id
+            AND w.subject_hash = a.subject_hash AND w.signal_type = a.signal_type
+            AND w.event_id = a.event_id)",
+            outcome: "SELECT i, ours FROM alert_of",
+        },
+        ActionKind::Callback => return None,
+    })
+}
+
+/// The local actions with their SQL, in [`ActionKind::LOCAL`] order.
+fn effects() -> impl Iterator<Item = (ActionKind, Effect)> {
+    ActionKind::LOCAL
+        .into_iter()
+        .filter_map(|action| effect(action).map(|sql| (action, sql)))
+}
+
+/// `template` with `{effects}` (every action's CTEs), `{effects_written}` (the `expected`
+/// conditions) and `{effects_outcomes}` (the reported rows) filled in.
+pub(super) fn assemble(template: &str) -> String {
+    let ctes: String = effects().map(|(_, e)| e.ctes).collect();
+    let written: Vec<String> = effects()
+        .map(|(action, e)| format!("(NOT a.{} OR {})", action.as_str(), e.written))
+        .collect();
+    let outcomes: String = effects()
+        .map(|(action, e)| {
+            format!(
+                "UNION ALL SELECT '{}', o.* FROM ({}) AS o\n",
+                action.as_str(),
+                e.outcome
+            )
+        })
+        .collect();
+    template
+        .replacen("{effects}", &ctes, 1)
+        .replacen("{effects_written}", &written.join("\n        AND "), 1)
+        .replacen("{effects_outcomes}", &outcomes, 1)
+}
