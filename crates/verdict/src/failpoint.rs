@@ -57,8 +57,8 @@ impl From<Option<String>> for Injected {
 
 /// The failpoint after an action, named `act::after_<action>`.
 #[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
-pub(crate) fn after_action(action: crate::actions::ActionKind) -> &'static str {
-    use crate::actions::ActionKind;
+pub(crate) fn after_action(action: crate::domain::ActionKind) -> &'static str {
+    use crate::domain::ActionKind;
     match action {
         ActionKind::LockAccount => "act::after_lock_account",
         ActionKind::OpenCase => "act::after_open_case",

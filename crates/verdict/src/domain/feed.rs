@@ -68,7 +68,7 @@ pub const RISC_CREDENTIAL_COMPROMISE: &str =
 /// The type a feed event no signal type maps to is stored under.
 pub const UNMAPPED_TYPE: &str = "unmapped";
 /// The decision such an event records: it decided nothing.
-pub const IGNORED_DECISION: &str = "ignored";
+pub const IGNORED_DECISION: &str = super::Decision::Ignored.as_str();
 
 #[cfg(test)]
 mod tests {

@@ -45,7 +45,7 @@ pub struct EventView {
     decision: String,
     playbook_version: i64,
     rule: String,
-    #[schema(value_type = Vec<crate::actions::ActionResult>)]
+    #[schema(value_type = Vec<crate::domain::ActionResult>)]
     actions: Value,
     created_at: String,
     /// The feed it came in through: `signals`, `set` (a Security Event Token) or `camara`.

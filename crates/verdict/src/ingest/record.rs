@@ -5,8 +5,8 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::{Decided, DecisionRecord, Inbound};
-use crate::actions::{ActionKind, ActionResult, Applied, Outcome};
 use crate::clock::{now_ms, to_ms};
+use crate::domain::{ActionKind, ActionResult, Applied, Outcome};
 use crate::secrets::hex;
 use crate::store::{ActOutcome, ActionTarget, Finished, NewEvent, StoredResponse};
 

@@ -12,7 +12,7 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use super::{Decision, Observation, Playbook, SubjectFacts};
-use crate::actions::ActionKind;
+use crate::domain::ActionKind;
 use crate::signal::SignalType;
 use crate::store::{EventRecord, Store, StoreError};
 

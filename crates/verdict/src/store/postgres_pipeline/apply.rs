@@ -8,7 +8,7 @@ use sqlx::Row as _;
 use super::inputs::{ActIn, ClaimIn};
 use super::params::{Int8, Param, Rows, bind_all, render};
 use super::{Found, index, kind_name};
-use crate::actions::ActionKind;
+use crate::domain::ActionKind;
 use crate::store::rows::OutboxRow;
 use crate::store::{Batch, NewEvent, StoreError, StoredResponse};
 
@@ -331,7 +331,7 @@ pub(in crate::store) async fn apply(
                     .into_iter()
                     .map(kind_name)
                     .find(|name| *name == kind)
-                    .ok_or_else(|| StoreError::Corrupt(format!("unknown effect {kind}")))?;
+                    .ok_or_else(|| StoreError::Corrupt(format!("unknown effect {kind}").into()))?;
                 found.effects.insert((kind, i), ours);
             }
         }

@@ -11,7 +11,7 @@ use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 use uuid::Uuid;
 
 use super::{SqliteStore, execute_pushed, insert_claims, push_keys, record_attempts};
-use crate::actions::{ActionKind, Applied};
+use crate::domain::{ActionKind, Applied};
 use crate::failpoint::failpoint;
 use crate::store::actions::OncePerKey;
 use crate::store::pipeline::{batch_result, live_acts};

@@ -1,0 +1,56 @@
+//! What verdict decides about a signal.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// What verdict decides about a signal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Decision {
+    Allow,
+    StepUp,
+    Deny,
+    /// What a feed event no signal type maps to records: it decided nothing. No rule decides
+    /// it, so a playbook cannot name it.
+    #[serde(skip_deserializing)]
+    Ignored,
+}
+
+impl Decision {
+    /// Every decision.
+    pub const ALL: [Self; 4] = [Self::Allow, Self::StepUp, Self::Deny, Self::Ignored];
+
+    /// The wire (and stored) name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Allow => "allow",
+            Self::StepUp => "step_up",
+            Self::Deny => "deny",
+            Self::Ignored => "ignored",
+        }
+    }
+}
+
+impl fmt::Display for Decision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A name that is no decision's.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is not a decision")]
+pub struct UnknownDecision(pub String);
+
+impl FromStr for Decision {
+    type Err = UnknownDecision;
+
+    fn from_str(s: &str) -> Result<Self, UnknownDecision> {
+        Self::ALL
+            .into_iter()
+            .find(|decision| decision.as_str() == s)
+            .ok_or_else(|| UnknownDecision(s.to_owned()))
+    }
+}

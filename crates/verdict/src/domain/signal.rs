@@ -1,0 +1,51 @@
+//! The kinds of identity-risk signal.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// The kinds of identity-risk signal verdict understands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SignalType {
+    SimSwap,
+    PortOut,
+    CredentialBreach,
+}
+
+impl SignalType {
+    /// Every signal type.
+    pub const ALL: [Self; 3] = [Self::SimSwap, Self::PortOut, Self::CredentialBreach];
+
+    /// The wire name, as stored and sent in callbacks.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::SimSwap => "sim_swap",
+            Self::PortOut => "port_out",
+            Self::CredentialBreach => "credential_breach",
+        }
+    }
+}
+
+impl fmt::Display for SignalType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A name that is no signal type's.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is not a signal type")]
+pub struct UnknownSignalType(pub String);
+
+impl FromStr for SignalType {
+    type Err = UnknownSignalType;
+
+    fn from_str(s: &str) -> Result<Self, UnknownSignalType> {
+        Self::ALL
+            .into_iter()
+            .find(|kind| kind.as_str() == s)
+            .ok_or_else(|| UnknownSignalType(s.to_owned()))
+    }
+}
