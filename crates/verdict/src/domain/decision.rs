@@ -44,6 +44,15 @@ impl fmt::Display for Decision {
 #[error("`{0}` is not a decision")]
 pub struct UnknownDecision(pub String);
 
+/// Decodes the stored name (for `sqlx::FromRow`).
+impl TryFrom<String> for Decision {
+    type Error = UnknownDecision;
+
+    fn try_from(name: String) -> Result<Self, UnknownDecision> {
+        name.parse()
+    }
+}
+
 impl FromStr for Decision {
     type Err = UnknownDecision;
 

@@ -49,6 +49,15 @@ impl fmt::Display for Feed {
 #[error("not a feed name")]
 pub struct UnknownFeed;
 
+/// Decodes the stored name (for `sqlx::FromRow`).
+impl TryFrom<String> for Feed {
+    type Error = UnknownFeed;
+
+    fn try_from(name: String) -> Result<Self, UnknownFeed> {
+        name.parse()
+    }
+}
+
 impl FromStr for Feed {
     type Err = UnknownFeed;
 

@@ -39,6 +39,15 @@ impl fmt::Display for SignalType {
 #[error("`{0}` is not a signal type")]
 pub struct UnknownSignalType(pub String);
 
+/// Decodes the stored name (for `sqlx::FromRow`).
+impl TryFrom<String> for SignalType {
+    type Error = UnknownSignalType;
+
+    fn try_from(name: String) -> Result<Self, UnknownSignalType> {
+        name.parse()
+    }
+}
+
 impl FromStr for SignalType {
     type Err = UnknownSignalType;
 

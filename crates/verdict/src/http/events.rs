@@ -104,12 +104,12 @@ impl From<EventRecord> for EventView {
             observed_at: rfc3339(e.observed_at),
             attributes: parse_json(&e.attributes),
             metadata: parse_json(&e.metadata),
-            decision: e.decision,
+            decision: e.decision.as_str().to_owned(),
             playbook_version: e.playbook_version,
             rule: e.rule,
             actions: parse_json(&e.actions),
             created_at: rfc3339(e.created_at),
-            feed: e.feed,
+            feed: e.feed.as_str().to_owned(),
             deliveries: None,
         }
     }
