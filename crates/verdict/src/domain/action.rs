@@ -127,3 +127,20 @@ impl From<Applied> for Outcome {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_action_reads_back_from_its_name() {
+        for value in ActionKind::ALL {
+            assert_eq!(value.as_str().parse::<ActionKind>(), Ok(value));
+            assert_eq!(
+                serde_json::to_value(value).unwrap(),
+                serde_json::Value::from(value.as_str())
+            );
+        }
+        assert!("nope".parse::<ActionKind>().is_err());
+    }
+}

@@ -63,3 +63,26 @@ impl FromStr for Decision {
             .ok_or_else(|| UnknownDecision(s.to_owned()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_decision_reads_back_from_its_name() {
+        for value in Decision::ALL {
+            assert_eq!(value.as_str().parse::<Decision>(), Ok(value));
+            assert_eq!(
+                serde_json::to_value(value).unwrap(),
+                serde_json::Value::from(value.as_str())
+            );
+        }
+        assert!("nope".parse::<Decision>().is_err());
+    }
+
+    #[test]
+    fn a_playbook_cannot_name_the_ignored_decision() {
+        assert!(serde_json::from_str::<Decision>(r#""ignored""#).is_err());
+        assert_eq!(crate::domain::IGNORED_DECISION, "ignored");
+    }
+}

@@ -42,3 +42,20 @@ impl FromStr for KeyState {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("unknown key state `{0}`")]
 pub struct UnknownKeyState(pub String);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_state_reads_back_from_its_name() {
+        for state in [
+            KeyState::InFlight,
+            KeyState::Dispatched,
+            KeyState::Completed,
+        ] {
+            assert_eq!(state.as_str().parse::<KeyState>(), Ok(state));
+        }
+        assert!("nope".parse::<KeyState>().is_err());
+    }
+}

@@ -58,3 +58,20 @@ impl FromStr for SignalType {
             .ok_or_else(|| UnknownSignalType(s.to_owned()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_signal_type_reads_back_from_its_name() {
+        for value in SignalType::ALL {
+            assert_eq!(value.as_str().parse::<SignalType>(), Ok(value));
+            assert_eq!(
+                serde_json::to_value(value).unwrap(),
+                serde_json::Value::from(value.as_str())
+            );
+        }
+        assert!("nope".parse::<SignalType>().is_err());
+    }
+}
