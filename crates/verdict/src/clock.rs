@@ -2,12 +2,19 @@
 
 use time::OffsetDateTime;
 
+use crate::domain::UnixMillis;
+
+/// Now, by the wall clock.
+pub fn now() -> UnixMillis {
+    UnixMillis::now()
+}
+
 /// Milliseconds since the unix epoch, now.
 pub fn now_ms() -> i64 {
-    to_ms(OffsetDateTime::now_utc())
+    now().as_i64()
 }
 
 /// Milliseconds since the unix epoch of `t`.
 pub fn to_ms(t: OffsetDateTime) -> i64 {
-    i64::try_from(t.unix_timestamp_nanos() / 1_000_000).unwrap_or(i64::MAX)
+    UnixMillis::from(t).as_i64()
 }

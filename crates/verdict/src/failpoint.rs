@@ -57,7 +57,7 @@ impl From<Option<String>> for Injected {
 
 /// The failpoint after an action, named `act::after_<action>` after its wire name.
 #[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
-pub(crate) fn after_action(action: crate::actions::ActionKind) -> String {
+pub(crate) fn after_action(action: crate::domain::ActionKind) -> String {
     format!("act::after_{}", action.as_str())
 }
 

@@ -15,7 +15,6 @@
 //! and the console. [`problem`], [`signal`], [`secrets`] and [`destination`] import nothing
 //! above them, so any layer may use them.
 
-pub mod actions;
 pub mod app;
 pub mod cli;
 pub mod clock;

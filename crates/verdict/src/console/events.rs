@@ -107,7 +107,7 @@ pub async fn list(
                             td { a href={ "/console/events/" (e.id) } { (layout::time(e.created_at)) } }
                             td { (e.signal_type) }
                             td { (e.feed) }
-                            td { (layout::decision(&e.decision)) }
+                            td { (layout::decision(e.decision.as_str())) }
                             td { (e.rule) }
                             td { "v" (e.playbook_version) }
                         }
@@ -180,7 +180,7 @@ fn event_summary(e: &EventRecord) -> Markup {
             dt { "Subject (digest)" } dd { code { (hex(&e.subject_hash)) } }
             dt { "Observed" } dd { (layout::time(e.observed_at)) }
             dt { "Decided" } dd { (layout::time(if e.evaluated_at > 0 { e.evaluated_at } else { e.created_at })) }
-            dt { "Decision" } dd { (layout::decision(&e.decision)) }
+            dt { "Decision" } dd { (layout::decision(e.decision.as_str())) }
             dt { "Rule" } dd { (e.rule) }
             dt { "Playbook" } dd { "version " (e.playbook_version) }
             dt { "Facts evaluated" } dd { code { (e.facts) } }

@@ -181,7 +181,7 @@ impl Deliverer {
             .await
             .map_err(|e| match e {
                 tenant::TenantError::Store(s) => s,
-                other => StoreError::Corrupt(other.to_string()),
+                other => StoreError::Corrupt(Box::new(other)),
             })?;
         let attempt = match &due.callback_url {
             Some(url) => {

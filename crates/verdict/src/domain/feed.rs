@@ -49,6 +49,15 @@ impl fmt::Display for Feed {
 #[error("not a feed name")]
 pub struct UnknownFeed;
 
+/// Decodes the stored name (for `sqlx::FromRow`).
+impl TryFrom<String> for Feed {
+    type Error = UnknownFeed;
+
+    fn try_from(name: String) -> Result<Self, UnknownFeed> {
+        name.parse()
+    }
+}
+
 impl FromStr for Feed {
     type Err = UnknownFeed;
 
@@ -68,7 +77,7 @@ pub const RISC_CREDENTIAL_COMPROMISE: &str =
 /// The type a feed event no signal type maps to is stored under.
 pub const UNMAPPED_TYPE: &str = "unmapped";
 /// The decision such an event records: it decided nothing.
-pub const IGNORED_DECISION: &str = "ignored";
+pub const IGNORED_DECISION: &str = super::Decision::Ignored.as_str();
 
 #[cfg(test)]
 mod tests {

@@ -1,6 +1,18 @@
 //! The crate's vocabulary: values and names every layer shares. It imports nothing else from
 //! the crate, so any module may import it without making a cycle.
 
+pub mod action;
+pub mod decision;
+pub mod delivery;
 pub mod feed;
+pub mod key;
+pub mod signal;
+pub mod time;
 
-pub use feed::{Feed, IGNORED_DECISION, RISC_CREDENTIAL_COMPROMISE, UNMAPPED_TYPE};
+pub use action::{ActionKind, ActionResult, Applied, Outcome, UnknownAction};
+pub use decision::{Decision, UnknownDecision};
+pub use delivery::{DeliveryStatus, Next, UnknownStatus};
+pub use feed::{Feed, IGNORED_DECISION, RISC_CREDENTIAL_COMPROMISE, UNMAPPED_TYPE, UnknownFeed};
+pub use key::{KeyState, UnknownKeyState};
+pub use signal::{SignalType, UnknownSignalType};
+pub use time::UnixMillis;

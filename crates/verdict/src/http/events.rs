@@ -45,7 +45,7 @@ pub struct EventView {
     decision: String,
     playbook_version: i64,
     rule: String,
-    #[schema(value_type = Vec<crate::actions::ActionResult>)]
+    #[schema(value_type = Vec<crate::domain::ActionResult>)]
     actions: Value,
     created_at: String,
     /// The feed it came in through: `signals`, `set` (a Security Event Token) or `camara`.
@@ -104,12 +104,12 @@ impl From<EventRecord> for EventView {
             observed_at: rfc3339(e.observed_at),
             attributes: parse_json(&e.attributes),
             metadata: parse_json(&e.metadata),
-            decision: e.decision,
+            decision: e.decision.as_str().to_owned(),
             playbook_version: e.playbook_version,
             rule: e.rule,
             actions: parse_json(&e.actions),
             created_at: rfc3339(e.created_at),
-            feed: e.feed,
+            feed: e.feed.as_str().to_owned(),
             deliveries: None,
         }
     }

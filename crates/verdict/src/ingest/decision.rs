@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::actions::{ActionKind, ActionResult};
+use crate::domain::{ActionKind, ActionResult};
 use crate::playbook::{Decision, SubjectFacts};
 use crate::signal::SignalType;
 

@@ -10,8 +10,8 @@ use crate::store::{DecisionInputs, Store, StoreError};
 
 /// Most reads in one statement.
 const MAX_BATCH: usize = 64;
-/// Readers running at once.
-pub const READERS: usize = 2;
+/// Readers running at once: as many as the store's pipeline pool has connections for.
+pub use crate::store::DECISION_READERS as READERS;
 /// Reads waiting for a reader before requests wait to queue.
 const QUEUE: usize = 4096;
 

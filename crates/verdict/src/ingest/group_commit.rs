@@ -12,8 +12,8 @@ use tokio::sync::{Mutex, mpsc, oneshot};
 
 use crate::store::{Act, AttemptRecord, Batch, BatchResult, Claim, Committed, Store, StoreError};
 
-/// Most signals' work in one commit.
-pub const MAX_BATCH: usize = 64;
+/// Most signals' work in one commit: the store's limit.
+pub use crate::store::MAX_BATCH;
 /// Work waiting for a committer before requests wait to queue.
 const QUEUE: usize = 4096;
 

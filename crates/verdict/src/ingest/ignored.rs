@@ -12,7 +12,7 @@ use super::{
     Decided, Holding, Inbound, Ingest, IngestError, Mapping, Reply, record, recorded_decision,
 };
 use crate::clock::{now_ms, to_ms};
-use crate::domain::{Feed, IGNORED_DECISION, UNMAPPED_TYPE};
+use crate::domain::{Feed, UNMAPPED_TYPE};
 use crate::failpoint::failpoint;
 use crate::idempotency::{Cached, Fingerprint, IdempotencyKey, Payload};
 use crate::playbook::{Decision, SubjectFacts};
@@ -231,14 +231,14 @@ impl Ingest {
             observed_at: to_ms(ignored.observed_at),
             attributes: record::json(&ignored.attributes),
             metadata: record::json(&ignored.metadata),
-            decision: IGNORED_DECISION,
+            decision: Decision::Ignored,
             playbook_version: decided.playbook_version,
             rule: IGNORED_RULE.into(),
             actions: "[]".into(),
             created_at: now,
             evaluated_at: decided.evaluated_at,
             facts: record::json(&SubjectFacts::default()),
-            feed: ignored.feed.as_str(),
+            feed: ignored.feed,
         };
         let act = Act::new(
             Some(held.clone()),

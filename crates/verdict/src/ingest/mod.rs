@@ -695,7 +695,7 @@ fn callback_refusal(destination: &Destination, decided: &Decided) -> Option<&'st
 /// The decision a taken-over row recorded; `None` for a v1 row claimed before decisions were
 /// recorded (nothing of it was applied by this version, so deciding now is deciding once).
 fn recorded_decision(from: RecoveryPoint) -> Result<Option<Decided>, StoreError> {
-    let corrupt = |e: serde_json::Error| StoreError::Corrupt(e.to_string());
+    let corrupt = |e: serde_json::Error| StoreError::Corrupt(Box::new(e));
     Ok(match from {
         RecoveryPoint::InFlight { ruling: None } => None,
         RecoveryPoint::InFlight {

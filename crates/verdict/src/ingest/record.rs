@@ -5,8 +5,8 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::{Decided, DecisionRecord, Inbound};
-use crate::actions::{ActionKind, ActionResult, Applied, Outcome};
 use crate::clock::{now_ms, to_ms};
+use crate::domain::{ActionKind, ActionResult, Applied, Feed, Outcome};
 use crate::secrets::hex;
 use crate::store::{ActOutcome, ActionTarget, Finished, NewEvent, StoredResponse};
 
@@ -30,7 +30,7 @@ pub(super) struct Draft {
     attributes: String,
     metadata: serde_json::Map<String, serde_json::Value>,
     decided: Decided,
-    feed: &'static str,
+    feed: Feed,
     /// Why the decision's callback cannot be recorded, if it cannot.
     pub(super) callback_refusal: Option<&'static str>,
 }
@@ -51,7 +51,7 @@ impl Draft {
             attributes: json(&inbound.signal.attributes),
             metadata: inbound.signal.metadata.clone(),
             decided,
-            feed: inbound.feed.as_str(),
+            feed: inbound.feed,
             callback_refusal,
         }
     }
@@ -77,7 +77,7 @@ impl Draft {
             decision: self.decided.decision.as_str().to_owned(),
             actions: serde_json::to_value(actions).unwrap_or_default(),
             metadata: serde_json::Value::Object(self.metadata.clone()),
-            feed: self.feed.to_owned(),
+            feed: self.feed.as_str().to_owned(),
         };
         json(&envelope).into_bytes()
     }
@@ -100,7 +100,7 @@ impl Draft {
                 observed_at: self.observed_at,
                 attributes: self.attributes.clone(),
                 metadata: json(&self.metadata),
-                decision: self.decided.decision.as_str(),
+                decision: self.decided.decision,
                 playbook_version: self.decided.playbook_version,
                 rule: self.decided.rule.clone(),
                 actions,

@@ -77,13 +77,15 @@ impl Library {
         let stored = store
             .playbook_version(tenant_id, version)
             .await?
-            .ok_or_else(|| StoreError::Corrupt(format!("playbook version {version} is gone")))?;
+            .ok_or_else(|| {
+                StoreError::Corrupt(format!("playbook version {version} is gone").into())
+            })?;
         let format = Format::from_name(&stored.format).unwrap_or(Format::Toml);
         // Uploads are validated, so a stored playbook that no longer parses means the row was
         // changed behind our back: a final error, not something a retry fixes.
         let playbook = Arc::new(
             Playbook::parse_stored(&stored.source, format)
-                .map_err(|e| StoreError::Corrupt(e.to_string()))?,
+                .map_err(|e| StoreError::Corrupt(Box::new(e)))?,
         );
         self.parsed.insert((tenant_id, version), playbook.clone());
         Ok((playbook, version))

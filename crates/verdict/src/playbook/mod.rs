@@ -14,8 +14,9 @@ use serde_json::Value;
 use time::format_description::well_known::Rfc3339;
 use time::{Duration, OffsetDateTime};
 
-use crate::actions::ActionKind;
-use crate::signal::{Signal, SignalType};
+pub use crate::domain::Decision;
+use crate::domain::{ActionKind, SignalType};
+use crate::signal::Signal;
 
 mod library;
 pub mod simulation;
@@ -26,26 +27,6 @@ pub use validation::{
     MAX_ATTRIBUTE_NAME_CHARS, MAX_ATTRIBUTE_VALUES, MAX_HOURS, MAX_PLAYBOOK_BYTES,
     MAX_RULE_NAME_CHARS, MAX_RULES, MAX_SET_EVENTS,
 };
-
-/// What verdict decides about a signal.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum Decision {
-    Allow,
-    StepUp,
-    Deny,
-}
-
-impl Decision {
-    /// The wire name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Allow => "allow",
-            Self::StepUp => "step_up",
-            Self::Deny => "deny",
-        }
-    }
-}
 
 /// The source of the playbook every tenant starts with.
 pub const DEFAULT_SOURCE: &str = include_str!("../../playbooks/default.toml");

@@ -12,7 +12,7 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use super::{Decision, Observation, Playbook, SubjectFacts};
-use crate::actions::ActionKind;
+use crate::domain::ActionKind;
 use crate::signal::SignalType;
 use crate::store::{EventRecord, Store, StoreError};
 
@@ -103,7 +103,7 @@ pub async fn simulate(
                 break 'pages;
             }
             // A feed event no signal type mapped decided nothing: there is nothing to compare.
-            if event.decision == crate::domain::IGNORED_DECISION {
+            if event.decision == Decision::Ignored {
                 continue;
             }
             let stored = Stored::read(event)?;
@@ -147,7 +147,9 @@ impl Stored {
             event.evaluated_at
         };
         Ok(Self {
-            signal_type: serde_json::from_value(Value::String(event.signal_type.clone()))
+            signal_type: event
+                .signal_type
+                .parse()
                 .map_err(|_| bad("unknown signal type"))?,
             observed_at: at(event.observed_at)?,
             attributes: serde_json::from_str(&event.attributes)
@@ -155,8 +157,7 @@ impl Stored {
             facts: serde_json::from_str(&event.facts).map_err(|_| bad("facts are not JSON"))?,
             evaluated_at: at(evaluated_ms)?,
             actual: Outcome {
-                decision: serde_json::from_value(Value::String(event.decision.clone()))
-                    .map_err(|_| bad("unknown decision"))?,
+                decision: event.decision,
                 rule: event.rule.clone(),
                 actions: serde_json::from_str::<Vec<StoredAction>>(&event.actions)
                     .map_err(|_| bad("actions are not a list of action results"))?
@@ -285,6 +286,7 @@ fn summarise(events: Vec<Comparison>, inexact: usize) -> Simulation {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::Feed;
     use crate::playbook::Format;
 
     fn event(
@@ -302,14 +304,14 @@ mod tests {
             observed_at: now - age_hours * 3_600_000,
             attributes: r#"{"carrier":"x"}"#.into(),
             metadata: "{}".into(),
-            decision: decision.into(),
+            decision: decision.parse().unwrap(),
             playbook_version: 1,
             rule: rule.into(),
             actions: actions.into(),
             created_at: now,
             evaluated_at: now,
             facts: facts.into(),
-            feed: "signals".into(),
+            feed: Feed::Signals,
         }
     }
 

@@ -2,32 +2,13 @@
 
 pub(crate) mod strict_json;
 
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::{Map, Value};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
+pub use crate::domain::SignalType;
 use crate::secrets::Keyring;
-
-/// The kinds of identity-risk signal verdict understands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum SignalType {
-    SimSwap,
-    PortOut,
-    CredentialBreach,
-}
-
-impl SignalType {
-    /// The wire name, as stored and sent in callbacks.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::SimSwap => "sim_swap",
-            Self::PortOut => "port_out",
-            Self::CredentialBreach => "credential_breach",
-        }
-    }
-}
 
 /// Who the signal is about. Held only in memory: storage sees a keyed digest.
 #[derive(Clone, PartialEq, Eq)]

@@ -67,7 +67,7 @@ impl FromStr for Scope {
 pub struct NewApiKey {
     pub id: Uuid,
     pub tenant_id: Uuid,
-    /// SHA-256 of the key ([`crate::secrets::api_key_hash`]); the key itself is never stored.
+    /// SHA-256 of the key (as the secrets module hashes it); the key itself is never stored.
     pub key_hash: [u8; 32],
     pub scope: Scope,
     pub created_at: i64,
@@ -116,7 +116,7 @@ pub trait ApiKeyStore {
 /// Decodes a stored scope.
 pub(crate) fn stored_scope(name: &str) -> Result<Scope, StoreError> {
     name.parse()
-        .map_err(|_| StoreError::Corrupt(format!("unknown API key scope {name:?}")))
+        .map_err(|_| StoreError::Corrupt(format!("unknown API key scope {name:?}").into()))
 }
 
 /// A [`KeyGrant`] as read: the tenant's columns beside the key's.

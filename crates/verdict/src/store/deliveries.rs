@@ -50,7 +50,7 @@ pub struct AttemptRecord {
     pub latency_ms: i64,
     pub error: Option<String>,
     pub response_excerpt: Option<Vec<u8>>,
-    pub next: crate::delivery::schedule::Next,
+    pub next: crate::domain::Next,
 }
 
 /// An attempt as read back.
@@ -72,7 +72,7 @@ pub struct DeliveryRecord {
     pub event_id: Uuid,
     pub webhook_id: String,
     #[sqlx(try_from = "String")]
-    pub status: crate::delivery::DeliveryStatus,
+    pub status: crate::domain::DeliveryStatus,
     pub attempts: i64,
     pub next_attempt_at: i64,
     pub last_error: Option<String>,
@@ -119,7 +119,7 @@ pub trait DeliveryStore {
     async fn deliveries(
         &self,
         tenant_id: Uuid,
-        status: Option<crate::delivery::DeliveryStatus>,
+        status: Option<crate::domain::DeliveryStatus>,
         before: Option<Uuid>,
         limit: i64,
     ) -> Result<Vec<DeliveryRecord>, StoreError>;
@@ -334,7 +334,7 @@ macro_rules! deliveries_sql {
                 // The tenants to skip as a JSON array of UUID strings: one parameter, whatever
                 // their number, that both databases can read as a set.
                 let skip = serde_json::to_string(skip)
-                    .map_err(|e| $crate::store::StoreError::Corrupt(e.to_string()))?;
+                    .map_err(|e| $crate::store::StoreError::Corrupt(Box::new(e)))?;
                 Ok(sqlx::query_as($lease_due)
                     .bind(now)
                     .bind(lease_until)
@@ -407,7 +407,7 @@ macro_rules! deliveries_sql {
             async fn deliveries(
                 &self,
                 tenant_id: uuid::Uuid,
-                status: Option<$crate::delivery::DeliveryStatus>,
+                status: Option<$crate::domain::DeliveryStatus>,
                 before: Option<uuid::Uuid>,
                 limit: i64,
             ) -> Result<Vec<$crate::store::DeliveryRecord>, $crate::store::StoreError> {

@@ -4,18 +4,20 @@ use async_trait::async_trait;
 use uuid::Uuid;
 
 use super::StoreError;
+use crate::domain::{Decision, Feed};
 
 /// An event (the signal without raw identifiers, and its decision) to persist.
 #[derive(Clone, Debug)]
 pub struct NewEvent {
     pub id: Uuid,
     pub tenant_id: Uuid,
+    /// The signal type's name, or `unmapped` for a feed event no signal type maps to.
     pub signal_type: &'static str,
     pub subject_hash: Vec<u8>,
     pub observed_at: i64,
     pub attributes: String,
     pub metadata: String,
-    pub decision: &'static str,
+    pub decision: Decision,
     pub playbook_version: i64,
     pub rule: String,
     pub actions: String,
@@ -24,27 +26,30 @@ pub struct NewEvent {
     pub evaluated_at: i64,
     /// The subject facts it evaluated (JSON).
     pub facts: String,
-    /// The feed it came in through: `signals`, `set` or `camara`.
-    pub feed: &'static str,
+    /// The feed it came in through.
+    pub feed: Feed,
 }
 
 /// An event as read back.
 #[derive(Clone, Debug, sqlx::FromRow)]
 pub struct EventRecord {
     pub id: Uuid,
+    /// The signal type's name, or `unmapped` for a feed event no signal type maps to.
     pub signal_type: String,
     pub subject_hash: Vec<u8>,
     pub observed_at: i64,
     pub attributes: String,
     pub metadata: String,
-    pub decision: String,
+    #[sqlx(try_from = "String")]
+    pub decision: Decision,
     pub playbook_version: i64,
     pub rule: String,
     pub actions: String,
     pub created_at: i64,
     pub evaluated_at: i64,
     pub facts: String,
-    pub feed: String,
+    #[sqlx(try_from = "String")]
+    pub feed: Feed,
 }
 
 /// The columns of [`EventRecord`].

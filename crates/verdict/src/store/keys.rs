@@ -4,48 +4,11 @@
 //! The fast path, a fresh key, is a row of the group commit's multi-row insert
 //! ([`super::pipeline`]).
 
-use std::str::FromStr;
-
 use async_trait::async_trait;
 use uuid::Uuid;
 
 use super::StoreError;
-
-/// Where a key stands; the recovery points of the pipeline.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum KeyState {
-    /// Claimed; the decision is recorded on the row, and no effect of it is stored yet.
-    InFlight,
-    /// Effects recorded but not the response: written only by v1 of the pipeline, which
-    /// committed effects before the event. Resumed with the decision it recorded.
-    Dispatched,
-    /// Effects, outbox row, event and response stored together: replayed until expiry.
-    Completed,
-}
-
-impl KeyState {
-    /// The stored name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::InFlight => "in_flight",
-            Self::Dispatched => "dispatched",
-            Self::Completed => "completed",
-        }
-    }
-}
-
-impl FromStr for KeyState {
-    type Err = StoreError;
-
-    fn from_str(s: &str) -> Result<Self, StoreError> {
-        match s {
-            "in_flight" => Ok(Self::InFlight),
-            "dispatched" => Ok(Self::Dispatched),
-            "completed" => Ok(Self::Completed),
-            other => Err(StoreError::Corrupt(format!("unknown key state `{other}`"))),
-        }
-    }
-}
+pub use crate::domain::KeyState;
 
 /// The primary key of an idempotency row.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -146,7 +109,10 @@ pub fn judge(row: ExistingKey, fingerprint: &[u8], now: i64) -> Result<Judgement
     if row.fingerprint != fingerprint {
         return Ok(Judgement::Final(ClaimOutcome::Mismatch));
     }
-    let state: KeyState = row.state.parse()?;
+    let state: KeyState = row
+        .state
+        .parse()
+        .map_err(|e| StoreError::Corrupt(Box::new(e)))?;
     Ok(match state {
         KeyState::Completed => {
             let (Some(status), Some(body)) = (row.response_status, row.response_body) else {

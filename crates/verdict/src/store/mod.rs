@@ -63,6 +63,14 @@ pub use pipeline::{
 pub use playbooks::{DecisionInputs, PlaybookStore, StoredPlaybook};
 pub use tenants::{NewTenant, SealedSecret, SecretPurpose, TenantRecord, TenantStore};
 
+/// The store's limits, which the callers above it size their work by.
+///
+/// Most signals' work in one group commit ([`PipelineStore`]): the pipeline's statements are
+/// prepared in one shape per batch size up to this.
+pub const MAX_BATCH: usize = 64;
+/// Decision readers running at once: each holds a connection of the pipeline pool.
+pub const DECISION_READERS: usize = 2;
+
 /// Errors from storage; `is_transient` tells a retry from a final failure.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -74,8 +82,9 @@ pub enum StoreError {
     Database(#[source] sqlx::Error),
     #[error("migrations failed")]
     Migrate(#[from] sqlx::migrate::MigrateError),
-    #[error("a stored record is malformed: {0}")]
-    Corrupt(String),
+    /// A stored value that does not decode; the cause says which and why.
+    #[error("a stored record is malformed")]
+    Corrupt(#[source] Box<dyn std::error::Error + Send + Sync>),
     #[error("unsupported database URL (expected sqlite://PATH or postgres://…)")]
     UnsupportedUrl,
     /// A failure of a whole group commit, reported to each request in it.

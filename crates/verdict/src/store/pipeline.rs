@@ -13,12 +13,12 @@ use async_trait::async_trait;
 use super::{
     ActionTarget, AttemptRecord, Claim, KeyRef, NewDelivery, NewEvent, StoreError, StoredResponse,
 };
-use crate::actions::{ActionKind, Applied};
+use crate::domain::{ActionKind, Applied};
 
 /// Prepared statements a connection keeps: about 16 multi-row statements or multi-statement
-/// queries, each in one shape per batch size up to [`crate::ingest::MAX_BATCH`], plus the
+/// queries, each in one shape per batch size up to [`super::MAX_BATCH`], plus the
 /// single-row ones.
-pub(crate) const STATEMENT_SHAPES: usize = 16 * crate::ingest::MAX_BATCH + 128;
+pub(crate) const STATEMENT_SHAPES: usize = 16 * super::MAX_BATCH + 128;
 
 /// A key held by the request that acts on it, and its lock token.
 #[derive(Clone, Debug)]

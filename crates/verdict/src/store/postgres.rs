@@ -29,7 +29,7 @@ const CONNECTIONS: u32 = 16;
 
 /// Connections of the pipeline pool, out of [`CONNECTIONS`]: one per committer and per
 /// decision reader.
-const PIPELINE_CONNECTIONS: u32 = COMMITTERS as u32 + crate::ingest::DECISION_READERS as u32;
+const PIPELINE_CONNECTIONS: u32 = COMMITTERS as u32 + super::DECISION_READERS as u32;
 
 /// Connections of the main pool: the rest.
 const MAIN_CONNECTIONS: u32 = CONNECTIONS - PIPELINE_CONNECTIONS;
@@ -309,7 +309,7 @@ impl super::PipelineStore for PostgresStore {
 /// leave the same thing, nothing of the batch, which is before the statement is sent. Tests
 /// stop the production path this way instead of forcing the transaction's.
 async fn stop_before_one_statement(batch: &super::Batch) -> Result<(), StoreError> {
-    use crate::actions::ActionKind;
+    use crate::domain::ActionKind;
     use crate::failpoint::failpoint;
     for action in ActionKind::LOCAL {
         if batch.acts.iter().any(|a| a.effects.contains(&action)) {
@@ -330,7 +330,7 @@ impl PostgresStore {
         batch: &super::Batch,
     ) -> Result<super::BatchResult, StoreError> {
         use super::postgres_pipeline as fused;
-        use crate::actions::ActionKind;
+        use crate::domain::ActionKind;
         use crate::failpoint::failpoint;
         let mut tx = begin_on(&self.pipeline, "BEGIN").await?;
         let found = fused::apply(&mut tx, batch, fused::APPLY.as_str()).await?;

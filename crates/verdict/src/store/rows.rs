@@ -12,7 +12,7 @@ use sqlx::Sqlite;
 use uuid::Uuid;
 
 use super::{NewDelivery, NewEvent};
-use crate::actions::ActionKind;
+use crate::domain::ActionKind;
 use crate::store::ActionTarget;
 
 /// One column of a row type `R`: its name and how to read its value from a row. The variant is
@@ -119,14 +119,14 @@ impl Row for NewEvent {
             Col::Int8("observed_at", |e| e.observed_at),
             Col::Text("attributes", |e| e.attributes.clone()),
             Col::Text("metadata", |e| e.metadata.clone()),
-            Col::Str("decision", |e| e.decision),
+            Col::Str("decision", |e| e.decision.as_str()),
             Col::Int8("playbook_version", |e| e.playbook_version),
             Col::Text("rule", |e| e.rule.clone()),
             Col::Text("actions", |e| e.actions.clone()),
             Col::Int8("created_at", |e| e.created_at),
             Col::Int8("evaluated_at", |e| e.evaluated_at),
             Col::Text("facts", |e| e.facts.clone()),
-            Col::Str("feed", |e| e.feed),
+            Col::Str("feed", |e| e.feed.as_str()),
         ]
     }
 }

@@ -8,7 +8,7 @@ use sqlx::Row as _;
 use super::inputs::{ActIn, ClaimIn};
 use super::params::{Int8, Param, Rows, bind_all, render};
 use super::{Found, effects, index};
-use crate::actions::ActionKind;
+use crate::domain::ActionKind;
 use crate::store::rows::OutboxRow;
 use crate::store::{Batch, NewEvent, StoreError, StoredResponse};
 
@@ -238,7 +238,7 @@ pub(in crate::store) async fn apply(
                 let kind = ActionKind::LOCAL
                     .into_iter()
                     .find(|action| action.as_str() == kind)
-                    .ok_or_else(|| StoreError::Corrupt(format!("unknown effect {kind}")))?;
+                    .ok_or_else(|| StoreError::Corrupt(format!("unknown effect {kind}").into()))?;
                 found.effects.insert((kind, i), ours);
             }
         }

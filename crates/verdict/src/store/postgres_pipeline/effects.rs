@@ -4,7 +4,7 @@
 //! query that reports, per act, whether the effect is the act's own. A new action is one arm
 //! of [`effect`]; the statement is assembled from every [`ActionKind::LOCAL`].
 
-use crate::actions::ActionKind;
+use crate::domain::ActionKind;
 
 /// One action's SQL in [`super::apply::APPLY`].
 pub(super) struct Effect {

@@ -5,7 +5,7 @@
 use uuid::Uuid;
 
 use super::index;
-use crate::actions::ActionKind;
+use crate::domain::ActionKind;
 use crate::store::rows::{Col, Row};
 use crate::store::{Act, AttemptRecord, Batch, Claim, HeldKey, StoredResponse};
 

@@ -40,7 +40,7 @@ use std::collections::{HashMap, HashSet};
 
 use super::pipeline::{ActOutcome, Finished, batch_result, live_acts};
 use super::{Batch, BatchResult, NewDelivery, StoreError};
-use crate::actions::{ActionKind, Applied};
+use crate::domain::{ActionKind, Applied};
 
 /// Whether `batch` may run [`APPLY_ALONE`], committed as it ends: not when an attempt's
 /// record disables its endpoint (one more statement).

@@ -8,7 +8,7 @@ use sqlx::Row as _;
 
 use super::index;
 use super::params::{Param, Rows, bind_all, render};
-use crate::actions::Applied;
+use crate::domain::Applied;
 use crate::store::pipeline::ActOutcome;
 use crate::store::rows::OutboxRow;
 use crate::store::{Batch, NewDelivery, StoreError};

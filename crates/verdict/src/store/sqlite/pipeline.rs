@@ -12,7 +12,7 @@ use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 use uuid::Uuid;
 
 use super::{SqliteStore, execute_pushed, insert_claims, push_keys, record_attempts};
-use crate::actions::{ActionKind, Applied};
+use crate::domain::{ActionKind, Applied};
 use crate::failpoint::failpoint;
 use crate::store::pipeline::{batch_result, live_acts};
 use crate::store::rows::{OutboxRow, push_values};

@@ -1,6 +1,8 @@
 //! The side effects a decision can ask for. Each is idempotent on its own, so a client that
 //! sends no key, or sends the same signal under several keys, still causes each effect once.
 
+use std::str::FromStr;
+
 use serde::{Deserialize, Serialize};
 
 /// A side effect a rule asks for.
@@ -22,6 +24,16 @@ pub enum ActionKind {
 }
 
 impl ActionKind {
+    /// Every action.
+    pub const ALL: [ActionKind; 6] = [
+        Self::LockAccount,
+        Self::OpenCase,
+        Self::AlertCustomer,
+        Self::ChargeStepUp,
+        Self::Deny,
+        Self::Callback,
+    ];
+
     /// The actions written to local tables, in the order a batch applies them.
     pub const LOCAL: [ActionKind; 5] = [
         Self::LockAccount,
@@ -41,6 +53,22 @@ impl ActionKind {
             Self::Deny => "deny",
             Self::Callback => "callback",
         }
+    }
+}
+
+/// A name that is no action's.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is not an action")]
+pub struct UnknownAction(pub String);
+
+impl FromStr for ActionKind {
+    type Err = UnknownAction;
+
+    fn from_str(s: &str) -> Result<Self, UnknownAction> {
+        Self::ALL
+            .into_iter()
+            .find(|kind| kind.as_str() == s)
+            .ok_or_else(|| UnknownAction(s.to_owned()))
     }
 }
 
@@ -97,5 +125,22 @@ impl From<Applied> for Outcome {
             Applied::Done => Outcome::Done,
             Applied::AlreadyDone => Outcome::AlreadyDone,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_action_reads_back_from_its_name() {
+        for value in ActionKind::ALL {
+            assert_eq!(value.as_str().parse::<ActionKind>(), Ok(value));
+            assert_eq!(
+                serde_json::to_value(value).unwrap(),
+                serde_json::Value::from(value.as_str())
+            );
+        }
+        assert!("nope".parse::<ActionKind>().is_err());
     }
 }

@@ -1,0 +1,39 @@
+//! Wall-clock instants as the store keeps them: unix milliseconds.
+
+use std::fmt;
+
+use time::OffsetDateTime;
+
+/// Milliseconds since the unix epoch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct UnixMillis(i64);
+
+impl UnixMillis {
+    /// The instant `ms` milliseconds after the epoch.
+    pub const fn new(ms: i64) -> Self {
+        Self(ms)
+    }
+
+    /// Now, by the wall clock.
+    pub fn now() -> Self {
+        Self::from(OffsetDateTime::now_utc())
+    }
+
+    /// The milliseconds, as stored.
+    pub const fn as_i64(self) -> i64 {
+        self.0
+    }
+}
+
+impl From<OffsetDateTime> for UnixMillis {
+    /// Saturates past the year 292 million.
+    fn from(t: OffsetDateTime) -> Self {
+        Self(i64::try_from(t.unix_timestamp_nanos() / 1_000_000).unwrap_or(i64::MAX))
+    }
+}
+
+impl fmt::Display for UnixMillis {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}ms", self.0)
+    }
+}
