@@ -42,7 +42,8 @@ use crate::secrets::Keyring;
 use crate::signal::{Signal, Subject, subject_digest};
 use crate::store::{
     Act, ActionTarget, CallbackDraft, Claim, ClaimOutcome, DecisionInputs, DueDelivery, HeldKey,
-    KeyRef, RecoveryPoint, Store, StoreError, StoredResponse, TenantRecord,
+    KeyRef, KeyStore, PipelineStore, PlaybookStore, RecoveryPoint, StoreError, StoredResponse,
+    TenantRecord,
 };
 
 pub use decision::{Decided, DecisionRecord, Mapping};
@@ -196,9 +197,15 @@ struct Holding {
 /// 30 s between a termination signal and a kill.
 const DRAIN_LIMIT: std::time::Duration = std::time::Duration::from_secs(15);
 
+/// What the pipeline reads and writes: idempotency keys, playbooks and what a decision reads,
+/// and the group commit.
+pub trait IngestStore: KeyStore + PlaybookStore + PipelineStore + Send + Sync {}
+
+impl<T: ?Sized + KeyStore + PlaybookStore + PipelineStore + Send + Sync> IngestStore for T {}
+
 /// The pipeline and what it needs.
 pub struct Ingest {
-    store: Arc<dyn Store>,
+    store: Arc<dyn IngestStore>,
     keys: Arc<Keyring>,
     settings: IngestSettings,
     playbooks: Library,
@@ -212,15 +219,21 @@ pub struct Ingest {
 }
 
 impl Ingest {
-    /// Builds the pipeline and starts its committers (inside a Tokio runtime).
+    /// Builds the pipeline and starts its `committers` group committers (inside a Tokio
+    /// runtime).
     pub fn new(
-        store: Arc<dyn Store>,
+        store: Arc<dyn IngestStore>,
+        committers: usize,
         keys: Arc<Keyring>,
         settings: IngestSettings,
         deliverer: Arc<Deliverer>,
     ) -> Self {
         Self {
-            commits: Arc::new(GroupCommit::start(store.clone(), settings.alert_window_ms)),
+            commits: Arc::new(GroupCommit::start(
+                store.clone(),
+                committers,
+                settings.alert_window_ms,
+            )),
             reads: DecisionReads::start(store.clone()),
             store,
             keys,

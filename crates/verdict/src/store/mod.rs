@@ -164,6 +164,9 @@ fn transient_database_error(db: &dyn sqlx::error::DatabaseError) -> bool {
 }
 
 /// Everything verdict stores, whichever database holds it: the sum of the aggregates.
+///
+/// The consumers' ports (each a sum of the aggregates one consumer uses, with a blanket impl
+/// beside it) are named here too, so the composition root's `Arc<dyn Store>` upcasts to each.
 #[async_trait]
 pub trait Store:
     TenantStore
@@ -176,6 +179,12 @@ pub trait Store:
     + PipelineStore
     + FeedStore
     + ActivityStore
+    + crate::tenant::TenantPort
+    + crate::delivery::DeliveryPort
+    + crate::feeds::FeedPort
+    + crate::ingest::IngestStore
+    + crate::retention::RetentionStore
+    + crate::console::ConsoleStore
     + Send
     + Sync
     + 'static

@@ -201,7 +201,7 @@ pub struct BatchResult {
 
 /// The group commit.
 #[async_trait]
-pub trait PipelineStore {
+pub trait PipelineStore: Send + Sync {
     /// Writes a batch in one transaction. An `Err` means nothing of the batch was stored.
     async fn commit(&self, batch: &Batch) -> Result<BatchResult, StoreError>;
 }
