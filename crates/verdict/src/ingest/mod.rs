@@ -641,18 +641,8 @@ impl Ingest {
             id: Uuid::now_v7(),
             webhook_id: format!("msg_{}", event_id.simple()),
             leased_until: target.now.saturating_add(crate::delivery::lease_ms()),
-            envelope: {
-                let draft = draft.clone();
-                Arc::new(move |effects| draft.envelope(effects))
-            },
         });
-        let act = Act::new(
-            None,
-            target,
-            decided.effects(),
-            callback,
-            Arc::new(move |outcome| draft.finish(outcome)),
-        );
+        let act = Act::new(None, target, decided.effects(), callback, draft);
         let act = match keying {
             Keying::None => act,
             Keying::Held(held) => Act {

@@ -57,8 +57,8 @@ pub use keys::{
     Claim, ClaimOutcome, KeyRef, KeyState, KeyStore, RecoveryPoint, StoredResponse, judge,
 };
 pub use pipeline::{
-    Act, ActOutcome, Batch, BatchResult, CallbackDraft, Committed, Envelope, Expected, Finish,
-    Finished, HeldKey, PipelineStore,
+    Act, ActOutcome, Batch, BatchResult, CallbackDraft, Committed, Expected, Finished, HeldKey,
+    PipelineStore, Render,
 };
 pub use playbooks::{DecisionInputs, PlaybookStore, StoredPlaybook};
 pub use tenants::{NewTenant, SealedSecret, SecretPurpose, TenantRecord, TenantStore};
