@@ -13,7 +13,13 @@
 
 use std::time::Duration;
 
-use crate::store::{Store, StoreError};
+use crate::store::{EventStore, KeyStore, PlaybookStore, StoreError};
+
+/// What retention deletes from: events (with their deliveries) and playbook versions, and the
+/// expired idempotency keys the pruner deletes beside them.
+pub trait RetentionStore: EventStore + PlaybookStore + KeyStore + Send + Sync {}
+
+impl<T: ?Sized + EventStore + PlaybookStore + KeyStore + Send + Sync> RetentionStore for T {}
 
 /// Playbook versions kept per tenant whatever their age.
 pub const KEEP_PLAYBOOK_VERSIONS: i64 = 50;
@@ -47,7 +53,7 @@ impl Pruned {
 /// Deletes what is past retention at `now` (unix ms), at most `max_batches` batches of each
 /// kind; a run that stops at the bound leaves the rest to the next.
 pub async fn prune(
-    store: &dyn Store,
+    store: &dyn RetentionStore,
     settings: RetentionSettings,
     now: i64,
     max_batches: usize,

@@ -21,8 +21,8 @@ use crate::feeds::set::SetReceiver;
 use crate::http;
 use crate::ingest::Ingest;
 use crate::rate_limit::RateLimits;
-use crate::retention::{self, RetentionSettings};
-use crate::store::{self, Store};
+use crate::retention::{self, RetentionSettings, RetentionStore};
+use crate::store;
 use crate::tenant::Credentials;
 
 /// Histogram buckets (seconds) for request and delivery latencies.
@@ -52,6 +52,7 @@ pub async fn serve(config: &Config, serve: ServeConfig) -> anyhow::Result<()> {
     ));
     let ingest = Arc::new(Ingest::new(
         store.clone(),
+        store.concurrent_commits(),
         keys.clone(),
         serve.ingest,
         deliverer.clone(),
@@ -152,7 +153,7 @@ const PRUNE_BATCHES_PER_TICK: usize = 20;
 
 /// Deletes expired idempotency keys and what is past retention, on a schedule.
 async fn prune(
-    store: Arc<dyn Store>,
+    store: Arc<dyn RetentionStore>,
     every: Duration,
     retention: RetentionSettings,
     stop: CancellationToken,

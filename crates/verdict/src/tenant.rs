@@ -15,9 +15,15 @@ use crate::clock::now_ms;
 use crate::destination::{CallbackUrl, UrlError};
 use crate::secrets::{Keyring, SecretsError, api_key_hash};
 use crate::store::{
-    ApiKeyRecord, KeyGrant, NewApiKey, NewTenant, Scope, SealedSecret, SecretPurpose, Store,
-    StoreError,
+    ApiKeyRecord, ApiKeyStore, KeyGrant, NewApiKey, NewTenant, Scope, SealedSecret, SecretPurpose,
+    StoreError, TenantStore,
 };
+
+/// What tenant administration and [`Credentials`] read and write: tenants, their secrets and
+/// their API keys.
+pub trait TenantPort: TenantStore + ApiKeyStore + Send + Sync {}
+
+impl<T: ?Sized + TenantStore + ApiKeyStore + Send + Sync> TenantPort for T {}
 
 /// Prefix of every API key, so leaked keys are recognisable by scanners.
 const API_KEY_PREFIX: &str = "vk_";
@@ -114,7 +120,7 @@ fn new_api_key(tenant_id: Uuid, scope: Scope) -> (String, NewApiKey) {
 
 /// Creates a tenant with a fresh admin API key, inbound signing secret and webhook secret.
 pub async fn create(
-    store: &dyn Store,
+    store: &dyn TenantPort,
     keys: &Keyring,
     spec: TenantSpec,
 ) -> Result<CreatedTenant, TenantError> {
@@ -168,7 +174,7 @@ impl std::fmt::Debug for IssuedKey {
 
 /// Issues a new API key of `scope` to a tenant.
 pub async fn issue_key(
-    store: &dyn Store,
+    store: &dyn TenantPort,
     tenant_id: Uuid,
     scope: Scope,
 ) -> Result<IssuedKey, TenantError> {
@@ -187,7 +193,7 @@ pub async fn issue_key(
 
 /// A tenant's keys (never the keys themselves), oldest first.
 pub async fn list_keys(
-    store: &dyn Store,
+    store: &dyn TenantPort,
     tenant_id: Uuid,
 ) -> Result<Vec<ApiKeyRecord>, TenantError> {
     store
@@ -199,7 +205,7 @@ pub async fn list_keys(
 
 /// Revokes one of a tenant's keys. Every instance refuses it within [`CREDENTIALS_TTL`].
 pub async fn revoke_key(
-    store: &dyn Store,
+    store: &dyn TenantPort,
     tenant_id: Uuid,
     key_id: Uuid,
 ) -> Result<(), TenantError> {
@@ -213,7 +219,7 @@ pub async fn revoke_key(
 /// Sets the tenant's own rate limit in requests per second, or removes it (`None`) so the
 /// server's setting applies. Every instance applies it within [`CREDENTIALS_TTL`].
 pub async fn set_rate_limit(
-    store: &dyn Store,
+    store: &dyn TenantPort,
     tenant_id: Uuid,
     per_second: Option<std::num::NonZeroU32>,
 ) -> Result<(), TenantError> {
@@ -235,7 +241,7 @@ pub fn validate_callback_url(url: &str) -> Result<(), TenantError> {
 
 /// Sets a tenant's callback URL (or removes it) and re-enables its endpoint.
 pub async fn set_callback(
-    store: &dyn Store,
+    store: &dyn TenantPort,
     tenant_id: Uuid,
     url: Option<&CallbackUrl>,
 ) -> Result<(), TenantError> {
@@ -251,7 +257,7 @@ pub async fn set_callback(
 
 /// Replaces a tenant's secret of `purpose`; the old ones stay valid for `grace_ms`.
 pub async fn rotate_secret(
-    store: &dyn Store,
+    store: &dyn TenantPort,
     keys: &Keyring,
     tenant_id: Uuid,
     purpose: SecretPurpose,
@@ -271,7 +277,7 @@ pub async fn rotate_secret(
 
 /// A tenant's secrets of one purpose that are valid now, opened, newest first.
 pub async fn live_secrets(
-    store: &dyn Store,
+    store: &dyn TenantPort,
     keys: &Keyring,
     tenant_id: Uuid,
     purpose: SecretPurpose,
@@ -285,7 +291,7 @@ pub async fn live_secrets(
 
 /// Live secrets, opened, each with when it retires.
 async fn opened_secrets(
-    store: &dyn Store,
+    store: &dyn TenantPort,
     keys: &Keyring,
     tenant_id: Uuid,
     purpose: SecretPurpose,
@@ -319,7 +325,7 @@ type Retiring = (Secret, Option<i64>);
 /// What API keys grant (tenant, scope, key id) and tenants' opened secrets, cached for at most
 /// [`CREDENTIALS_TTL`] so an authenticated request costs no database round trip.
 pub struct Credentials {
-    store: Arc<dyn Store>,
+    store: Arc<dyn TenantPort>,
     keys: Arc<Keyring>,
     grants: moka::future::Cache<[u8; 32], KeyGrant>,
     secrets: moka::future::Cache<(Uuid, SecretPurpose), Arc<Vec<Retiring>>>,
@@ -329,7 +335,7 @@ pub struct Credentials {
 
 impl Credentials {
     /// An empty cache in front of `store`.
-    pub fn new(store: Arc<dyn Store>, keys: Arc<Keyring>) -> Self {
+    pub fn new(store: Arc<dyn TenantPort>, keys: Arc<Keyring>) -> Self {
         Self {
             store,
             keys,

@@ -294,7 +294,7 @@ pub(super) async fn run_tenant(
     Ok(())
 }
 
-async fn run_key(store: &dyn store::Store, cmd: KeyCommand) -> anyhow::Result<()> {
+async fn run_key(store: &dyn tenant::TenantPort, cmd: KeyCommand) -> anyhow::Result<()> {
     match cmd {
         KeyCommand::Create {
             tenant,

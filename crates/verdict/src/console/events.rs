@@ -69,7 +69,7 @@ pub async fn list(
     };
     let before = Uuid::parse_str(&q.before).ok();
     let events = match app
-        .store
+        .console_store()
         .filtered_events(tenant.id, &filter, before, PAGE)
         .await
     {
@@ -137,12 +137,16 @@ pub async fn show(
     let Ok(id) = Uuid::parse_str(&id) else {
         return layout::refusal(StatusCode::NOT_FOUND, "No such event.");
     };
-    let event = match app.store.event(tenant.id, id).await {
+    let event = match app.console_store().event(tenant.id, id).await {
         Ok(Some(event)) => event,
         Ok(None) => return layout::refusal(StatusCode::NOT_FOUND, "No such event."),
         Err(err) => return unavailable(&err),
     };
-    let deliveries = match app.store.deliveries_for_event(tenant.id, id).await {
+    let deliveries = match app
+        .console_store()
+        .deliveries_for_event(tenant.id, id)
+        .await
+    {
         Ok(d) => d,
         Err(err) => return unavailable(&err),
     };
@@ -213,7 +217,7 @@ async fn delivery_section(
     listed: &DeliveryRecord,
 ) -> Result<Markup, crate::store::StoreError> {
     let (d, attempts) = match app
-        .store
+        .console_store()
         .delivery_with_attempts(tenant_id, listed.id)
         .await?
     {
@@ -271,7 +275,11 @@ pub async fn deliveries(
         Err(refused) => return refused.into_response(),
     };
     let status: Option<DeliveryStatus> = q.status.parse().ok();
-    let rows = match app.store.deliveries(tenant.id, status, None, PAGE).await {
+    let rows = match app
+        .console_store()
+        .deliveries(tenant.id, status, None, PAGE)
+        .await
+    {
         Ok(rows) => rows,
         Err(err) => return unavailable(&err),
     };
@@ -327,7 +335,7 @@ pub async fn redeliver(
     let Ok(id) = Uuid::parse_str(&id) else {
         return layout::refusal(StatusCode::NOT_FOUND, "No such delivery.");
     };
-    let delivery = match app.store.delivery(tenant.id, id).await {
+    let delivery = match app.console_store().delivery(tenant.id, id).await {
         Ok(Some(d)) => d,
         Ok(None) => return layout::refusal(StatusCode::NOT_FOUND, "No such delivery."),
         Err(err) => return unavailable(&err),

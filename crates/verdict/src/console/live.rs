@@ -22,7 +22,7 @@ pub async fn show(State(app): State<AppState>, operator: Operator) -> Response {
     };
     let now = now_ms();
     let since = now - MINUTES * 60_000;
-    let activity = match app.store.activity(tenant.id, since).await {
+    let activity = match app.console_store().activity(tenant.id, since).await {
         Ok(a) => a,
         Err(err) => {
             tracing::warn!(error = ?err, "console live page failed");

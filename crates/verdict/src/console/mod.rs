@@ -25,7 +25,27 @@ use subtle::ConstantTimeEq;
 use crate::app::AppState;
 use crate::problem::Problem;
 use crate::secrets::{api_key_hash, hex};
-use crate::store::{KeyGrant, Scope, TenantRecord};
+use crate::store::{
+    ActivityStore, DeliveryStore, EventStore, KeyGrant, PlaybookStore, Scope, TenantRecord,
+};
+
+/// What the console reads and writes: activity, events and their deliveries, playbooks.
+pub trait ConsoleStore:
+    ActivityStore + EventStore + DeliveryStore + PlaybookStore + Send + Sync
+{
+}
+
+impl<T: ?Sized + ActivityStore + EventStore + DeliveryStore + PlaybookStore + Send + Sync>
+    ConsoleStore for T
+{
+}
+
+impl AppState {
+    /// The console's port onto the store.
+    pub(crate) fn console_store(&self) -> &dyn ConsoleStore {
+        &*self.store
+    }
+}
 
 /// The cookie that holds the signed-in API key.
 const COOKIE: &str = "verdict_console";

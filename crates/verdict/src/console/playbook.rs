@@ -27,8 +27,11 @@ pub async fn show(
         Ok(t) => t,
         Err(refused) => return refused.into_response(),
     };
-    let current = playbook::current_source(&*app.store, tenant.id).await;
-    let history = app.store.playbook_history(tenant.id, HISTORY).await;
+    let current = playbook::current_source(app.console_store(), tenant.id).await;
+    let history = app
+        .console_store()
+        .playbook_history(tenant.id, HISTORY)
+        .await;
     let (current, history) = match (current, history) {
         (Ok(c), Ok(h)) => (c, h),
         (Err(err), _) | (_, Err(err)) => {
@@ -112,7 +115,7 @@ pub async fn check(
                 since: None,
                 limit: simulation::DEFAULT_SIMULATED_EVENTS,
             };
-            match simulation::simulate(&*app.store, tenant.id, &candidate, window).await {
+            match simulation::simulate(app.console_store(), tenant.id, &candidate, window).await {
                 Ok(result) => html! {
                     p.notice role="status" { "The playbook is valid." }
                     (summary(&result))
@@ -151,7 +154,7 @@ pub async fn publish(
         Ok(t) => t,
         Err(refused) => return refused.into_response(),
     };
-    match playbook::upload(&*app.store, tenant.id, &form.source, form.format()).await {
+    match playbook::upload(app.console_store(), tenant.id, &form.source, form.format()).await {
         Ok(version) => {
             tracing::info!(tenant_id = %tenant.id, version, "playbook published from the console");
             let done: String = url::form_urlencoded::byte_serialize(

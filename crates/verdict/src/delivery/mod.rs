@@ -19,7 +19,9 @@ use uuid::Uuid;
 use crate::clock::now_ms;
 use crate::destination;
 use crate::secrets::Keyring;
-use crate::store::{AttemptRecord, DueDelivery, Redelivery, SecretPurpose, Store, StoreError};
+use crate::store::{
+    AttemptRecord, DeliveryStore, DueDelivery, Redelivery, SecretPurpose, StoreError,
+};
 use crate::tenant;
 use attempt::Outgoing;
 use schedule::Trigger;
@@ -108,10 +110,16 @@ pub enum Redelivered {
     Unavailable,
 }
 
+/// What delivery reads and writes: the outbox and its attempts, and the tenants' webhook
+/// secrets (through [`tenant::Credentials`]).
+pub trait DeliveryPort: DeliveryStore + tenant::TenantPort {}
+
+impl<T: ?Sized + DeliveryStore + tenant::TenantPort> DeliveryPort for T {}
+
 /// Makes and records delivery attempts.
 pub struct Deliverer {
     client: reqwest::Client,
-    store: Arc<dyn Store>,
+    store: Arc<dyn DeliveryPort>,
     /// Webhook secrets, opened and cached for at most 5 s (a rotation applies within that).
     credentials: tenant::Credentials,
     settings: DeliverySettings,
@@ -122,7 +130,7 @@ impl Deliverer {
     /// settings (they decide what it lets through). A client that cannot be built this way is
     /// an error: there is no unguarded fallback.
     pub fn new(
-        store: Arc<dyn Store>,
+        store: Arc<dyn DeliveryPort>,
         keys: Arc<Keyring>,
         settings: DeliverySettings,
     ) -> Result<Self, ClientError> {

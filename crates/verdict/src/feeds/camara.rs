@@ -15,7 +15,7 @@ use super::{natural_key, object};
 use crate::idempotency::IdempotencyKey;
 use crate::secrets::Keyring;
 use crate::signal::{MAX_OBSERVED_AHEAD, Signal, SignalType, Subject, strict_json, validate_phone};
-use crate::store::{Store, StoreError};
+use crate::store::{FeedStore, StoreError};
 
 /// The event type of a SIM swap.
 pub const SWAPPED: &str = "org.camaraproject.sim-swap-subscriptions.v0.swapped";
@@ -119,7 +119,7 @@ pub enum SwapError {
 /// the phone registered for its subscription; a lifecycle event is acknowledged (logged and
 /// counted) and decides nothing (`None`).
 pub async fn signal(
-    store: &dyn Store,
+    store: &(dyn FeedStore + Send + Sync),
     keys: &Keyring,
     tenant_id: Uuid,
     notification: Notification,

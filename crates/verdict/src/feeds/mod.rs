@@ -20,7 +20,13 @@ use crate::destination::{DestinationPolicy, UrlError, check_url};
 use crate::idempotency::IdempotencyKey;
 use crate::secrets::Keyring;
 use crate::signal::{Subject, subject_digest, validate_phone};
-use crate::store::{Store, StoreError, TransmitterRecord};
+use crate::store::{FeedStore, StoreError, TenantStore, TransmitterRecord};
+
+/// What the feeds' registrations and CAMARA notifications read and write: their transmitters
+/// and subscriptions, and the tenant they belong to.
+pub trait FeedPort: FeedStore + TenantStore + Send + Sync {}
+
+impl<T: ?Sized + FeedStore + TenantStore + Send + Sync> FeedPort for T {}
 
 /// The idempotency key of a feed event made of its natural key's parts (each length-prefixed,
 /// so no two different tuples make the same key). Like every key, it is stored only as a keyed
@@ -89,7 +95,7 @@ fn checked_text(what: &'static str, text: String) -> Result<String, Registration
 /// Sets (or replaces) the tenant's SET transmitter, after checking its keys: a document must
 /// hold a usable key, a URL must pass the destination guard under `policy`.
 pub async fn set_transmitter(
-    store: &dyn Store,
+    store: &dyn FeedPort,
     tenant_id: Uuid,
     issuer: String,
     audience: String,
@@ -138,7 +144,7 @@ pub async fn set_transmitter(
 /// Registers the phone a CAMARA subscription is about, for notifications that leave it out.
 /// Both are stored only as keyed digests.
 pub async fn add_camara_subscription(
-    store: &dyn Store,
+    store: &dyn FeedPort,
     keys: &Keyring,
     tenant_id: Uuid,
     subscription_id: String,
@@ -160,7 +166,7 @@ pub async fn add_camara_subscription(
 
 /// Forgets a registered CAMARA subscription; false if it was not registered.
 pub async fn remove_camara_subscription(
-    store: &dyn Store,
+    store: &dyn FeedPort,
     keys: &Keyring,
     tenant_id: Uuid,
     subscription_id: &str,

@@ -24,7 +24,7 @@ use super::jwks::{KeyCache, KeysError, KeysFrom, Lookup};
 use super::{natural_key, object};
 use crate::idempotency::IdempotencyKey;
 use crate::signal::{MAX_OBSERVED_AHEAD, Subject, validate_account, validate_phone};
-use crate::store::{Store, StoreError, TransmitterRecord};
+use crate::store::{FeedStore, StoreError, TransmitterRecord};
 
 /// Longest `iss`, `jti`, event type URI or subject identifier part accepted, in characters.
 const MAX_CLAIM_CHARS: usize = 256;
@@ -117,7 +117,7 @@ impl VerifiedSet {
 /// Verifies SETs for every tenant: its transmitter (cached for at most 5 s, so a change made
 /// with the CLI reaches every instance within that) and its keys.
 pub struct SetReceiver {
-    store: Arc<dyn Store>,
+    store: Arc<dyn FeedStore + Send + Sync>,
     window: SetWindow,
     keys: KeyCache,
     transmitters: moka::future::Cache<Uuid, Option<Arc<TransmitterRecord>>>,
@@ -128,7 +128,7 @@ const TRANSMITTER_TTL: Duration = Duration::from_secs(5);
 
 impl SetReceiver {
     /// A receiver reading transmitters from `store` and keys through `keys`.
-    pub fn new(store: Arc<dyn Store>, window: SetWindow, keys: KeyCache) -> Self {
+    pub fn new(store: Arc<dyn FeedStore + Send + Sync>, window: SetWindow, keys: KeyCache) -> Self {
         Self {
             store,
             window,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use tokio::sync::{Mutex, mpsc, oneshot};
 use uuid::Uuid;
 
-use crate::store::{DecisionInputs, Store, StoreError};
+use crate::store::{DecisionInputs, PlaybookStore, StoreError};
 
 /// Most reads in one statement.
 const MAX_BATCH: usize = 64;
@@ -25,7 +25,7 @@ pub struct DecisionReads {
 
 impl DecisionReads {
     /// Starts the readers.
-    pub fn start(store: Arc<dyn Store>) -> Self {
+    pub fn start(store: Arc<dyn PlaybookStore + Send + Sync>) -> Self {
         let (reads, queue) = mpsc::channel(QUEUE);
         let queue = Arc::new(Mutex::new(queue));
         for _ in 0..READERS {
@@ -50,7 +50,10 @@ impl DecisionReads {
     }
 }
 
-async fn reader(store: Arc<dyn Store>, queue: Arc<Mutex<mpsc::Receiver<(Subject, Answer)>>>) {
+async fn reader(
+    store: Arc<dyn PlaybookStore + Send + Sync>,
+    queue: Arc<Mutex<mpsc::Receiver<(Subject, Answer)>>>,
+) {
     loop {
         let reads = {
             let mut queue = queue.lock().await;

@@ -10,7 +10,9 @@ use std::sync::Arc;
 
 use tokio::sync::{Mutex, mpsc, oneshot};
 
-use crate::store::{Act, AttemptRecord, Batch, BatchResult, Claim, Committed, Store, StoreError};
+use crate::store::{
+    Act, AttemptRecord, Batch, BatchResult, Claim, Committed, PipelineStore, StoreError,
+};
 
 /// Most signals' work in one commit: the store's limit.
 pub use crate::store::MAX_BATCH;
@@ -29,11 +31,11 @@ pub struct GroupCommit {
 }
 
 impl GroupCommit {
-    /// Starts the store's number of committers.
-    pub fn start(store: Arc<dyn Store>, alert_window_ms: i64) -> Self {
+    /// Starts `committers` committers (the store's number: one on SQLite).
+    pub fn start(store: Arc<dyn PipelineStore>, committers: usize, alert_window_ms: i64) -> Self {
         let (jobs, queue) = mpsc::channel(QUEUE);
         let queue = Arc::new(Mutex::new(queue));
-        for _ in 0..store.concurrent_commits().max(1) {
+        for _ in 0..committers.max(1) {
             tokio::spawn(committer(store.clone(), queue.clone(), alert_window_ms));
         }
         Self { jobs }
@@ -71,7 +73,11 @@ fn stopped() -> StoreError {
     StoreError::Unavailable(sqlx::Error::PoolClosed)
 }
 
-async fn committer(store: Arc<dyn Store>, queue: Arc<Mutex<mpsc::Receiver<Job>>>, window: i64) {
+async fn committer(
+    store: Arc<dyn PipelineStore>,
+    queue: Arc<Mutex<mpsc::Receiver<Job>>>,
+    window: i64,
+) {
     loop {
         let jobs = {
             let mut queue = queue.lock().await;
@@ -105,7 +111,7 @@ async fn committer(store: Arc<dyn Store>, queue: Arc<Mutex<mpsc::Receiver<Job>>>
 
 /// Commits `jobs` together, or one by one after a batch failure that is not transient. Returns
 /// the failure if the batch failed because the database is unreachable.
-async fn run(store: &dyn Store, jobs: Vec<Job>, window: i64) -> Option<Arc<StoreError>> {
+async fn run(store: &dyn PipelineStore, jobs: Vec<Job>, window: i64) -> Option<Arc<StoreError>> {
     let batch = batch_of(&jobs, window);
     match commit(store, &batch).await {
         Ok(result) => answer(jobs, result),
@@ -137,7 +143,7 @@ const CONFLICT_RETRIES: usize = 2;
 /// and the other transaction has gone ahead, so its signals need not see a 503 for it. (Two
 /// committers can deadlock when duplicates with different outcomes are split across their
 /// batches, each inserting an outbox row the other's next statement wants.)
-async fn commit(store: &dyn Store, batch: &Batch) -> Result<BatchResult, StoreError> {
+async fn commit(store: &dyn PipelineStore, batch: &Batch) -> Result<BatchResult, StoreError> {
     let mut retries = 0;
     loop {
         let result = match injected_conflict() {

@@ -11,6 +11,7 @@ use uuid::Uuid;
 use super::{
     Decided, Holding, Inbound, Ingest, IngestError, Mapping, Reply, record, recorded_decision,
 };
+use crate::domain::{ActionKind, Applied};
 use crate::clock::{now_ms, to_ms};
 use crate::domain::{Feed, UNMAPPED_TYPE};
 use crate::failpoint::failpoint;
@@ -18,8 +19,8 @@ use crate::idempotency::{Cached, Fingerprint, IdempotencyKey, Payload};
 use crate::playbook::{Decision, SubjectFacts};
 use crate::signal::{Signal, SignalType, Subject, subject_digest};
 use crate::store::{
-    Act, ActionTarget, Claim, ClaimOutcome, Finished, HeldKey, KeyRef, NewEvent, StoredResponse,
-    TenantRecord,
+    Act, ActOutcome, ActionTarget, Claim, ClaimOutcome, Finished, HeldKey, KeyRef, NewEvent,
+    Render, StoredResponse, TenantRecord,
 };
 
 /// The rule it records.
@@ -253,13 +254,7 @@ impl Ingest {
             },
             Vec::new(),
             None,
-            Arc::new(move |_| Finished {
-                event: event.clone(),
-                response: StoredResponse {
-                    status: 202,
-                    body: Vec::new(),
-                },
-            }),
+            Arc::new(IgnoredDraft { event }),
         );
         match self.commits.act(act).await {
             Ok(committed) => {
@@ -281,5 +276,27 @@ impl Ingest {
                 Err(err)
             }
         }
+    }
+}
+
+/// What an ignored feed event stores, whatever the outcomes: its event and an empty 202.
+struct IgnoredDraft {
+    event: NewEvent,
+}
+
+impl Render for IgnoredDraft {
+    fn finished(&self, _: &ActOutcome) -> Finished {
+        Finished {
+            event: self.event.clone(),
+            response: StoredResponse {
+                status: 202,
+                body: Vec::new(),
+            },
+        }
+    }
+
+    /// Never asked for: an ignored event has no callback.
+    fn envelope(&self, _: &[(ActionKind, Applied)]) -> Vec<u8> {
+        Vec::new()
     }
 }

@@ -2,11 +2,12 @@
 //! that decision is what every retry, takeover and callback sees.
 //!
 //! Phases, after validation and authentication in the HTTP layer:
-//! 1. **decide**: one read (playbook version and the subject's facts before this signal), then
-//!    the playbook, in process;
-//! 2. **claim** (keyed signals): the key row is inserted with the decision frozen on it;
-//! 3. **act**: every effect, the callback's outbox row, the event and the response, in one
-//!    transaction that also completes the key if our lock still holds. A fresh key's claim
+//! 1. **decide** ([`decide`]): one read (playbook version and the subject's facts before this
+//!    signal), then the playbook, in process;
+//! 2. **claim** (keyed signals, [`claim`]): the key row is inserted with the decision frozen on
+//!    it;
+//! 3. **act** ([`act`]): every effect, the callback's outbox row, the event and the response, in
+//!    one transaction that also completes the key if our lock still holds. A fresh key's claim
 //!    is in that same transaction, and its effects go ahead only if it won; a claim committed
 //!    on its own (after a final failure, for an unmapped feed event, or when a test stops a
 //!    signal there) is the recovery point `in_flight`. Claims and acts of the signals in flight
@@ -16,6 +17,9 @@
 //! A request that fails while it holds a key releases the lock or stores a final error
 //! ([`settle`]).
 
+mod act;
+mod claim;
+mod decide;
 mod decision;
 mod decision_reads;
 mod group_commit;
@@ -31,27 +35,26 @@ use uuid::Uuid;
 
 use crate::clock::{now_ms, to_ms};
 use crate::delivery::Deliverer;
-use crate::delivery::schedule;
 use crate::domain::Feed;
 use crate::failpoint::failpoint;
 use crate::idempotency::{
     Cached, CompletedCache, DEFAULT_CAPACITY_BYTES, Fingerprint, IdempotencyKey, Payload,
 };
-use crate::playbook::{Library, Playbook, SubjectFacts};
+use crate::playbook::{Library, Playbook};
 use crate::secrets::Keyring;
 use crate::signal::{Signal, Subject, subject_digest};
 use crate::store::{
-    Act, ActionTarget, CallbackDraft, Claim, ClaimOutcome, DecisionInputs, DueDelivery, HeldKey,
-    KeyRef, RecoveryPoint, Store, StoreError, StoredResponse, TenantRecord,
+    Claim, DecisionInputs, HeldKey, KeyRef, KeyStore, PipelineStore, PlaybookStore, StoreError,
+    StoredResponse, TenantRecord,
 };
 
+use claim::recorded_decision;
 pub use decision::{Decided, DecisionRecord, Mapping};
 use decision_reads::DecisionReads;
 pub use decision_reads::READERS as DECISION_READERS;
 use group_commit::GroupCommit;
 pub use group_commit::MAX_BATCH;
 pub use ignored::FeedEvent;
-use record::Draft;
 pub use record::SignalResponse;
 
 /// Lifetimes that shape the key contract and the actions.
@@ -196,9 +199,15 @@ struct Holding {
 /// 30 s between a termination signal and a kill.
 const DRAIN_LIMIT: std::time::Duration = std::time::Duration::from_secs(15);
 
+/// What the pipeline reads and writes: idempotency keys, playbooks and what a decision reads,
+/// and the group commit.
+pub trait IngestStore: KeyStore + PlaybookStore + PipelineStore + Send + Sync {}
+
+impl<T: ?Sized + KeyStore + PlaybookStore + PipelineStore + Send + Sync> IngestStore for T {}
+
 /// The pipeline and what it needs.
 pub struct Ingest {
-    store: Arc<dyn Store>,
+    store: Arc<dyn IngestStore>,
     keys: Arc<Keyring>,
     settings: IngestSettings,
     playbooks: Library,
@@ -212,15 +221,21 @@ pub struct Ingest {
 }
 
 impl Ingest {
-    /// Builds the pipeline and starts its committers (inside a Tokio runtime).
+    /// Builds the pipeline and starts its `committers` group committers (inside a Tokio
+    /// runtime).
     pub fn new(
-        store: Arc<dyn Store>,
+        store: Arc<dyn IngestStore>,
+        committers: usize,
         keys: Arc<Keyring>,
         settings: IngestSettings,
         deliverer: Arc<Deliverer>,
     ) -> Self {
         Self {
-            commits: Arc::new(GroupCommit::start(store.clone(), settings.alert_window_ms)),
+            commits: Arc::new(GroupCommit::start(
+                store.clone(),
+                committers,
+                settings.alert_window_ms,
+            )),
             reads: DecisionReads::start(store.clone()),
             store,
             keys,
@@ -398,35 +413,6 @@ impl Ingest {
         }
     }
 
-    /// A fresh key's claim committed with its act: one commit, and nothing of the signal is
-    /// stored unless all of it is. A transient failure is the request's (nothing was stored:
-    /// the retry decides afresh, as a first request would).
-    async fn act_claiming(
-        &self,
-        signal: &Prepared<'_>,
-        key: &KeyRef,
-        claim: &Claim,
-        decided: &Decided,
-        destination: &Destination,
-    ) -> Result<OneCommit, IngestError> {
-        let keying = Keying::Claim(claim.clone());
-        match self
-            .act(signal, claim.event_id, decided, destination, keying)
-            .await
-        {
-            Ok(response) => {
-                self.remember(signal, key, &response, claim.expires_at);
-                Ok(OneCommit::Done(response))
-            }
-            Err(IngestError::Unavailable(StoreError::LockLost)) => Ok(OneCommit::Taken),
-            Err(err @ IngestError::Unavailable(_)) => Err(err),
-            Err(err) => {
-                tracing::warn!(error = ?err, "a fresh key's commit failed; claiming it on its own");
-                Ok(OneCommit::Failed)
-            }
-        }
-    }
-
     /// Caches a completed key's response for replays, until the key row expires.
     fn remember(
         &self,
@@ -442,236 +428,6 @@ impl Ingest {
             expires_at,
         );
     }
-
-    /// Finishes a feed event whose key recorded it as a signal, taken over after its playbook
-    /// stopped mapping its event type: as that signal, with the recorded decision.
-    async fn finish_as_signal(
-        &self,
-        inbound: &Inbound<'_>,
-        key: &KeyRef,
-        holding: Holding,
-    ) -> Result<Reply, IngestError> {
-        let signal = self.prepare(inbound);
-        let destination = match self.destination(&signal).await {
-            Ok(destination) => destination,
-            Err(err) => {
-                let err = IngestError::from(err);
-                self.settle_failure(&err, &holding.held).await;
-                return Err(err);
-            }
-        };
-        self.act_held(&signal, key, holding, &destination).await
-    }
-
-    /// Where the signal's callback goes, read now.
-    async fn destination(&self, signal: &Prepared<'_>) -> Result<Destination, StoreError> {
-        Ok(Destination::of(&self.inputs(signal).await?))
-    }
-
-    /// What a decision reads about the signal's tenant and subject, in one batched read.
-    async fn inputs(&self, signal: &Prepared<'_>) -> Result<DecisionInputs, StoreError> {
-        self.reads
-            .read(signal.inbound.tenant.id, &signal.subject_hash)
-            .await?
-            // The tenant authenticated a moment ago; gone now means it was deleted under us.
-            .ok_or_else(|| StoreError::Corrupt("the tenant is gone".into()))
-    }
-
-    /// Acts on a signal whose key this request holds, caching the response it completes with
-    /// or settling the key after a failure.
-    async fn act_held(
-        &self,
-        signal: &Prepared<'_>,
-        key: &KeyRef,
-        holding: Holding,
-        destination: &Destination,
-    ) -> Result<Reply, IngestError> {
-        let result = self
-            .act(
-                signal,
-                holding.event_id,
-                &holding.decided,
-                destination,
-                Keying::Held(holding.held.clone()),
-            )
-            .await;
-        match &result {
-            Ok(response) => self.remember(signal, key, response, holding.expires_at),
-            Err(err) => self.settle_failure(err, &holding.held).await,
-        }
-        result.map(Reply::Fresh)
-    }
-
-    /// Decides the signal from the playbook in force and the subject's facts before it.
-    async fn decide(&self, signal: &Prepared<'_>) -> Result<(Decided, Destination), StoreError> {
-        let tenant_id = signal.inbound.tenant.id;
-        let inputs = self.inputs(signal).await?;
-        let (playbook, playbook_version) = self
-            .playbooks
-            .get(&*self.store, tenant_id, inputs.playbook_version)
-            .await?;
-        let facts = SubjectFacts {
-            locked: inputs.subject_locked,
-        };
-        let now = time::OffsetDateTime::now_utc();
-        let ruling = playbook.decide(&signal.inbound.signal, facts, now);
-        let decided = Decided {
-            decision: ruling.decision,
-            rule: ruling.rule,
-            actions: ruling.actions,
-            playbook_version,
-            evaluated_at: to_ms(now),
-            facts,
-            mapping: Some(Mapping::Type(signal.inbound.signal.signal_type)),
-            subject: Some(signal.subject_hash),
-        };
-        Ok((decided, Destination::of(&inputs)))
-    }
-
-    /// A claim of the key for this request, with the decision frozen on it.
-    fn new_claim(&self, signal: &Prepared<'_>, key: &KeyRef, decided: &Decided, now: i64) -> Claim {
-        Claim {
-            key: key.clone(),
-            fingerprint: signal.inbound.fingerprint.0.to_vec(),
-            event_id: Uuid::now_v7(),
-            lock_token: Uuid::new_v4(),
-            now,
-            locked_until: now.saturating_add(self.settings.lock_timeout_ms),
-            expires_at: now.saturating_add(self.settings.key_ttl_ms),
-            ruling: record::json(decided),
-        }
-    }
-
-    /// Commits the claim on its own, or learns what holds the key (at once when the key is
-    /// `known_taken`). `Err(reply)` when the key's stored response answers the request.
-    async fn claim(
-        &self,
-        signal: &Prepared<'_>,
-        key: &KeyRef,
-        claim: Claim,
-        decided: Decided,
-        known_taken: bool,
-    ) -> Result<Result<Holding, Reply>, IngestError> {
-        let holding = |event_id, decided, expires_at| Holding {
-            held: HeldKey {
-                key: key.clone(),
-                lock_token: claim.lock_token,
-            },
-            event_id,
-            decided,
-            expires_at,
-        };
-        if !known_taken && self.commits.claim(claim.clone()).await? {
-            return Ok(Ok(holding(claim.event_id, decided, claim.expires_at)));
-        }
-        Ok(match self.store.claim(&claim).await? {
-            ClaimOutcome::Started => Ok(holding(claim.event_id, decided, claim.expires_at)),
-            ClaimOutcome::TakenOver {
-                event_id,
-                from,
-                expires_at,
-            } => {
-                tracing::info!(%event_id, "took over an abandoned idempotency key");
-                let taken = holding(event_id, decided, expires_at);
-                match recorded_decision(from) {
-                    Ok(recorded) => Ok(Holding {
-                        decided: recorded.unwrap_or(taken.decided),
-                        ..taken
-                    }),
-                    Err(err) => {
-                        // The key is ours now: a final error is stored, not left locked.
-                        let err = IngestError::from(err);
-                        self.settle_failure(&err, &taken.held).await;
-                        return Err(err);
-                    }
-                }
-            }
-            ClaimOutcome::InProgress => return Err(IngestError::InProgress),
-            ClaimOutcome::Mismatch => return Err(IngestError::KeyReused),
-            ClaimOutcome::Completed {
-                response,
-                expires_at,
-            } => {
-                self.remember(signal, key, &response, expires_at);
-                Err(Reply::Replayed(response))
-            }
-        })
-    }
-
-    /// Writes the decided signal's effects, outbox row, event and response in one commit,
-    /// then makes the callback's inline attempt from the stored row.
-    async fn act(
-        &self,
-        signal: &Prepared<'_>,
-        event_id: Uuid,
-        decided: &Decided,
-        destination: &Destination,
-        keying: Keying,
-    ) -> Result<StoredResponse, IngestError> {
-        let tenant = signal.inbound.tenant;
-        let target = ActionTarget {
-            tenant_id: tenant.id,
-            event_id,
-            subject_hash: signal.subject_hash.to_vec(),
-            signal_key: signal.signal_key.to_vec(),
-            signal_type: signal.inbound.signal.signal_type.as_str(),
-            now: now_ms(),
-        };
-        let draft = Arc::new(Draft::new(
-            signal.inbound,
-            &target,
-            decided.clone(),
-            callback_refusal(destination, decided),
-        ));
-        let wants_callback = decided.wants_callback() && draft.callback_refusal.is_none();
-        let callback = wants_callback.then(|| CallbackDraft {
-            id: Uuid::now_v7(),
-            webhook_id: format!("msg_{}", event_id.simple()),
-            leased_until: target.now.saturating_add(crate::delivery::lease_ms()),
-            envelope: {
-                let draft = draft.clone();
-                Arc::new(move |effects| draft.envelope(effects))
-            },
-        });
-        let act = Act::new(
-            None,
-            target,
-            decided.effects(),
-            callback,
-            Arc::new(move |outcome| draft.finish(outcome)),
-        );
-        let act = match keying {
-            Keying::None => act,
-            Keying::Held(held) => Act {
-                held: Some(held),
-                ..act
-            },
-            Keying::Claim(claim) => act.claiming(claim),
-        };
-        let committed = self.commits.act(act).await?;
-        failpoint!("ingest::after_dispatch");
-        metrics::counter!("verdict_decisions_total", "decision" => decided.decision.as_str())
-            .increment(1);
-        tracing::info!(%event_id, decision = decided.decision.as_str(), "signal decided");
-        // Only the event whose commit inserted the outbox row makes the inline attempt; a
-        // duplicate's callback is the earlier event's.
-        if let Some(delivery) = committed.delivery {
-            let leased_until = delivery.leased_until;
-            self.attempt_inline(
-                DueDelivery {
-                    id: delivery.id,
-                    tenant_id: tenant.id,
-                    webhook_id: delivery.webhook_id,
-                    payload: delivery.payload,
-                    retries_left: schedule::MAX_RETRIES,
-                    callback_url: destination.url.clone(),
-                },
-                leased_until,
-            )
-            .await;
-        }
-        Ok(committed.response)
-    }
 }
 
 /// What the completed-key cache compares a request's payload by.
@@ -679,98 +435,5 @@ fn payload(inbound: &Inbound<'_>) -> Payload {
     Payload {
         fingerprint: inbound.fingerprint.0.to_vec(),
         raw_body: inbound.raw_body,
-    }
-}
-
-/// Why a decision's callback cannot be recorded, if it cannot.
-fn callback_refusal(destination: &Destination, decided: &Decided) -> Option<&'static str> {
-    match (&destination.url, destination.disabled) {
-        _ if !decided.wants_callback() => None,
-        (None, _) => Some("no callback URL is configured"),
-        (Some(_), true) => Some("the callback endpoint is disabled"),
-        (Some(_), false) => None,
-    }
-}
-
-/// The decision a taken-over row recorded; `None` for a v1 row claimed before decisions were
-/// recorded (nothing of it was applied by this version, so deciding now is deciding once).
-fn recorded_decision(from: RecoveryPoint) -> Result<Option<Decided>, StoreError> {
-    let corrupt = |e: serde_json::Error| StoreError::Corrupt(Box::new(e));
-    Ok(match from {
-        RecoveryPoint::InFlight { ruling: None } => None,
-        RecoveryPoint::InFlight {
-            ruling: Some(ruling),
-        } => {
-            let mut recorded: Decided = serde_json::from_str(&ruling).map_err(corrupt)?;
-            // Recorded before the mapping was kept: an ignored feed event says so by its rule.
-            if recorded.mapping.is_none() && recorded.rule == ignored::IGNORED_RULE {
-                recorded.mapping = Some(Mapping::Unmapped);
-            }
-            Some(recorded)
-        }
-        RecoveryPoint::Dispatched { action_results } => Some(Decided::from_v1_record(
-            serde_json::from_str(&action_results).map_err(corrupt)?,
-        )),
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::playbook::Decision;
-
-    fn in_flight(ruling: serde_json::Value) -> RecoveryPoint {
-        RecoveryPoint::InFlight {
-            ruling: Some(ruling.to_string()),
-        }
-    }
-
-    #[test]
-    fn a_recorded_decision_keeps_its_mapping_and_subject() {
-        let decided = Decided {
-            decision: Decision::Deny,
-            rule: "recent_sim_swap".into(),
-            actions: vec![],
-            playbook_version: 3,
-            evaluated_at: 1,
-            facts: SubjectFacts::default(),
-            mapping: Some(Mapping::Type(crate::signal::SignalType::PortOut)),
-            subject: Some([7; 32]),
-        };
-        let ruling = serde_json::to_value(&decided).unwrap();
-        assert_eq!(recorded_decision(in_flight(ruling)).unwrap(), Some(decided));
-    }
-
-    #[test]
-    fn an_ignored_event_recorded_before_mappings_were_kept_is_still_unmapped() {
-        let ruling = serde_json::json!({
-            "decision": "allow", "rule": "unmapped_event_type", "actions": [],
-            "playbook_version": 2, "evaluated_at": 1, "facts": { "locked": false },
-        });
-        let recorded = recorded_decision(in_flight(ruling)).unwrap().unwrap();
-        assert_eq!(recorded.mapping, Some(Mapping::Unmapped));
-        assert_eq!(recorded.subject, None);
-    }
-
-    #[test]
-    fn a_signal_recorded_before_mappings_were_kept_has_none() {
-        let ruling = serde_json::json!({
-            "decision": "deny", "rule": "recent_sim_swap", "actions": ["lock_account"],
-            "playbook_version": 2, "evaluated_at": 1, "facts": { "locked": false },
-        });
-        let recorded = recorded_decision(in_flight(ruling)).unwrap().unwrap();
-        assert_eq!(recorded.mapping, None);
-    }
-
-    #[test]
-    fn a_recorded_subject_that_is_not_a_digest_is_corrupt() {
-        let ruling = serde_json::json!({
-            "decision": "deny", "rule": "r", "actions": [], "playbook_version": 2,
-            "evaluated_at": 1, "facts": { "locked": false }, "subject": "c2hvcnQ=",
-        });
-        assert!(matches!(
-            recorded_decision(in_flight(ruling)),
-            Err(StoreError::Corrupt(_))
-        ));
     }
 }

@@ -8,7 +8,7 @@ use super::{Decided, DecisionRecord, Inbound};
 use crate::clock::{now_ms, to_ms};
 use crate::domain::{ActionKind, ActionResult, Applied, Feed, Outcome};
 use crate::secrets::hex;
-use crate::store::{ActOutcome, ActionTarget, Finished, NewEvent, StoredResponse};
+use crate::store::{ActOutcome, ActionTarget, Finished, NewEvent, Render, StoredResponse};
 
 /// The success body of `POST /v1/signals`.
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
@@ -56,66 +56,6 @@ impl Draft {
         }
     }
 
-    /// The callback envelope: its timestamp is fixed here, and its bytes are stored with the
-    /// outbox row and repeated unchanged on every retry and redelivery.
-    pub(super) fn envelope(&self, effects: &[(ActionKind, Applied)]) -> Vec<u8> {
-        let actions: Vec<ActionResult> = effects
-            .iter()
-            .map(|&(action, applied)| ActionResult {
-                action,
-                outcome: applied.into(),
-            })
-            .collect();
-        let envelope = verdict_webhooks::Envelope {
-            event_id: self.event_id.to_string(),
-            tenant: self.tenant_id.to_string(),
-            event_type: format!("decision.{}", self.signal_type),
-            subject_hash: hex(&self.subject_hash),
-            timestamp: time::OffsetDateTime::now_utc()
-                .format(&time::format_description::well_known::Rfc3339)
-                .unwrap_or_default(),
-            decision: self.decided.decision.as_str().to_owned(),
-            actions: serde_json::to_value(actions).unwrap_or_default(),
-            metadata: serde_json::Value::Object(self.metadata.clone()),
-            feed: self.feed.as_str().to_owned(),
-        };
-        json(&envelope).into_bytes()
-    }
-
-    /// The event and the response, from the effects' outcomes.
-    pub(super) fn finish(&self, outcome: &ActOutcome) -> Finished {
-        let record = self.record(outcome);
-        let actions = json(&record.actions);
-        let body = SignalResponse {
-            event_id: self.event_id,
-            subject_hash: hex(&self.subject_hash),
-            record,
-        };
-        Finished {
-            event: NewEvent {
-                id: self.event_id,
-                tenant_id: self.tenant_id,
-                signal_type: self.signal_type,
-                subject_hash: self.subject_hash.clone(),
-                observed_at: self.observed_at,
-                attributes: self.attributes.clone(),
-                metadata: json(&self.metadata),
-                decision: self.decided.decision,
-                playbook_version: self.decided.playbook_version,
-                rule: self.decided.rule.clone(),
-                actions,
-                created_at: now_ms(),
-                evaluated_at: self.decided.evaluated_at,
-                facts: json(&self.decided.facts),
-                feed: self.feed,
-            },
-            response: StoredResponse {
-                status: 200,
-                body: json(&body).into_bytes(),
-            },
-        }
-    }
-
     /// Each action the decision asked for, in its order, with how it came out.
     fn record(&self, outcome: &ActOutcome) -> DecisionRecord {
         let actions = self
@@ -145,6 +85,68 @@ impl Draft {
             playbook_version: self.decided.playbook_version,
             rule: self.decided.rule.clone(),
             actions,
+        }
+    }
+}
+
+impl Render for Draft {
+    /// The callback envelope: its timestamp is fixed here, and its bytes are stored with the
+    /// outbox row and repeated unchanged on every retry and redelivery.
+    fn envelope(&self, effects: &[(ActionKind, Applied)]) -> Vec<u8> {
+        let actions: Vec<ActionResult> = effects
+            .iter()
+            .map(|&(action, applied)| ActionResult {
+                action,
+                outcome: applied.into(),
+            })
+            .collect();
+        let envelope = verdict_webhooks::Envelope {
+            event_id: self.event_id.to_string(),
+            tenant: self.tenant_id.to_string(),
+            event_type: format!("decision.{}", self.signal_type),
+            subject_hash: hex(&self.subject_hash),
+            timestamp: time::OffsetDateTime::now_utc()
+                .format(&time::format_description::well_known::Rfc3339)
+                .unwrap_or_default(),
+            decision: self.decided.decision.as_str().to_owned(),
+            actions: serde_json::to_value(actions).unwrap_or_default(),
+            metadata: serde_json::Value::Object(self.metadata.clone()),
+            feed: self.feed.as_str().to_owned(),
+        };
+        json(&envelope).into_bytes()
+    }
+
+    /// The event and the response, from the effects' outcomes.
+    fn finished(&self, outcome: &ActOutcome) -> Finished {
+        let record = self.record(outcome);
+        let actions = json(&record.actions);
+        let body = SignalResponse {
+            event_id: self.event_id,
+            subject_hash: hex(&self.subject_hash),
+            record,
+        };
+        Finished {
+            event: NewEvent {
+                id: self.event_id,
+                tenant_id: self.tenant_id,
+                signal_type: self.signal_type,
+                subject_hash: self.subject_hash.clone(),
+                observed_at: self.observed_at,
+                attributes: self.attributes.clone(),
+                metadata: json(&self.metadata),
+                decision: self.decided.decision,
+                playbook_version: self.decided.playbook_version,
+                rule: self.decided.rule.clone(),
+                actions,
+                created_at: now_ms(),
+                evaluated_at: self.decided.evaluated_at,
+                facts: json(&self.decided.facts),
+                feed: self.feed,
+            },
+            response: StoredResponse {
+                status: 200,
+                body: json(&body).into_bytes(),
+            },
         }
     }
 }

@@ -4,7 +4,7 @@
 use std::sync::{Arc, OnceLock};
 
 use super::{DEFAULT_SOURCE, DEFAULT_VERSION, Format, Playbook, PlaybookError};
-use crate::store::{Store, StoreError, StoredPlaybook};
+use crate::store::{PlaybookStore, StoreError, StoredPlaybook};
 
 /// Why a playbook could not be read or replaced.
 #[derive(Debug, thiserror::Error)]
@@ -18,7 +18,7 @@ pub enum PlaybookStoreError {
 /// Validates `source` and stores it as the tenant's next version; the old one stays in force
 /// if validation fails.
 pub async fn upload(
-    store: &dyn Store,
+    store: &(dyn PlaybookStore + Send + Sync),
     tenant_id: uuid::Uuid,
     source: &str,
     format: Format,
@@ -32,7 +32,7 @@ pub async fn upload(
 
 /// A tenant's current playbook source: its newest upload, or the default.
 pub async fn current_source(
-    store: &dyn Store,
+    store: &(dyn PlaybookStore + Send + Sync),
     tenant_id: uuid::Uuid,
 ) -> Result<StoredPlaybook, StoreError> {
     Ok(store
@@ -64,7 +64,7 @@ impl Library {
     /// The tenant's playbook of `version` (`None`: the built-in default) and its version.
     pub async fn get(
         &self,
-        store: &dyn Store,
+        store: &(dyn PlaybookStore + Send + Sync),
         tenant_id: uuid::Uuid,
         version: Option<i64>,
     ) -> Result<(Arc<Playbook>, i64), StoreError> {

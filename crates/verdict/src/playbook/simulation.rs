@@ -14,7 +14,7 @@ use uuid::Uuid;
 use super::{Decision, Observation, Playbook, SubjectFacts};
 use crate::domain::ActionKind;
 use crate::signal::SignalType;
-use crate::store::{EventRecord, Store, StoreError};
+use crate::store::{EventRecord, EventStore, StoreError};
 
 /// Most events one simulation may read.
 pub const MAX_SIMULATED_EVENTS: usize = 10_000;
@@ -86,7 +86,7 @@ pub enum SimulationError {
 
 /// Runs `candidate` over the tenant's events in `window`, newest first.
 pub async fn simulate(
-    store: &dyn Store,
+    store: &(dyn EventStore + Send + Sync),
     tenant_id: Uuid,
     candidate: &Playbook,
     window: Window,

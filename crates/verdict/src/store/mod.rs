@@ -57,8 +57,8 @@ pub use keys::{
     Claim, ClaimOutcome, KeyRef, KeyState, KeyStore, RecoveryPoint, StoredResponse, judge,
 };
 pub use pipeline::{
-    Act, ActOutcome, Batch, BatchResult, CallbackDraft, Committed, Envelope, Expected, Finish,
-    Finished, HeldKey, PipelineStore,
+    Act, ActOutcome, Batch, BatchResult, CallbackDraft, Committed, Expected, Finished, HeldKey,
+    PipelineStore, Render,
 };
 pub use playbooks::{DecisionInputs, PlaybookStore, StoredPlaybook};
 pub use tenants::{NewTenant, SealedSecret, SecretPurpose, TenantRecord, TenantStore};
@@ -173,6 +173,9 @@ fn transient_database_error(db: &dyn sqlx::error::DatabaseError) -> bool {
 }
 
 /// Everything verdict stores, whichever database holds it: the sum of the aggregates.
+///
+/// The consumers' ports (each a sum of the aggregates one consumer uses, with a blanket impl
+/// beside it) are named here too, so the composition root's `Arc<dyn Store>` upcasts to each.
 #[async_trait]
 pub trait Store:
     TenantStore
@@ -185,6 +188,12 @@ pub trait Store:
     + PipelineStore
     + FeedStore
     + ActivityStore
+    + crate::tenant::TenantPort
+    + crate::delivery::DeliveryPort
+    + crate::feeds::FeedPort
+    + crate::ingest::IngestStore
+    + crate::retention::RetentionStore
+    + crate::console::ConsoleStore
     + Send
     + Sync
     + 'static

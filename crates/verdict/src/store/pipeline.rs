@@ -46,20 +46,22 @@ pub struct Finished {
     pub response: StoredResponse,
 }
 
-/// Builds what a signal stores from its effects' outcomes.
-pub type Finish = Arc<dyn Fn(&ActOutcome) -> Finished + Send + Sync>;
+/// What an act stores, built from its effects' outcomes inside its commit: the caller's part
+/// of the transaction.
+pub trait Render: Send + Sync {
+    /// What the act stores for these outcomes: its event and, with a key, its response.
+    fn finished(&self, outcome: &ActOutcome) -> Finished;
+    /// The callback's envelope (its bytes, fixed from then on) for these local outcomes.
+    fn envelope(&self, effects: &[(ActionKind, Applied)]) -> Vec<u8>;
+}
 
-/// Builds a callback's envelope (its bytes, fixed from then on) from the local effects' outcomes.
-pub type Envelope = Arc<dyn Fn(&[(ActionKind, Applied)]) -> Vec<u8> + Send + Sync>;
-
-/// A callback to record in the outbox, its envelope built inside the commit.
-#[derive(Clone)]
+/// A callback to record in the outbox, its envelope rendered inside the commit.
+#[derive(Clone, Debug)]
 pub struct CallbackDraft {
     pub id: uuid::Uuid,
     pub webhook_id: String,
     /// Reserved for the inline attempt until then; if the process dies, the worker takes it.
     pub leased_until: i64,
-    pub envelope: Envelope,
 }
 
 /// A committed act: its outcomes, the response stored, and the outbox row this commit
@@ -83,7 +85,8 @@ pub struct Act {
     /// The local actions to apply (the callback is `callback`).
     pub effects: Vec<ActionKind>,
     pub callback: Option<CallbackDraft>,
-    pub finish: Finish,
+    /// Renders what it stores and its callback's envelope from the outcomes.
+    pub render: Arc<dyn Render>,
     /// What it stores if everything it asks for comes out as its own, built by [`Act::new`].
     pub expected: Arc<Expected>,
 }
@@ -106,27 +109,27 @@ impl Act {
         target: ActionTarget,
         effects: Vec<ActionKind>,
         callback: Option<CallbackDraft>,
-        finish: Finish,
+        render: Arc<dyn Render>,
     ) -> Self {
         let done: Vec<(ActionKind, Applied)> = ActionKind::LOCAL
             .into_iter()
             .filter(|action| effects.contains(action))
             .map(|action| (action, Applied::Done))
             .collect();
-        let delivery = delivery_of(callback.as_ref(), &done);
+        let delivery = delivery_of(callback.as_ref(), &*render, &done);
         let outcome = ActOutcome {
             effects: done,
             callback: callback.as_ref().map(|_| Applied::Done),
             callback_inserted: callback.is_some(),
         };
-        let finished = finish(&outcome);
+        let finished = render.finished(&outcome);
         Self {
             held,
             claim: None,
             target,
             effects,
             callback,
-            finish,
+            render,
             expected: Arc::new(Expected {
                 outcome,
                 delivery,
@@ -153,7 +156,7 @@ impl Act {
         if self.expected.outcome.effects == effects {
             return self.expected.delivery.clone();
         }
-        delivery_of(self.callback.as_ref(), effects)
+        delivery_of(self.callback.as_ref(), &*self.render, effects)
     }
 
     /// What it stores for `outcome`.
@@ -161,19 +164,20 @@ impl Act {
         if self.expected.outcome == *outcome {
             return self.expected.finished.clone();
         }
-        (self.finish)(outcome)
+        self.render.finished(outcome)
     }
 }
 
-/// The outbox row of a callback, if there is one, its envelope built from `effects`.
+/// The outbox row of a callback, if there is one, its envelope rendered from `effects`.
 fn delivery_of(
     callback: Option<&CallbackDraft>,
+    render: &dyn Render,
     effects: &[(ActionKind, Applied)],
 ) -> Option<NewDelivery> {
     callback.map(|c| NewDelivery {
         id: c.id,
         webhook_id: c.webhook_id.clone(),
-        payload: (c.envelope)(effects),
+        payload: render.envelope(effects),
         leased_until: c.leased_until,
     })
 }
@@ -201,7 +205,7 @@ pub struct BatchResult {
 
 /// The group commit.
 #[async_trait]
-pub trait PipelineStore {
+pub trait PipelineStore: Send + Sync {
     /// Writes a batch in one transaction. An `Err` means nothing of the batch was stored.
     async fn commit(&self, batch: &Batch) -> Result<BatchResult, StoreError>;
 }

@@ -1,0 +1,168 @@
+//! Phase 3, **act**: the effects, the outbox row, the event and the response in one commit
+//! (with a fresh key's claim, or under a held key), then the inline attempt (phase 4).
+
+use std::sync::Arc;
+
+use uuid::Uuid;
+
+use super::record::Draft;
+use super::{
+    Decided, Destination, Holding, Inbound, Ingest, IngestError, Keying, OneCommit, Prepared, Reply,
+};
+use crate::clock::now_ms;
+use crate::delivery::schedule;
+use crate::failpoint::failpoint;
+use crate::store::{
+    Act, ActionTarget, CallbackDraft, Claim, DueDelivery, KeyRef, StoreError, StoredResponse,
+};
+
+impl Ingest {
+    /// A fresh key's claim committed with its act: one commit, and nothing of the signal is
+    /// stored unless all of it is. A transient failure is the request's (nothing was stored:
+    /// the retry decides afresh, as a first request would).
+    pub(super) async fn act_claiming(
+        &self,
+        signal: &Prepared<'_>,
+        key: &KeyRef,
+        claim: &Claim,
+        decided: &Decided,
+        destination: &Destination,
+    ) -> Result<OneCommit, IngestError> {
+        let keying = Keying::Claim(claim.clone());
+        match self
+            .act(signal, claim.event_id, decided, destination, keying)
+            .await
+        {
+            Ok(response) => {
+                self.remember(signal, key, &response, claim.expires_at);
+                Ok(OneCommit::Done(response))
+            }
+            Err(IngestError::Unavailable(StoreError::LockLost)) => Ok(OneCommit::Taken),
+            Err(err @ IngestError::Unavailable(_)) => Err(err),
+            Err(err) => {
+                tracing::warn!(error = ?err, "a fresh key's commit failed; claiming it on its own");
+                Ok(OneCommit::Failed)
+            }
+        }
+    }
+
+    /// Acts on a signal whose key this request holds, caching the response it completes with
+    /// or settling the key after a failure.
+    pub(super) async fn act_held(
+        &self,
+        signal: &Prepared<'_>,
+        key: &KeyRef,
+        holding: Holding,
+        destination: &Destination,
+    ) -> Result<Reply, IngestError> {
+        let result = self
+            .act(
+                signal,
+                holding.event_id,
+                &holding.decided,
+                destination,
+                Keying::Held(holding.held.clone()),
+            )
+            .await;
+        match &result {
+            Ok(response) => self.remember(signal, key, response, holding.expires_at),
+            Err(err) => self.settle_failure(err, &holding.held).await,
+        }
+        result.map(Reply::Fresh)
+    }
+
+    /// Finishes a feed event whose key recorded it as a signal, taken over after its playbook
+    /// stopped mapping its event type: as that signal, with the recorded decision.
+    pub(super) async fn finish_as_signal(
+        &self,
+        inbound: &Inbound<'_>,
+        key: &KeyRef,
+        holding: Holding,
+    ) -> Result<Reply, IngestError> {
+        let signal = self.prepare(inbound);
+        let destination = match self.destination(&signal).await {
+            Ok(destination) => destination,
+            Err(err) => {
+                let err = IngestError::from(err);
+                self.settle_failure(&err, &holding.held).await;
+                return Err(err);
+            }
+        };
+        self.act_held(&signal, key, holding, &destination).await
+    }
+
+    /// Writes the decided signal's effects, outbox row, event and response in one commit,
+    /// then makes the callback's inline attempt from the stored row.
+    pub(super) async fn act(
+        &self,
+        signal: &Prepared<'_>,
+        event_id: Uuid,
+        decided: &Decided,
+        destination: &Destination,
+        keying: Keying,
+    ) -> Result<StoredResponse, IngestError> {
+        let tenant = signal.inbound.tenant;
+        let target = ActionTarget {
+            tenant_id: tenant.id,
+            event_id,
+            subject_hash: signal.subject_hash.to_vec(),
+            signal_key: signal.signal_key.to_vec(),
+            signal_type: signal.inbound.signal.signal_type.as_str(),
+            now: now_ms(),
+        };
+        let draft = Arc::new(Draft::new(
+            signal.inbound,
+            &target,
+            decided.clone(),
+            callback_refusal(destination, decided),
+        ));
+        let wants_callback = decided.wants_callback() && draft.callback_refusal.is_none();
+        let callback = wants_callback.then(|| CallbackDraft {
+            id: Uuid::now_v7(),
+            webhook_id: format!("msg_{}", event_id.simple()),
+            leased_until: target.now.saturating_add(crate::delivery::lease_ms()),
+        });
+        let act = Act::new(None, target, decided.effects(), callback, draft);
+        let act = match keying {
+            Keying::None => act,
+            Keying::Held(held) => Act {
+                held: Some(held),
+                ..act
+            },
+            Keying::Claim(claim) => act.claiming(claim),
+        };
+        let committed = self.commits.act(act).await?;
+        failpoint!("ingest::after_dispatch");
+        metrics::counter!("verdict_decisions_total", "decision" => decided.decision.as_str())
+            .increment(1);
+        tracing::info!(%event_id, decision = decided.decision.as_str(), "signal decided");
+        // Only the event whose commit inserted the outbox row makes the inline attempt; a
+        // duplicate's callback is the earlier event's.
+        if let Some(delivery) = committed.delivery {
+            let leased_until = delivery.leased_until;
+            self.attempt_inline(
+                DueDelivery {
+                    id: delivery.id,
+                    tenant_id: tenant.id,
+                    webhook_id: delivery.webhook_id,
+                    payload: delivery.payload,
+                    retries_left: schedule::MAX_RETRIES,
+                    callback_url: destination.url.clone(),
+                },
+                leased_until,
+            )
+            .await;
+        }
+        Ok(committed.response)
+    }
+}
+
+/// Why a decision's callback cannot be recorded, if it cannot.
+fn callback_refusal(destination: &Destination, decided: &Decided) -> Option<&'static str> {
+    match (&destination.url, destination.disabled) {
+        _ if !decided.wants_callback() => None,
+        (None, _) => Some("no callback URL is configured"),
+        (Some(_), true) => Some("the callback endpoint is disabled"),
+        (Some(_), false) => None,
+    }
+}
