@@ -38,8 +38,9 @@ pub mod pipeline;
 pub(crate) mod rows;
 #[macro_use]
 pub mod activity;
-#[macro_use]
 pub mod feeds;
+
+pub(crate) mod backend;
 
 use std::sync::Arc;
 
@@ -240,7 +241,6 @@ macro_rules! sql_store {
         actions_sql!($store, $conn);
         events_sql!($store, $conn);
         deliveries_sql!($store, $conn, $lease_due);
-        feeds_sql!($store, $conn);
         activity_sql!($store, $conn);
 
         #[async_trait::async_trait]

@@ -275,6 +275,31 @@ const MULTI_STATEMENT: bool = false;
 
 sql_store!(PostgresStore, sqlx::PgConnection, LEASE_DUE, COMMITTERS);
 
+impl super::backend::Backend for PostgresStore {
+    type Db = Postgres;
+
+    fn read(&self) -> &PgPool {
+        &self.pool
+    }
+
+    fn write(&self) -> &PgPool {
+        &self.pool
+    }
+
+    async fn begin(&self) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+        PostgresStore::begin(self).await
+    }
+
+    const READ_SNAPSHOT: &'static str = READ_SNAPSHOT;
+    const MULTI_STATEMENT: bool = MULTI_STATEMENT;
+    const LEASE_DUE: &'static str = LEASE_DUE;
+    const COMMITS: usize = COMMITTERS;
+
+    fn migrator() -> &'static sqlx::migrate::Migrator {
+        &MIGRATOR
+    }
+}
+
 /// The group commit in fewer statements ([`super::postgres_pipeline`]): one statement, committed
 /// on its own, for the held locks' re-check, claims, effects, attempts' records, and the outbox
 /// rows, events and completions, when every act that goes ahead settles in it; otherwise

@@ -154,6 +154,31 @@ const MULTI_STATEMENT: bool = true;
 
 sql_store!(SqliteStore, sqlx::SqliteConnection, LEASE_DUE, 1);
 
+impl super::backend::Backend for SqliteStore {
+    type Db = Sqlite;
+
+    fn read(&self) -> &SqlitePool {
+        &self.reader
+    }
+
+    fn write(&self) -> &SqlitePool {
+        &self.writer
+    }
+
+    async fn begin(&self) -> Result<Transaction<'static, Sqlite>, sqlx::Error> {
+        SqliteStore::begin(self).await
+    }
+
+    const READ_SNAPSHOT: &'static str = READ_SNAPSHOT;
+    const MULTI_STATEMENT: bool = MULTI_STATEMENT;
+    const LEASE_DUE: &'static str = LEASE_DUE;
+    const COMMITS: usize = 1;
+
+    fn migrator() -> &'static sqlx::migrate::Migrator {
+        &MIGRATOR
+    }
+}
+
 /// Runs [`checkpoint`] every [`CHECKPOINT_EVERY`] on `pool`'s connection.
 fn checkpoint_every(pool: SqlitePool, writer: SqlitePool) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
