@@ -19,10 +19,8 @@
 //! - [`feeds`]: SET transmitters and CAMARA subscriptions of the standard feeds.
 
 // The aggregate files first: their macros are expanded by the backends declared after them.
-#[macro_use]
-pub mod tenants;
-#[macro_use]
 pub mod api_keys;
+pub mod tenants;
 #[macro_use]
 pub mod keys;
 #[macro_use]
@@ -234,8 +232,6 @@ macro_rules! sql_store {
             Ok(())
         }
 
-        tenants_sql!($store, $conn);
-        api_keys_sql!($store, $conn);
         keys_sql!($store, $conn);
         playbooks_sql!($store, $conn);
         actions_sql!($store, $conn);
