@@ -13,13 +13,9 @@
 
 use std::time::Duration;
 
-use crate::store::{EventStore, KeyStore, PlaybookStore, StoreError};
+use crate::store::StoreError;
 
-/// What retention deletes from: events (with their deliveries) and playbook versions, and the
-/// expired idempotency keys the pruner deletes beside them.
-pub trait RetentionStore: EventStore + PlaybookStore + KeyStore + Send + Sync {}
-
-impl<T: ?Sized + EventStore + PlaybookStore + KeyStore + Send + Sync> RetentionStore for T {}
+pub use crate::store::ports::RetentionStore;
 
 /// Playbook versions kept per tenant whatever their age.
 pub const KEEP_PLAYBOOK_VERSIONS: i64 = 50;

@@ -15,15 +15,10 @@ use crate::clock::now_ms;
 use crate::destination::{CallbackUrl, UrlError};
 use crate::secrets::{Keyring, SecretsError, api_key_hash};
 use crate::store::{
-    ApiKeyRecord, ApiKeyStore, KeyGrant, NewApiKey, NewTenant, Scope, SealedSecret, SecretPurpose,
-    StoreError, TenantStore,
+    ApiKeyRecord, KeyGrant, NewApiKey, NewTenant, Scope, SealedSecret, SecretPurpose, StoreError,
 };
 
-/// What tenant administration and [`Credentials`] read and write: tenants, their secrets and
-/// their API keys.
-pub trait TenantPort: TenantStore + ApiKeyStore + Send + Sync {}
-
-impl<T: ?Sized + TenantStore + ApiKeyStore + Send + Sync> TenantPort for T {}
+pub use crate::store::ports::TenantPort;
 
 /// Prefix of every API key, so leaked keys are recognisable by scanners.
 const API_KEY_PREFIX: &str = "vk_";

@@ -25,20 +25,9 @@ use subtle::ConstantTimeEq;
 use crate::app::AppState;
 use crate::problem::Problem;
 use crate::secrets::{api_key_hash, hex};
-use crate::store::{
-    ActivityStore, DeliveryStore, EventStore, KeyGrant, PlaybookStore, Scope, TenantRecord,
-};
+use crate::store::{KeyGrant, Scope, TenantRecord};
 
-/// What the console reads and writes: activity, events and their deliveries, playbooks.
-pub trait ConsoleStore:
-    ActivityStore + EventStore + DeliveryStore + PlaybookStore + Send + Sync
-{
-}
-
-impl<T: ?Sized + ActivityStore + EventStore + DeliveryStore + PlaybookStore + Send + Sync>
-    ConsoleStore for T
-{
-}
+pub use crate::store::ports::ConsoleStore;
 
 impl AppState {
     /// The console's port onto the store.

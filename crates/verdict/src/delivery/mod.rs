@@ -19,9 +19,7 @@ use uuid::Uuid;
 use crate::clock::now_ms;
 use crate::destination;
 use crate::secrets::Keyring;
-use crate::store::{
-    AttemptRecord, DeliveryStore, DueDelivery, Redelivery, SecretPurpose, StoreError,
-};
+use crate::store::{AttemptRecord, DueDelivery, Redelivery, SecretPurpose, StoreError};
 use crate::tenant;
 use attempt::Outgoing;
 use schedule::Trigger;
@@ -110,11 +108,7 @@ pub enum Redelivered {
     Unavailable,
 }
 
-/// What delivery reads and writes: the outbox and its attempts, and the tenants' webhook
-/// secrets (through [`tenant::Credentials`]).
-pub trait DeliveryPort: DeliveryStore + tenant::TenantPort {}
-
-impl<T: ?Sized + DeliveryStore + tenant::TenantPort> DeliveryPort for T {}
+pub use crate::store::ports::DeliveryPort;
 
 /// Makes and records delivery attempts.
 pub struct Deliverer {

@@ -20,13 +20,9 @@ use crate::destination::{DestinationPolicy, UrlError, check_url};
 use crate::idempotency::IdempotencyKey;
 use crate::secrets::Keyring;
 use crate::signal::{Subject, subject_digest, validate_phone};
-use crate::store::{FeedStore, StoreError, TenantStore, TransmitterRecord};
+use crate::store::{StoreError, TransmitterRecord};
 
-/// What the feeds' registrations and CAMARA notifications read and write: their transmitters
-/// and subscriptions, and the tenant they belong to.
-pub trait FeedPort: FeedStore + TenantStore + Send + Sync {}
-
-impl<T: ?Sized + FeedStore + TenantStore + Send + Sync> FeedPort for T {}
+pub use crate::store::ports::FeedPort;
 
 /// The idempotency key of a feed event made of its natural key's parts (each length-prefixed,
 /// so no two different tuples make the same key). Like every key, it is stored only as a keyed

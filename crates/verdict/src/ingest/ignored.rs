@@ -11,8 +11,8 @@ use uuid::Uuid;
 use super::{
     Decided, Holding, Inbound, Ingest, IngestError, Mapping, Reply, record, recorded_decision,
 };
-use crate::domain::{ActionKind, Applied};
 use crate::clock::{now_ms, to_ms};
+use crate::domain::{ActionKind, Applied};
 use crate::domain::{Feed, UNMAPPED_TYPE};
 use crate::failpoint::failpoint;
 use crate::idempotency::{Cached, Fingerprint, IdempotencyKey, Payload};

@@ -44,8 +44,7 @@ use crate::playbook::{Library, Playbook};
 use crate::secrets::Keyring;
 use crate::signal::{Signal, Subject, subject_digest};
 use crate::store::{
-    Claim, DecisionInputs, HeldKey, KeyRef, KeyStore, PipelineStore, PlaybookStore, StoreError,
-    StoredResponse, TenantRecord,
+    Claim, DecisionInputs, HeldKey, KeyRef, StoreError, StoredResponse, TenantRecord,
 };
 
 use claim::recorded_decision;
@@ -199,11 +198,7 @@ struct Holding {
 /// 30 s between a termination signal and a kill.
 const DRAIN_LIMIT: std::time::Duration = std::time::Duration::from_secs(15);
 
-/// What the pipeline reads and writes: idempotency keys, playbooks and what a decision reads,
-/// and the group commit.
-pub trait IngestStore: KeyStore + PlaybookStore + PipelineStore + Send + Sync {}
-
-impl<T: ?Sized + KeyStore + PlaybookStore + PipelineStore + Send + Sync> IngestStore for T {}
+pub use crate::store::ports::IngestStore;
 
 /// The pipeline and what it needs.
 pub struct Ingest {

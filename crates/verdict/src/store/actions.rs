@@ -6,9 +6,12 @@
 //! multi-row statements); a conflict in one row never fails the others.
 
 use async_trait::async_trait;
+use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Type};
 use uuid::Uuid;
 
 use super::StoreError;
+use super::backend::{Backend, SqlDb};
+use super::events::push_ids;
 
 /// How a backend passes a list of (tenant, bytes) keys into a statement: as a table whose
 /// columns are `column1` and `column2`, usable after `FROM` or `IN`.
@@ -80,81 +83,118 @@ pub trait ActionStore {
     ) -> Result<Option<SubjectState>, StoreError>;
 }
 
-/// The batched action statements and [`ActionStore`] for a backend.
-macro_rules! actions_sql {
-    ($store:ty, $conn:ty) => {
-        /// Pushes a list of (tenant, bytes) keys as a table with columns `column1` and
-        /// `column2` (see [`$crate::store::actions::KeyList`]).
-        fn push_keys(q: &mut sqlx::QueryBuilder<Db>, keys: &[(uuid::Uuid, Vec<u8>)]) {
-            <Db as $crate::store::actions::KeyList>::push_keys(q, keys)
-        }
+/// Pushes a list of (tenant, bytes) keys as a table with columns `column1` and
+/// `column2` (see [`crate::store::actions::KeyList`]).
+pub(crate) fn push_keys<DB: KeyList>(q: &mut sqlx::QueryBuilder<DB>, keys: &[(Uuid, Vec<u8>)]) {
+    DB::push_keys(q, keys)
+}
 
-        /// Deletes the record of the alerts `events` sent: history, not state (the window
-        /// guard is `alert_windows`, which stays).
-        async fn delete_sent_alerts(
-            conn: &mut $conn,
-            events: &[uuid::Uuid],
-        ) -> Result<u64, sqlx::Error> {
-            let mut q = sqlx::QueryBuilder::<Db>::new("DELETE FROM alerts WHERE event_id IN ");
-            push_ids(&mut q, events);
-            Ok(q.build().execute(&mut *conn).await?.rows_affected())
-        }
+/// Deletes the record of the alerts `events` sent: history, not state (the window
+/// guard is `alert_windows`, which stays).
+pub(crate) async fn delete_sent_alerts<DB, C>(
+    conn: &mut C,
+    events: &[uuid::Uuid],
+) -> Result<u64, sqlx::Error>
+where
+    DB: SqlDb + Database<Connection = C>,
+    C: sqlx::Connection<Database = DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    usize: ColumnIndex<DB::Row>,
+    for<'n> &'n str: ColumnIndex<DB::Row>,
+    for<'e> Uuid: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<Uuid>: Encode<'e, DB>,
+    for<'e> i64: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<i64>: Encode<'e, DB>,
+    for<'e> i32: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<i32>: Encode<'e, DB>,
+    for<'e> bool: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> String: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<String>: Encode<'e, DB>,
+    for<'e> Vec<u8>: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<Vec<u8>>: Encode<'e, DB>,
+    for<'e> &'e str: Encode<'e, DB> + Type<DB>,
+    for<'e> Option<&'e str>: Encode<'e, DB>,
+    for<'e> &'e [u8]: Encode<'e, DB> + Type<DB>,
+{
+    let mut q = sqlx::QueryBuilder::<DB>::new("DELETE FROM alerts WHERE event_id IN ");
+    push_ids(&mut q, events);
+    Ok(DB::rows_affected(&q.build().execute(&mut *conn).await?))
+}
 
-        #[async_trait::async_trait]
-        impl $crate::store::ActionStore for $store {
-            async fn subject(
-                &self,
-                tenant_id: uuid::Uuid,
-                subject_hash: &[u8],
-            ) -> Result<Option<$crate::store::SubjectState>, $crate::store::StoreError> {
-                let known: Option<uuid::Uuid> = sqlx::query_scalar(
-                    "SELECT id FROM events WHERE tenant_id = $1 AND subject_hash = $2 LIMIT 1",
-                )
-                .bind(tenant_id)
-                .bind(subject_hash)
-                .fetch_optional(self.read())
-                .await?;
-                if known.is_none() {
-                    return Ok(None);
-                }
-                let lock = sqlx::query_as(
-                    "SELECT event_id, locked_at FROM account_locks \
-                     WHERE tenant_id = $1 AND subject_hash = $2",
-                )
-                .bind(tenant_id)
-                .bind(subject_hash)
-                .fetch_optional(self.read())
-                .await?;
-                let deny = sqlx::query_as(
-                    "SELECT event_id, issued_at FROM denies WHERE tenant_id = $1 AND subject_hash = $2",
-                )
-                .bind(tenant_id)
-                .bind(subject_hash)
-                .fetch_optional(self.read())
-                .await?;
-                let rows: Vec<(uuid::Uuid, i64, uuid::Uuid)> = sqlx::query_as(
-                    "SELECT c.id, c.opened_at, e.event_id FROM cases c \
-                     JOIN case_events e ON e.case_id = c.id \
-                     WHERE c.tenant_id = $1 AND c.subject_hash = $2 AND c.status = 'open' \
-                     ORDER BY c.id, e.event_id",
-                )
-                .bind(tenant_id)
-                .bind(subject_hash)
-                .fetch_all(self.read())
-                .await?;
-                let mut open_cases: Vec<(uuid::Uuid, i64, Vec<uuid::Uuid>)> = Vec::new();
-                for (id, opened_at, event) in rows {
-                    match open_cases.last_mut() {
-                        Some(case) if case.0 == id => case.2.push(event),
-                        _ => open_cases.push((id, opened_at, vec![event])),
-                    }
-                }
-                Ok(Some($crate::store::SubjectState {
-                    lock,
-                    open_cases,
-                    deny,
-                }))
+#[async_trait]
+impl<B: Backend<Db = DB>, DB: SqlDb> ActionStore for B
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    usize: ColumnIndex<DB::Row>,
+    for<'n> &'n str: ColumnIndex<DB::Row>,
+    for<'e> Uuid: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<Uuid>: Encode<'e, DB>,
+    for<'e> i64: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<i64>: Encode<'e, DB>,
+    for<'e> i32: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<i32>: Encode<'e, DB>,
+    for<'e> bool: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> String: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<String>: Encode<'e, DB>,
+    for<'e> Vec<u8>: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<Vec<u8>>: Encode<'e, DB>,
+    for<'e> &'e str: Encode<'e, DB> + Type<DB>,
+    for<'e> Option<&'e str>: Encode<'e, DB>,
+    for<'e> &'e [u8]: Encode<'e, DB> + Type<DB>,
+{
+    async fn subject(
+        &self,
+        tenant_id: uuid::Uuid,
+        subject_hash: &[u8],
+    ) -> Result<Option<crate::store::SubjectState>, crate::store::StoreError> {
+        let known: Option<uuid::Uuid> = sqlx::query_scalar(
+            "SELECT id FROM events WHERE tenant_id = $1 AND subject_hash = $2 LIMIT 1",
+        )
+        .bind(tenant_id)
+        .bind(subject_hash)
+        .fetch_optional(self.read())
+        .await?;
+        if known.is_none() {
+            return Ok(None);
+        }
+        let lock = sqlx::query_as(
+            "SELECT event_id, locked_at FROM account_locks \
+             WHERE tenant_id = $1 AND subject_hash = $2",
+        )
+        .bind(tenant_id)
+        .bind(subject_hash)
+        .fetch_optional(self.read())
+        .await?;
+        let deny = sqlx::query_as(
+            "SELECT event_id, issued_at FROM denies WHERE tenant_id = $1 AND subject_hash = $2",
+        )
+        .bind(tenant_id)
+        .bind(subject_hash)
+        .fetch_optional(self.read())
+        .await?;
+        let rows: Vec<(uuid::Uuid, i64, uuid::Uuid)> = sqlx::query_as(
+            "SELECT c.id, c.opened_at, e.event_id FROM cases c \
+             JOIN case_events e ON e.case_id = c.id \
+             WHERE c.tenant_id = $1 AND c.subject_hash = $2 AND c.status = 'open' \
+             ORDER BY c.id, e.event_id",
+        )
+        .bind(tenant_id)
+        .bind(subject_hash)
+        .fetch_all(self.read())
+        .await?;
+        let mut open_cases: Vec<(uuid::Uuid, i64, Vec<uuid::Uuid>)> = Vec::new();
+        for (id, opened_at, event) in rows {
+            match open_cases.last_mut() {
+                Some(case) if case.0 == id => case.2.push(event),
+                _ => open_cases.push((id, opened_at, vec![event])),
             }
         }
-    };
+        Ok(Some(crate::store::SubjectState {
+            lock,
+            open_cases,
+            deny,
+        }))
+    }
 }

@@ -4,8 +4,10 @@ use std::fmt;
 use std::str::FromStr;
 
 use async_trait::async_trait;
+use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Type};
 use uuid::Uuid;
 
+use super::backend::{Backend, SqlDb};
 use super::{StoreError, TenantRecord};
 
 /// What a key may do.
@@ -128,159 +130,160 @@ pub(crate) struct GrantRow {
     pub key_scope: String,
 }
 
-/// Implements [`ApiKeyStore`] for a backend.
-macro_rules! api_keys_sql {
-    ($store:ty, $conn:ty) => {
-        /// Inserts a key row (also used by tenant creation, in its transaction).
-        async fn insert_api_key_row(
-            conn: &mut $conn,
-            key: &$crate::store::NewApiKey,
-        ) -> Result<(), sqlx::Error> {
-            sqlx::query(
-                "INSERT INTO api_keys (id, tenant_id, key_hash, scope, created_at) \
-                 VALUES ($1, $2, $3, $4, $5)",
-            )
-            .bind(key.id)
-            .bind(key.tenant_id)
-            .bind(&key.key_hash[..])
-            .bind(key.scope.as_str())
-            .bind(key.created_at)
-            .execute(conn)
-            .await?;
-            Ok(())
-        }
-
-        #[async_trait::async_trait]
-        impl $crate::store::ApiKeyStore for $store {
-            async fn insert_api_key(
-                &self,
-                key: &$crate::store::NewApiKey,
-            ) -> Result<(), $crate::store::StoreError> {
-                let mut conn = self.write().acquire().await?;
-                insert_api_key_row(&mut *conn, key).await?;
-                Ok(())
-            }
-
-            async fn grant_by_key_hash(
-                &self,
-                key_hash: &[u8],
-            ) -> Result<Option<$crate::store::KeyGrant>, $crate::store::StoreError> {
-                // The key's columns are renamed in a subquery so the tenant's stay unqualified.
-                let sql = format!(
-                    "SELECT {}, key_id, key_scope FROM tenants JOIN ( \
-                     SELECT id AS key_id, tenant_id AS key_tenant, scope AS key_scope \
-                     FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL \
-                     ) k ON k.key_tenant = tenants.id",
-                    $crate::store::tenants::TENANT_COLUMNS
-                );
-                let row: Option<$crate::store::api_keys::GrantRow> =
-                    sqlx::query_as(sqlx::AssertSqlSafe(sql))
-                        .bind(key_hash)
-                        .fetch_optional(self.read())
-                        .await?;
-                row.map(|row| {
-                    Ok($crate::store::KeyGrant {
-                        key_id: row.key_id,
-                        scope: $crate::store::api_keys::stored_scope(&row.key_scope)?,
-                        tenant: row.tenant,
-                    })
-                })
-                .transpose()
-            }
-
-            async fn api_keys(
-                &self,
-                tenant_id: uuid::Uuid,
-            ) -> Result<Vec<$crate::store::ApiKeyRecord>, $crate::store::StoreError> {
-                let rows: Vec<(uuid::Uuid, String, i64, Option<i64>, Option<i64>)> =
-                    sqlx::query_as(
-                        "SELECT id, scope, created_at, last_used_at, revoked_at FROM api_keys \
-                         WHERE tenant_id = $1 ORDER BY created_at, id",
-                    )
-                    .bind(tenant_id)
-                    .fetch_all(self.read())
-                    .await?;
-                rows.into_iter()
-                    .map(|(id, scope, created_at, last_used_at, revoked_at)| {
-                        Ok($crate::store::ApiKeyRecord {
-                            id,
-                            scope: $crate::store::api_keys::stored_scope(&scope)?,
-                            created_at,
-                            last_used_at,
-                            revoked_at,
-                        })
-                    })
-                    .collect()
-            }
-
-            async fn revoke_api_key(
-                &self,
-                tenant_id: uuid::Uuid,
-                key_id: uuid::Uuid,
-                now: i64,
-            ) -> Result<bool, $crate::store::StoreError> {
-                let done = sqlx::query(
-                    "UPDATE api_keys SET revoked_at = COALESCE(revoked_at, $3) \
-                     WHERE id = $2 AND tenant_id = $1",
-                )
-                .bind(tenant_id)
-                .bind(key_id)
-                .bind(now)
-                .execute(self.write())
-                .await?;
-                Ok(done.rows_affected() == 1)
-            }
-
-            async fn touch_api_key(
-                &self,
-                key_id: uuid::Uuid,
-                at: i64,
-            ) -> Result<(), $crate::store::StoreError> {
-                sqlx::query(
-                    "UPDATE api_keys SET last_used_at = $2 \
-                     WHERE id = $1 AND (last_used_at IS NULL OR last_used_at < $2)",
-                )
-                .bind(key_id)
-                .bind(at)
-                .execute(self.write())
-                .await?;
-                Ok(())
-            }
-        }
-    };
+/// Inserts a key row (also used by tenant creation, in its transaction).
+pub(crate) async fn insert_api_key_row<DB, C>(
+    conn: &mut C,
+    key: &crate::store::NewApiKey,
+) -> Result<(), sqlx::Error>
+where
+    DB: SqlDb + Database<Connection = C>,
+    C: sqlx::Connection<Database = DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    usize: ColumnIndex<DB::Row>,
+    for<'n> &'n str: ColumnIndex<DB::Row>,
+    for<'e> Uuid: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<Uuid>: Encode<'e, DB>,
+    for<'e> i64: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<i64>: Encode<'e, DB>,
+    for<'e> i32: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<i32>: Encode<'e, DB>,
+    for<'e> bool: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> String: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<String>: Encode<'e, DB>,
+    for<'e> Vec<u8>: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<Vec<u8>>: Encode<'e, DB>,
+    for<'e> &'e str: Encode<'e, DB> + Type<DB>,
+    for<'e> Option<&'e str>: Encode<'e, DB>,
+    for<'e> &'e [u8]: Encode<'e, DB> + Type<DB>,
+{
+    sqlx::query(
+        "INSERT INTO api_keys (id, tenant_id, key_hash, scope, created_at) \
+         VALUES ($1, $2, $3, $4, $5)",
+    )
+    .bind(key.id)
+    .bind(key.tenant_id)
+    .bind(&key.key_hash[..])
+    .bind(key.scope.as_str())
+    .bind(key.created_at)
+    .execute(conn)
+    .await?;
+    Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const ALL: [Scope; 3] = [Scope::Ingest, Scope::Read, Scope::Admin];
-
-    #[test]
-    fn admin_allows_everything_and_the_others_only_themselves() {
-        for needed in ALL {
-            assert!(Scope::Admin.allows(needed));
-            for scope in [Scope::Ingest, Scope::Read] {
-                assert_eq!(
-                    scope.allows(needed),
-                    scope == needed,
-                    "{scope} for {needed}"
-                );
-            }
-        }
+#[async_trait]
+impl<B: Backend<Db = DB>, DB: SqlDb> ApiKeyStore for B
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    usize: ColumnIndex<DB::Row>,
+    for<'n> &'n str: ColumnIndex<DB::Row>,
+    for<'e> Uuid: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<Uuid>: Encode<'e, DB>,
+    for<'e> i64: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<i64>: Encode<'e, DB>,
+    for<'e> i32: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<i32>: Encode<'e, DB>,
+    for<'e> bool: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> String: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<String>: Encode<'e, DB>,
+    for<'e> Vec<u8>: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<Vec<u8>>: Encode<'e, DB>,
+    for<'e> &'e str: Encode<'e, DB> + Type<DB>,
+    for<'e> Option<&'e str>: Encode<'e, DB>,
+    for<'e> &'e [u8]: Encode<'e, DB> + Type<DB>,
+{
+    async fn insert_api_key(
+        &self,
+        key: &crate::store::NewApiKey,
+    ) -> Result<(), crate::store::StoreError> {
+        let mut conn = self.write().acquire().await?;
+        insert_api_key_row(&mut *conn, key).await?;
+        Ok(())
     }
 
-    #[test]
-    fn scopes_round_trip_through_their_names_and_nothing_else_parses() {
-        for scope in ALL {
-            assert_eq!(scope.as_str().parse::<Scope>().unwrap(), scope);
-            assert_eq!(
-                serde_json::to_value(scope).unwrap(),
-                serde_json::json!(scope.as_str())
-            );
-        }
-        for bad in ["", "Admin", "write", "admin "] {
-            assert!(bad.parse::<Scope>().is_err(), "{bad:?}");
-        }
+    async fn grant_by_key_hash(
+        &self,
+        key_hash: &[u8],
+    ) -> Result<Option<crate::store::KeyGrant>, crate::store::StoreError> {
+        // The key's columns are renamed in a subquery so the tenant's stay unqualified.
+        let sql = format!(
+            "SELECT {}, key_id, key_scope FROM tenants JOIN ( \
+             SELECT id AS key_id, tenant_id AS key_tenant, scope AS key_scope \
+             FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL \
+             ) k ON k.key_tenant = tenants.id",
+            crate::store::tenants::TENANT_COLUMNS
+        );
+        let row: Option<crate::store::api_keys::GrantRow> =
+            sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                .bind(key_hash)
+                .fetch_optional(self.read())
+                .await?;
+        row.map(|row| {
+            Ok(crate::store::KeyGrant {
+                key_id: row.key_id,
+                scope: crate::store::api_keys::stored_scope(&row.key_scope)?,
+                tenant: row.tenant,
+            })
+        })
+        .transpose()
+    }
+
+    async fn api_keys(
+        &self,
+        tenant_id: uuid::Uuid,
+    ) -> Result<Vec<crate::store::ApiKeyRecord>, crate::store::StoreError> {
+        let rows: Vec<(uuid::Uuid, String, i64, Option<i64>, Option<i64>)> = sqlx::query_as(
+            "SELECT id, scope, created_at, last_used_at, revoked_at FROM api_keys \
+                 WHERE tenant_id = $1 ORDER BY created_at, id",
+        )
+        .bind(tenant_id)
+        .fetch_all(self.read())
+        .await?;
+        rows.into_iter()
+            .map(|(id, scope, created_at, last_used_at, revoked_at)| {
+                Ok(crate::store::ApiKeyRecord {
+                    id,
+                    scope: crate::store::api_keys::stored_scope(&scope)?,
+                    created_at,
+                    last_used_at,
+                    revoked_at,
+                })
+            })
+            .collect()
+    }
+
+    async fn revoke_api_key(
+        &self,
+        tenant_id: uuid::Uuid,
+        key_id: uuid::Uuid,
+        now: i64,
+    ) -> Result<bool, crate::store::StoreError> {
+        let done = sqlx::query(
+            "UPDATE api_keys SET revoked_at = COALESCE(revoked_at, $3) \
+             WHERE id = $2 AND tenant_id = $1",
+        )
+        .bind(tenant_id)
+        .bind(key_id)
+        .bind(now)
+        .execute(self.write())
+        .await?;
+        Ok(DB::rows_affected(&done) == 1)
+    }
+
+    async fn touch_api_key(
+        &self,
+        key_id: uuid::Uuid,
+        at: i64,
+    ) -> Result<(), crate::store::StoreError> {
+        sqlx::query(
+            "UPDATE api_keys SET last_used_at = $2 \
+             WHERE id = $1 AND (last_used_at IS NULL OR last_used_at < $2)",
+        )
+        .bind(key_id)
+        .bind(at)
+        .execute(self.write())
+        .await?;
+        Ok(())
     }
 }

@@ -2,9 +2,12 @@
 //! attempts, and every attempt made.
 
 use async_trait::async_trait;
+use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Type};
 use uuid::Uuid;
 
 use super::StoreError;
+use super::backend::{Backend, SqlDb, execute_pushed};
+use super::events::push_ids;
 
 /// A callback to record in the outbox; the envelope is built once, here.
 #[derive(Clone, Debug)]
@@ -145,329 +148,518 @@ pub trait DeliveryStore {
 pub(crate) const DELIVERY_COLUMNS: &str = "id, event_id, webhook_id, status, attempts, \
      next_attempt_at, last_error, created_at, updated_at";
 
-/// Implements [`DeliveryStore`] for a backend.
-macro_rules! deliveries_sql {
-    ($store:ty, $conn:ty, $lease_due:expr) => {
-        /// Deletes the deliveries of `events` that are settled (not pending), and their
-        /// attempts; returns how many of each.
-        async fn delete_settled_deliveries(
-            conn: &mut $conn,
-            events: &[uuid::Uuid],
-        ) -> Result<(u64, u64), sqlx::Error> {
-            let mut q = sqlx::QueryBuilder::<Db>::new(
-                "DELETE FROM delivery_attempts WHERE delivery_id IN (SELECT id FROM deliveries \
-                 WHERE status <> 'pending' AND event_id IN ",
-            );
-            push_ids(&mut q, events);
-            q.push(")");
-            let attempts = q.build().execute(&mut *conn).await?.rows_affected();
-            let mut q = sqlx::QueryBuilder::<Db>::new(
-                "DELETE FROM deliveries WHERE status <> 'pending' AND event_id IN ",
-            );
-            push_ids(&mut q, events);
-            let deliveries = q.build().execute(&mut *conn).await?.rows_affected();
-            Ok((deliveries, attempts))
+/// Deletes the deliveries of `events` that are settled (not pending), and their
+/// attempts; returns how many of each.
+pub(crate) async fn delete_settled_deliveries<DB, C>(
+    conn: &mut C,
+    events: &[uuid::Uuid],
+) -> Result<(u64, u64), sqlx::Error>
+where
+    DB: SqlDb + Database<Connection = C>,
+    C: sqlx::Connection<Database = DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    usize: ColumnIndex<DB::Row>,
+    for<'n> &'n str: ColumnIndex<DB::Row>,
+    for<'e> Uuid: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<Uuid>: Encode<'e, DB>,
+    for<'e> i64: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<i64>: Encode<'e, DB>,
+    for<'e> i32: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<i32>: Encode<'e, DB>,
+    for<'e> bool: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> String: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<String>: Encode<'e, DB>,
+    for<'e> Vec<u8>: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<Vec<u8>>: Encode<'e, DB>,
+    for<'e> &'e str: Encode<'e, DB> + Type<DB>,
+    for<'e> Option<&'e str>: Encode<'e, DB>,
+    for<'e> &'e [u8]: Encode<'e, DB> + Type<DB>,
+{
+    let mut q = sqlx::QueryBuilder::<DB>::new(
+        "DELETE FROM delivery_attempts WHERE delivery_id IN (SELECT id FROM deliveries \
+         WHERE status <> 'pending' AND event_id IN ",
+    );
+    push_ids(&mut q, events);
+    q.push(")");
+    let attempts = DB::rows_affected(&q.build().execute(&mut *conn).await?);
+    let mut q = sqlx::QueryBuilder::<DB>::new(
+        "DELETE FROM deliveries WHERE status <> 'pending' AND event_id IN ",
+    );
+    push_ids(&mut q, events);
+    let deliveries = DB::rows_affected(&q.build().execute(&mut *conn).await?);
+    Ok((deliveries, attempts))
+}
+
+/// Records attempts and moves each delivery to its next state (and disables the
+/// endpoints that answered 410), in at most three statements whatever the number: one
+/// query on SQLite (one hop to its connection thread), one query each on PostgreSQL,
+/// which prepares one statement per query.
+pub(crate) async fn record_attempts<DB, C>(
+    conn: &mut C,
+    attempts: &[&crate::store::AttemptRecord],
+) -> Result<(), sqlx::Error>
+where
+    DB: SqlDb + Database<Connection = C>,
+    C: sqlx::Connection<Database = DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    usize: ColumnIndex<DB::Row>,
+    for<'n> &'n str: ColumnIndex<DB::Row>,
+    for<'e> Uuid: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<Uuid>: Encode<'e, DB>,
+    for<'e> i64: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<i64>: Encode<'e, DB>,
+    for<'e> i32: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<i32>: Encode<'e, DB>,
+    for<'e> bool: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> String: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<String>: Encode<'e, DB>,
+    for<'e> Vec<u8>: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<Vec<u8>>: Encode<'e, DB>,
+    for<'e> &'e str: Encode<'e, DB> + Type<DB>,
+    for<'e> Option<&'e str>: Encode<'e, DB>,
+    for<'e> &'e [u8]: Encode<'e, DB> + Type<DB>,
+{
+    // The statements that record attempts, in order; each pushes nothing when it has
+    // nothing to do.
+    let steps: [AttemptStep<DB>; 3] = [
+        push_insert_attempts,
+        push_advance_deliveries,
+        push_disable_endpoints,
+    ];
+    run_attempt_steps(conn, &steps, attempts).await
+}
+
+/// Disables the callback endpoints that answered an attempt with 410.
+pub(crate) async fn disable_endpoints<DB, C>(
+    conn: &mut C,
+    attempts: &[&crate::store::AttemptRecord],
+) -> Result<(), sqlx::Error>
+where
+    DB: SqlDb + Database<Connection = C>,
+    C: sqlx::Connection<Database = DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    usize: ColumnIndex<DB::Row>,
+    for<'n> &'n str: ColumnIndex<DB::Row>,
+    for<'e> Uuid: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<Uuid>: Encode<'e, DB>,
+    for<'e> i64: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<i64>: Encode<'e, DB>,
+    for<'e> i32: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<i32>: Encode<'e, DB>,
+    for<'e> bool: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> String: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<String>: Encode<'e, DB>,
+    for<'e> Vec<u8>: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<Vec<u8>>: Encode<'e, DB>,
+    for<'e> &'e str: Encode<'e, DB> + Type<DB>,
+    for<'e> Option<&'e str>: Encode<'e, DB>,
+    for<'e> &'e [u8]: Encode<'e, DB> + Type<DB>,
+{
+    run_attempt_steps(conn, &[push_disable_endpoints], attempts).await
+}
+
+/// A statement that records attempts, pushed onto a query.
+type AttemptStep<DB> = fn(&mut sqlx::QueryBuilder<DB>, &[&crate::store::AttemptRecord]);
+
+/// Runs `steps` for `attempts`: together on a backend that runs several statements in
+/// one query, one query each otherwise.
+async fn run_attempt_steps<DB, C>(
+    conn: &mut C,
+    steps: &[AttemptStep<DB>],
+    attempts: &[&crate::store::AttemptRecord],
+) -> Result<(), sqlx::Error>
+where
+    DB: SqlDb + Database<Connection = C>,
+    C: sqlx::Connection<Database = DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    usize: ColumnIndex<DB::Row>,
+    for<'n> &'n str: ColumnIndex<DB::Row>,
+    for<'e> Uuid: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<Uuid>: Encode<'e, DB>,
+    for<'e> i64: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<i64>: Encode<'e, DB>,
+    for<'e> i32: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<i32>: Encode<'e, DB>,
+    for<'e> bool: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> String: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<String>: Encode<'e, DB>,
+    for<'e> Vec<u8>: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<Vec<u8>>: Encode<'e, DB>,
+    for<'e> &'e str: Encode<'e, DB> + Type<DB>,
+    for<'e> Option<&'e str>: Encode<'e, DB>,
+    for<'e> &'e [u8]: Encode<'e, DB> + Type<DB>,
+{
+    let mut q = sqlx::QueryBuilder::<DB>::new("");
+    for push in steps {
+        push(&mut q, attempts);
+        if !DB::MULTI_STATEMENT {
+            execute_pushed(&mut *conn, &mut q).await?;
         }
+    }
+    execute_pushed(conn, &mut q).await
+}
 
-        /// Records attempts and moves each delivery to its next state (and disables the
-        /// endpoints that answered 410), in at most three statements whatever the number: one
-        /// query on SQLite (one hop to its connection thread), one query each on PostgreSQL,
-        /// which prepares one statement per query.
-        async fn record_attempts(
-            conn: &mut $conn,
-            attempts: &[&$crate::store::AttemptRecord],
-        ) -> Result<(), sqlx::Error> {
-            run_attempt_steps(conn, &ATTEMPT_STEPS, attempts).await
+/// Adds to `q` the statement that inserts the attempts (none if there are none).
+fn push_insert_attempts<DB: SqlDb>(
+    q: &mut sqlx::QueryBuilder<DB>,
+    attempts: &[&crate::store::AttemptRecord],
+) where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    usize: ColumnIndex<DB::Row>,
+    for<'n> &'n str: ColumnIndex<DB::Row>,
+    for<'e> Uuid: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<Uuid>: Encode<'e, DB>,
+    for<'e> i64: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<i64>: Encode<'e, DB>,
+    for<'e> i32: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<i32>: Encode<'e, DB>,
+    for<'e> bool: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> String: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<String>: Encode<'e, DB>,
+    for<'e> Vec<u8>: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<Vec<u8>>: Encode<'e, DB>,
+    for<'e> &'e str: Encode<'e, DB> + Type<DB>,
+    for<'e> Option<&'e str>: Encode<'e, DB>,
+    for<'e> &'e [u8]: Encode<'e, DB> + Type<DB>,
+{
+    if attempts.is_empty() {
+        return;
+    }
+    q.push(
+        "INSERT INTO delivery_attempts (id, delivery_id, attempted_at, trigger_kind, \
+         status_code, latency_ms, error, response_excerpt) ",
+    );
+    q.push_values(attempts, |mut row, a| {
+        row.push_bind(a.id)
+            .push_bind(a.delivery_id)
+            .push_bind(a.attempted_at)
+            .push_bind(a.trigger)
+            .push_bind(a.status_code)
+            .push_bind(a.latency_ms)
+            .push_bind(a.error.clone())
+            .push_bind(a.response_excerpt.clone());
+    });
+    q.push("; ");
+}
+
+/// Adds to `q` the statement that moves each attempt's delivery to its next state
+/// (none if there are no attempts).
+fn push_advance_deliveries<DB: SqlDb>(
+    q: &mut sqlx::QueryBuilder<DB>,
+    attempts: &[&crate::store::AttemptRecord],
+) where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    usize: ColumnIndex<DB::Row>,
+    for<'n> &'n str: ColumnIndex<DB::Row>,
+    for<'e> Uuid: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<Uuid>: Encode<'e, DB>,
+    for<'e> i64: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<i64>: Encode<'e, DB>,
+    for<'e> i32: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<i32>: Encode<'e, DB>,
+    for<'e> bool: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> String: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<String>: Encode<'e, DB>,
+    for<'e> Vec<u8>: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<Vec<u8>>: Encode<'e, DB>,
+    for<'e> &'e str: Encode<'e, DB> + Type<DB>,
+    for<'e> Option<&'e str>: Encode<'e, DB>,
+    for<'e> &'e [u8]: Encode<'e, DB> + Type<DB>,
+{
+    if attempts.is_empty() {
+        return;
+    }
+    q.push(
+        "UPDATE deliveries SET status = v.column2, attempts = attempts + 1, \
+         retries_left = v.column3, next_attempt_at = v.column4, leased_until = 0, \
+         last_error = v.column5, updated_at = v.column6 FROM (",
+    );
+    q.push_values(attempts, |mut row, a| {
+        row.push_bind(a.delivery_id)
+            .push_bind(a.next.status.as_str())
+            .push_bind(a.next.retries_left)
+            .push_bind(a.next.next_attempt_at)
+            .push_bind(a.error.clone())
+            .push_bind(a.attempted_at);
+    });
+    q.push(") AS v WHERE deliveries.id = v.column1; ");
+}
+
+/// Adds to `q` the statement that disables the callback endpoints that answered an
+/// attempt with 410 (none if none did).
+fn push_disable_endpoints<DB: SqlDb>(
+    q: &mut sqlx::QueryBuilder<DB>,
+    attempts: &[&crate::store::AttemptRecord],
+) where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    usize: ColumnIndex<DB::Row>,
+    for<'n> &'n str: ColumnIndex<DB::Row>,
+    for<'e> Uuid: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<Uuid>: Encode<'e, DB>,
+    for<'e> i64: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<i64>: Encode<'e, DB>,
+    for<'e> i32: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<i32>: Encode<'e, DB>,
+    for<'e> bool: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> String: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<String>: Encode<'e, DB>,
+    for<'e> Vec<u8>: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<Vec<u8>>: Encode<'e, DB>,
+    for<'e> &'e str: Encode<'e, DB> + Type<DB>,
+    for<'e> Option<&'e str>: Encode<'e, DB>,
+    for<'e> &'e [u8]: Encode<'e, DB> + Type<DB>,
+{
+    let gone: Vec<uuid::Uuid> = attempts
+        .iter()
+        .filter(|a| a.next.disable_endpoint)
+        .map(|a| a.tenant_id)
+        .collect();
+    if gone.is_empty() {
+        return;
+    }
+    q.push("UPDATE tenants SET callback_disabled = TRUE WHERE id IN (");
+    let mut list = q.separated(", ");
+    for tenant in gone {
+        list.push_bind(tenant);
+    }
+    q.push("); ");
+}
+
+/// One of a tenant's deliveries by id (`$1` tenant, `$2` id).
+fn delivery_by_id() -> String {
+    format!(
+        "SELECT {} FROM deliveries WHERE tenant_id = $1 AND id = $2",
+        crate::store::deliveries::DELIVERY_COLUMNS
+    )
+}
+
+/// A delivery's attempts, oldest first (`$1` the delivery).
+const ATTEMPTS_OF: &str = "SELECT attempted_at, trigger_kind, status_code, latency_ms, \
+    error, response_excerpt FROM delivery_attempts WHERE delivery_id = $1 \
+    ORDER BY attempted_at, id";
+
+fn attempt_rows<DB: SqlDb>(
+    rows: &[DB::Row],
+) -> Result<Vec<crate::store::AttemptRow>, crate::store::StoreError>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    usize: ColumnIndex<DB::Row>,
+    for<'n> &'n str: ColumnIndex<DB::Row>,
+    for<'e> Uuid: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<Uuid>: Encode<'e, DB>,
+    for<'e> i64: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<i64>: Encode<'e, DB>,
+    for<'e> i32: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<i32>: Encode<'e, DB>,
+    for<'e> bool: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> String: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<String>: Encode<'e, DB>,
+    for<'e> Vec<u8>: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<Vec<u8>>: Encode<'e, DB>,
+    for<'e> &'e str: Encode<'e, DB> + Type<DB>,
+    for<'e> Option<&'e str>: Encode<'e, DB>,
+    for<'e> &'e [u8]: Encode<'e, DB> + Type<DB>,
+{
+    rows.iter()
+        .map(sqlx::FromRow::from_row)
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(Into::into)
+}
+
+#[async_trait]
+impl<B: Backend<Db = DB>, DB: SqlDb> DeliveryStore for B
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    usize: ColumnIndex<DB::Row>,
+    for<'n> &'n str: ColumnIndex<DB::Row>,
+    for<'e> Uuid: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<Uuid>: Encode<'e, DB>,
+    for<'e> i64: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<i64>: Encode<'e, DB>,
+    for<'e> i32: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<i32>: Encode<'e, DB>,
+    for<'e> bool: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> String: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<String>: Encode<'e, DB>,
+    for<'e> Vec<u8>: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<Vec<u8>>: Encode<'e, DB>,
+    for<'e> &'e str: Encode<'e, DB> + Type<DB>,
+    for<'e> Option<&'e str>: Encode<'e, DB>,
+    for<'e> &'e [u8]: Encode<'e, DB> + Type<DB>,
+{
+    async fn deliveries_for_event(
+        &self,
+        tenant_id: uuid::Uuid,
+        event_id: uuid::Uuid,
+    ) -> Result<Vec<crate::store::DeliveryRecord>, crate::store::StoreError> {
+        let sql = format!(
+            "SELECT {} FROM deliveries WHERE tenant_id = $1 AND event_id = $2 ORDER BY id",
+            crate::store::deliveries::DELIVERY_COLUMNS
+        );
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(tenant_id)
+            .bind(event_id)
+            .fetch_all(self.read())
+            .await?)
+    }
+
+    async fn lease_due(
+        &self,
+        now: i64,
+        since: i64,
+        lease_until: i64,
+        limit: i64,
+        skip: &[uuid::Uuid],
+    ) -> Result<Vec<crate::store::DueDelivery>, crate::store::StoreError> {
+        // The tenants to skip as a JSON array of UUID strings: one parameter, whatever
+        // their number, that both databases can read as a set.
+        let skip = serde_json::to_string(skip)
+            .map_err(|e| crate::store::StoreError::Corrupt(Box::new(e)))?;
+        Ok(sqlx::query_as(B::LEASE_DUE)
+            .bind(now)
+            .bind(lease_until)
+            .bind(limit)
+            .bind(since)
+            .bind(skip)
+            .fetch_all(self.write())
+            .await?)
+    }
+
+    async fn record_attempt(
+        &self,
+        a: &crate::store::AttemptRecord,
+    ) -> Result<(), crate::store::StoreError> {
+        let mut tx = self.begin().await?;
+        record_attempts(&mut *tx, &[a]).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn lease_for_redelivery(
+        &self,
+        tenant_id: uuid::Uuid,
+        id: uuid::Uuid,
+        now: i64,
+        lease_until: i64,
+        retries: i64,
+        redelivered_since: i64,
+    ) -> Result<crate::store::deliveries::Redelivery, crate::store::StoreError> {
+        use crate::store::deliveries::Redelivery;
+        // The lease and the attempt's record are one compare-and-set each, and the
+        // attempt row is written in the transaction that ends the lease, so a second
+        // request sees either the lease or the attempt.
+        let row = sqlx::query_as(
+            "UPDATE deliveries SET status = 'pending', retries_left = $5, \
+             next_attempt_at = $3, leased_until = $4, updated_at = $3 \
+             WHERE tenant_id = $1 AND id = $2 AND leased_until <= $3 \
+             AND NOT (SELECT callback_disabled FROM tenants WHERE tenants.id = deliveries.tenant_id) \
+             AND NOT EXISTS (SELECT 1 FROM delivery_attempts a WHERE a.delivery_id = deliveries.id \
+             AND a.trigger_kind = 'redeliver' AND a.attempted_at > $6) \
+             RETURNING id, tenant_id, webhook_id, payload, retries_left, \
+             (SELECT callback_url FROM tenants WHERE tenants.id = deliveries.tenant_id) AS callback_url",
+        )
+        .bind(tenant_id)
+        .bind(id)
+        .bind(now)
+        .bind(lease_until)
+        .bind(retries)
+        .bind(redelivered_since)
+        .fetch_optional(self.write())
+        .await?;
+        if let Some(due) = row {
+            return Ok(Redelivery::Leased(due));
         }
+        let last: Option<i64> = sqlx::query_scalar(
+            "SELECT MAX(a.attempted_at) FROM delivery_attempts a \
+             JOIN deliveries d ON d.id = a.delivery_id \
+             WHERE d.tenant_id = $1 AND d.id = $2 AND a.trigger_kind = 'redeliver'",
+        )
+        .bind(tenant_id)
+        .bind(id)
+        .fetch_one(self.write())
+        .await?;
+        Ok(match last {
+            Some(last) if last > redelivered_since => Redelivery::TooSoon { last },
+            _ => Redelivery::Unavailable,
+        })
+    }
 
-        /// Disables the callback endpoints that answered an attempt with 410.
-        #[allow(dead_code)]
-        async fn disable_endpoints(
-            conn: &mut $conn,
-            attempts: &[&$crate::store::AttemptRecord],
-        ) -> Result<(), sqlx::Error> {
-            run_attempt_steps(conn, &[push_disable_endpoints], attempts).await
-        }
+    async fn deliveries(
+        &self,
+        tenant_id: uuid::Uuid,
+        status: Option<crate::domain::DeliveryStatus>,
+        before: Option<uuid::Uuid>,
+        limit: i64,
+    ) -> Result<Vec<crate::store::DeliveryRecord>, crate::store::StoreError> {
+        // A nil UUID cursor sorts before every v7 id, so "no cursor" is the max UUID.
+        let cursor = before.unwrap_or(uuid::Uuid::max());
+        let sql = format!(
+            "SELECT {} FROM deliveries WHERE tenant_id = $1 \
+             AND ($2 = '' OR status = $2) AND id < $3 ORDER BY id DESC LIMIT $4",
+            crate::store::deliveries::DELIVERY_COLUMNS
+        );
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(tenant_id)
+            .bind(status.map_or("", |s| s.as_str()))
+            .bind(cursor)
+            .bind(limit)
+            .fetch_all(self.read())
+            .await?)
+    }
 
-        /// The statements that record attempts, in order; each pushes nothing when it has
-        /// nothing to do.
-        const ATTEMPT_STEPS: [fn(&mut sqlx::QueryBuilder<Db>, &[&$crate::store::AttemptRecord]);
-            3] = [push_insert_attempts, push_advance_deliveries, push_disable_endpoints];
+    async fn delivery(
+        &self,
+        tenant_id: uuid::Uuid,
+        id: uuid::Uuid,
+    ) -> Result<Option<crate::store::DeliveryRecord>, crate::store::StoreError> {
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(delivery_by_id()))
+            .bind(tenant_id)
+            .bind(id)
+            .fetch_optional(self.read())
+            .await?)
+    }
 
-        /// Runs `steps` for `attempts`: together on a backend that runs several statements in
-        /// one query, one query each otherwise.
-        async fn run_attempt_steps(
-            conn: &mut $conn,
-            steps: &[fn(&mut sqlx::QueryBuilder<Db>, &[&$crate::store::AttemptRecord])],
-            attempts: &[&$crate::store::AttemptRecord],
-        ) -> Result<(), sqlx::Error> {
-            let mut q = sqlx::QueryBuilder::<Db>::new("");
-            for push in steps {
-                push(&mut q, attempts);
-                if !MULTI_STATEMENT {
-                    execute_pushed(&mut *conn, &mut q).await?;
-                }
-            }
-            execute_pushed(conn, &mut q).await
-        }
-
-        /// Adds to `q` the statement that inserts the attempts (none if there are none).
-        fn push_insert_attempts(
-            q: &mut sqlx::QueryBuilder<Db>,
-            attempts: &[&$crate::store::AttemptRecord],
-        ) {
-            if attempts.is_empty() {
-                return;
-            }
-            q.push(
-                "INSERT INTO delivery_attempts (id, delivery_id, attempted_at, trigger_kind, \
-                 status_code, latency_ms, error, response_excerpt) ",
-            );
-            q.push_values(attempts, |mut row, a| {
-                row.push_bind(a.id)
-                    .push_bind(a.delivery_id)
-                    .push_bind(a.attempted_at)
-                    .push_bind(a.trigger)
-                    .push_bind(a.status_code)
-                    .push_bind(a.latency_ms)
-                    .push_bind(a.error.clone())
-                    .push_bind(a.response_excerpt.clone());
-            });
-            q.push("; ");
-        }
-
-        /// Adds to `q` the statement that moves each attempt's delivery to its next state
-        /// (none if there are no attempts).
-        fn push_advance_deliveries(
-            q: &mut sqlx::QueryBuilder<Db>,
-            attempts: &[&$crate::store::AttemptRecord],
-        ) {
-            if attempts.is_empty() {
-                return;
-            }
-            q.push(
-                "UPDATE deliveries SET status = v.column2, attempts = attempts + 1, \
-                 retries_left = v.column3, next_attempt_at = v.column4, leased_until = 0, \
-                 last_error = v.column5, updated_at = v.column6 FROM (",
-            );
-            q.push_values(attempts, |mut row, a| {
-                row.push_bind(a.delivery_id)
-                    .push_bind(a.next.status.as_str())
-                    .push_bind(a.next.retries_left)
-                    .push_bind(a.next.next_attempt_at)
-                    .push_bind(a.error.clone())
-                    .push_bind(a.attempted_at);
-            });
-            q.push(") AS v WHERE deliveries.id = v.column1; ");
-        }
-
-        /// Adds to `q` the statement that disables the callback endpoints that answered an
-        /// attempt with 410 (none if none did).
-        fn push_disable_endpoints(
-            q: &mut sqlx::QueryBuilder<Db>,
-            attempts: &[&$crate::store::AttemptRecord],
-        ) {
-            let gone: Vec<uuid::Uuid> = attempts
-                .iter()
-                .filter(|a| a.next.disable_endpoint)
-                .map(|a| a.tenant_id)
-                .collect();
-            if gone.is_empty() {
-                return;
-            }
-            q.push("UPDATE tenants SET callback_disabled = TRUE WHERE id IN (");
-            let mut list = q.separated(", ");
-            for tenant in gone {
-                list.push_bind(tenant);
-            }
-            q.push("); ");
-        }
-
-        /// One of a tenant's deliveries by id (`$1` tenant, `$2` id).
-        fn delivery_by_id() -> String {
-            format!(
-                "SELECT {} FROM deliveries WHERE tenant_id = $1 AND id = $2",
-                $crate::store::deliveries::DELIVERY_COLUMNS
-            )
-        }
-
-        /// A delivery's attempts, oldest first (`$1` the delivery).
-        const ATTEMPTS_OF: &str = "SELECT attempted_at, trigger_kind, status_code, latency_ms, \
-            error, response_excerpt FROM delivery_attempts WHERE delivery_id = $1 \
-            ORDER BY attempted_at, id";
-
-        fn attempt_rows(
-            rows: &[Row],
-        ) -> Result<Vec<$crate::store::AttemptRow>, $crate::store::StoreError> {
-            rows.iter()
-                .map(sqlx::FromRow::from_row)
-                .collect::<Result<_, sqlx::Error>>()
-                .map_err(Into::into)
-        }
-
-        #[async_trait::async_trait]
-        impl $crate::store::DeliveryStore for $store {
-            async fn deliveries_for_event(
-                &self,
-                tenant_id: uuid::Uuid,
-                event_id: uuid::Uuid,
-            ) -> Result<Vec<$crate::store::DeliveryRecord>, $crate::store::StoreError> {
-                let sql = format!(
-                    "SELECT {} FROM deliveries WHERE tenant_id = $1 AND event_id = $2 ORDER BY id",
-                    $crate::store::deliveries::DELIVERY_COLUMNS
-                );
-                Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
-                    .bind(tenant_id)
-                    .bind(event_id)
-                    .fetch_all(self.read())
-                    .await?)
-            }
-
-            async fn lease_due(
-                &self,
-                now: i64,
-                since: i64,
-                lease_until: i64,
-                limit: i64,
-                skip: &[uuid::Uuid],
-            ) -> Result<Vec<$crate::store::DueDelivery>, $crate::store::StoreError> {
-                // The tenants to skip as a JSON array of UUID strings: one parameter, whatever
-                // their number, that both databases can read as a set.
-                let skip = serde_json::to_string(skip)
-                    .map_err(|e| $crate::store::StoreError::Corrupt(Box::new(e)))?;
-                Ok(sqlx::query_as($lease_due)
-                    .bind(now)
-                    .bind(lease_until)
-                    .bind(limit)
-                    .bind(since)
-                    .bind(skip)
-                    .fetch_all(self.write())
-                    .await?)
-            }
-
-            async fn record_attempt(
-                &self,
-                a: &$crate::store::AttemptRecord,
-            ) -> Result<(), $crate::store::StoreError> {
-                let mut tx = self.begin().await?;
-                record_attempts(&mut tx, &[a]).await?;
-                tx.commit().await?;
-                Ok(())
-            }
-
-            async fn lease_for_redelivery(
-                &self,
-                tenant_id: uuid::Uuid,
-                id: uuid::Uuid,
-                now: i64,
-                lease_until: i64,
-                retries: i64,
-                redelivered_since: i64,
-            ) -> Result<$crate::store::deliveries::Redelivery, $crate::store::StoreError> {
-                use $crate::store::deliveries::Redelivery;
-                // The lease and the attempt's record are one compare-and-set each, and the
-                // attempt row is written in the transaction that ends the lease, so a second
-                // request sees either the lease or the attempt.
-                let row = sqlx::query_as(
-                    "UPDATE deliveries SET status = 'pending', retries_left = $5, \
-                     next_attempt_at = $3, leased_until = $4, updated_at = $3 \
-                     WHERE tenant_id = $1 AND id = $2 AND leased_until <= $3 \
-                     AND NOT (SELECT callback_disabled FROM tenants WHERE tenants.id = deliveries.tenant_id) \
-                     AND NOT EXISTS (SELECT 1 FROM delivery_attempts a WHERE a.delivery_id = deliveries.id \
-                     AND a.trigger_kind = 'redeliver' AND a.attempted_at > $6) \
-                     RETURNING id, tenant_id, webhook_id, payload, retries_left, \
-                     (SELECT callback_url FROM tenants WHERE tenants.id = deliveries.tenant_id) AS callback_url",
-                )
+    async fn delivery_with_attempts(
+        &self,
+        tenant_id: uuid::Uuid,
+        id: uuid::Uuid,
+    ) -> Result<
+        Option<(crate::store::DeliveryRecord, Vec<crate::store::AttemptRow>)>,
+        crate::store::StoreError,
+    > {
+        let mut tx = self.read().begin_with(B::READ_SNAPSHOT).await?;
+        let delivery: Option<crate::store::DeliveryRecord> =
+            sqlx::query_as(sqlx::AssertSqlSafe(delivery_by_id()))
                 .bind(tenant_id)
                 .bind(id)
-                .bind(now)
-                .bind(lease_until)
-                .bind(retries)
-                .bind(redelivered_since)
-                .fetch_optional(self.write())
+                .fetch_optional(&mut *tx)
                 .await?;
-                if let Some(due) = row {
-                    return Ok(Redelivery::Leased(due));
-                }
-                let last: Option<i64> = sqlx::query_scalar(
-                    "SELECT MAX(a.attempted_at) FROM delivery_attempts a \
-                     JOIN deliveries d ON d.id = a.delivery_id \
-                     WHERE d.tenant_id = $1 AND d.id = $2 AND a.trigger_kind = 'redeliver'",
-                )
-                .bind(tenant_id)
-                .bind(id)
-                .fetch_one(self.write())
-                .await?;
-                Ok(match last {
-                    Some(last) if last > redelivered_since => Redelivery::TooSoon { last },
-                    _ => Redelivery::Unavailable,
-                })
-            }
+        let Some(delivery) = delivery else {
+            return Ok(None);
+        };
+        let rows = sqlx::query(ATTEMPTS_OF)
+            .bind(id)
+            .fetch_all(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(Some((delivery, attempt_rows(&rows)?)))
+    }
 
-            async fn deliveries(
-                &self,
-                tenant_id: uuid::Uuid,
-                status: Option<$crate::domain::DeliveryStatus>,
-                before: Option<uuid::Uuid>,
-                limit: i64,
-            ) -> Result<Vec<$crate::store::DeliveryRecord>, $crate::store::StoreError> {
-                // A nil UUID cursor sorts before every v7 id, so "no cursor" is the max UUID.
-                let cursor = before.unwrap_or(uuid::Uuid::max());
-                let sql = format!(
-                    "SELECT {} FROM deliveries WHERE tenant_id = $1 \
-                     AND ($2 = '' OR status = $2) AND id < $3 ORDER BY id DESC LIMIT $4",
-                    $crate::store::deliveries::DELIVERY_COLUMNS
-                );
-                Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
-                    .bind(tenant_id)
-                    .bind(status.map_or("", |s| s.as_str()))
-                    .bind(cursor)
-                    .bind(limit)
-                    .fetch_all(self.read())
-                    .await?)
-            }
-
-            async fn delivery(
-                &self,
-                tenant_id: uuid::Uuid,
-                id: uuid::Uuid,
-            ) -> Result<Option<$crate::store::DeliveryRecord>, $crate::store::StoreError> {
-                Ok(sqlx::query_as(sqlx::AssertSqlSafe(delivery_by_id()))
-                    .bind(tenant_id)
-                    .bind(id)
-                    .fetch_optional(self.read())
-                    .await?)
-            }
-
-            async fn delivery_with_attempts(
-                &self,
-                tenant_id: uuid::Uuid,
-                id: uuid::Uuid,
-            ) -> Result<
-                Option<($crate::store::DeliveryRecord, Vec<$crate::store::AttemptRow>)>,
-                $crate::store::StoreError,
-            > {
-                let mut tx = self.read().begin_with(READ_SNAPSHOT).await?;
-                let delivery: Option<$crate::store::DeliveryRecord> =
-                    sqlx::query_as(sqlx::AssertSqlSafe(delivery_by_id()))
-                        .bind(tenant_id)
-                        .bind(id)
-                        .fetch_optional(&mut *tx)
-                        .await?;
-                let Some(delivery) = delivery else {
-                    return Ok(None);
-                };
-                let rows = sqlx::query(ATTEMPTS_OF).bind(id).fetch_all(&mut *tx).await?;
-                tx.commit().await?;
-                Ok(Some((delivery, attempt_rows(&rows)?)))
-            }
-
-            async fn queue_depth(&self, now: i64) -> Result<i64, $crate::store::StoreError> {
-                let _ = now;
-                Ok(sqlx::query_scalar("SELECT COUNT(*) FROM deliveries WHERE status = 'pending'")
-                    .fetch_one(self.read())
-                    .await?)
-            }
-        }
-    };
+    async fn queue_depth(&self, now: i64) -> Result<i64, crate::store::StoreError> {
+        let _ = now;
+        Ok(
+            sqlx::query_scalar("SELECT COUNT(*) FROM deliveries WHERE status = 'pending'")
+                .fetch_one(self.read())
+                .await?,
+        )
+    }
 }

@@ -1,9 +1,13 @@
 //! Events: each decided signal, without raw identifiers, with what its decision evaluated.
 
 use async_trait::async_trait;
+use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Type};
 use uuid::Uuid;
 
 use super::StoreError;
+use super::actions::delete_sent_alerts;
+use super::backend::{Backend, SqlDb};
+use super::deliveries::delete_settled_deliveries;
 use crate::domain::{Decision, Feed};
 
 /// An event (the signal without raw identifiers, and its decision) to persist.
@@ -91,92 +95,110 @@ pub struct PrunedEvents {
     pub alerts: u64,
 }
 
-/// Implements [`EventStore`] for a backend.
-macro_rules! events_sql {
-    ($store:ty, $conn:ty) => {
-        /// Pushes `(a, b, c)` for a list of ids.
-        fn push_ids(q: &mut sqlx::QueryBuilder<Db>, ids: &[uuid::Uuid]) {
-            q.push("(");
-            let mut list = q.separated(", ");
-            for id in ids {
-                list.push_bind(*id);
-            }
-            q.push(")");
+/// Pushes `(a, b, c)` for a list of ids.
+pub(crate) fn push_ids<DB: Database>(q: &mut sqlx::QueryBuilder<DB>, ids: &[Uuid])
+where
+    for<'e> Uuid: Encode<'e, DB> + Type<DB>,
+{
+    q.push("(");
+    let mut list = q.separated(", ");
+    for id in ids {
+        list.push_bind(*id);
+    }
+    q.push(")");
+}
+
+#[async_trait]
+impl<B: Backend<Db = DB>, DB: SqlDb> EventStore for B
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    usize: ColumnIndex<DB::Row>,
+    for<'n> &'n str: ColumnIndex<DB::Row>,
+    for<'e> Uuid: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<Uuid>: Encode<'e, DB>,
+    for<'e> i64: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<i64>: Encode<'e, DB>,
+    for<'e> i32: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<i32>: Encode<'e, DB>,
+    for<'e> bool: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> String: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<String>: Encode<'e, DB>,
+    for<'e> Vec<u8>: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<Vec<u8>>: Encode<'e, DB>,
+    for<'e> &'e str: Encode<'e, DB> + Type<DB>,
+    for<'e> Option<&'e str>: Encode<'e, DB>,
+    for<'e> &'e [u8]: Encode<'e, DB> + Type<DB>,
+{
+    async fn prune_events(
+        &self,
+        created_before: i64,
+        limit: i64,
+    ) -> Result<crate::store::PrunedEvents, crate::store::StoreError> {
+        let mut tx = self.begin().await?;
+        let ids: Vec<uuid::Uuid> = sqlx::query_scalar(
+            "SELECT e.id FROM events e WHERE e.created_at < $1 AND NOT EXISTS \
+             (SELECT 1 FROM deliveries d WHERE d.event_id = e.id AND d.status = 'pending') \
+             ORDER BY e.created_at LIMIT $2",
+        )
+        .bind(created_before)
+        .bind(limit)
+        .fetch_all(&mut *tx)
+        .await?;
+        if ids.is_empty() {
+            return Ok(Default::default());
         }
+        let (deliveries, attempts) = delete_settled_deliveries(&mut *tx, &ids).await?;
+        let alerts = delete_sent_alerts(&mut *tx, &ids).await?;
+        // A delivery that became pending since (a redelivery) keeps its event.
+        let mut q = sqlx::QueryBuilder::<DB>::new("DELETE FROM events WHERE id IN ");
+        push_ids(&mut q, &ids);
+        q.push(" AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.event_id = events.id)");
+        let events = DB::rows_affected(&q.build().execute(&mut *tx).await?);
+        tx.commit().await?;
+        Ok(crate::store::PrunedEvents {
+            selected: ids.len() as u64,
+            events,
+            deliveries,
+            attempts,
+            alerts,
+        })
+    }
 
-        #[async_trait::async_trait]
-        impl $crate::store::EventStore for $store {
-            async fn prune_events(
-                &self,
-                created_before: i64,
-                limit: i64,
-            ) -> Result<$crate::store::PrunedEvents, $crate::store::StoreError> {
-                let mut tx = self.begin().await?;
-                let ids: Vec<uuid::Uuid> = sqlx::query_scalar(
-                    "SELECT e.id FROM events e WHERE e.created_at < $1 AND NOT EXISTS \
-                     (SELECT 1 FROM deliveries d WHERE d.event_id = e.id AND d.status = 'pending') \
-                     ORDER BY e.created_at LIMIT $2",
-                )
-                .bind(created_before)
-                .bind(limit)
-                .fetch_all(&mut *tx)
-                .await?;
-                if ids.is_empty() {
-                    return Ok(Default::default());
-                }
-                let (deliveries, attempts) = delete_settled_deliveries(&mut tx, &ids).await?;
-                let alerts = delete_sent_alerts(&mut tx, &ids).await?;
-                // A delivery that became pending since (a redelivery) keeps its event.
-                let mut q = sqlx::QueryBuilder::<Db>::new("DELETE FROM events WHERE id IN ");
-                push_ids(&mut q, &ids);
-                q.push(" AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.event_id = events.id)");
-                let events = q.build().execute(&mut *tx).await?.rows_affected();
-                tx.commit().await?;
-                Ok($crate::store::PrunedEvents {
-                    selected: ids.len() as u64,
-                    events,
-                    deliveries,
-                    attempts,
-                    alerts,
-                })
-            }
+    async fn events(
+        &self,
+        tenant_id: uuid::Uuid,
+        before: Option<uuid::Uuid>,
+        limit: i64,
+    ) -> Result<Vec<crate::store::EventRecord>, crate::store::StoreError> {
+        // UUIDv7 ids sort by creation time, so the id is the pagination cursor; "no
+        // cursor" is the max UUID.
+        let sql = format!(
+            "SELECT {} FROM events WHERE tenant_id = $1 AND id < $2 \
+             ORDER BY id DESC LIMIT $3",
+            crate::store::events::EVENT_COLUMNS
+        );
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(tenant_id)
+            .bind(before.unwrap_or(uuid::Uuid::max()))
+            .bind(limit)
+            .fetch_all(self.read())
+            .await?)
+    }
 
-            async fn events(
-                &self,
-                tenant_id: uuid::Uuid,
-                before: Option<uuid::Uuid>,
-                limit: i64,
-            ) -> Result<Vec<$crate::store::EventRecord>, $crate::store::StoreError> {
-                // UUIDv7 ids sort by creation time, so the id is the pagination cursor; "no
-                // cursor" is the max UUID.
-                let sql = format!(
-                    "SELECT {} FROM events WHERE tenant_id = $1 AND id < $2 \
-                     ORDER BY id DESC LIMIT $3",
-                    $crate::store::events::EVENT_COLUMNS
-                );
-                Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
-                .bind(tenant_id)
-                .bind(before.unwrap_or(uuid::Uuid::max()))
-                .bind(limit)
-                .fetch_all(self.read())
-                .await?)
-            }
-
-            async fn event(
-                &self,
-                tenant_id: uuid::Uuid,
-                id: uuid::Uuid,
-            ) -> Result<Option<$crate::store::EventRecord>, $crate::store::StoreError> {
-                let sql = format!(
-                    "SELECT {} FROM events WHERE tenant_id = $1 AND id = $2",
-                    $crate::store::events::EVENT_COLUMNS
-                );
-                Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
-                .bind(tenant_id)
-                .bind(id)
-                .fetch_optional(self.read())
-                .await?)
-            }
-        }
-    };
+    async fn event(
+        &self,
+        tenant_id: uuid::Uuid,
+        id: uuid::Uuid,
+    ) -> Result<Option<crate::store::EventRecord>, crate::store::StoreError> {
+        let sql = format!(
+            "SELECT {} FROM events WHERE tenant_id = $1 AND id = $2",
+            crate::store::events::EVENT_COLUMNS
+        );
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(tenant_id)
+            .bind(id)
+            .fetch_optional(self.read())
+            .await?)
+    }
 }

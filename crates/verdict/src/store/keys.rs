@@ -5,9 +5,11 @@
 //! ([`super::pipeline`]).
 
 use async_trait::async_trait;
+use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Type};
 use uuid::Uuid;
 
 use super::StoreError;
+use super::backend::{Backend, SqlDb};
 pub use crate::domain::KeyState;
 
 /// The primary key of an idempotency row.
@@ -166,310 +168,234 @@ pub trait KeyStore {
     async fn prune_expired_keys(&self, now: i64) -> Result<u64, StoreError>;
 }
 
-/// Implements [`KeyStore`] for a backend.
-macro_rules! keys_sql {
-    ($store:ty, $conn:ty) => {
-        /// Inserts claims that are new, in one statement; returns the digests it inserted.
-        async fn insert_claims(
-            conn: &mut $conn,
-            claims: &[&$crate::store::Claim],
-        ) -> Result<Vec<(uuid::Uuid, Vec<u8>)>, sqlx::Error> {
-            if claims.is_empty() {
-                return Ok(Vec::new());
-            }
-            // One lock order across concurrent batches.
-            let mut claims = claims.to_vec();
-            claims.sort_by(|a, b| {
-                (a.key.tenant_id, &a.key.digest).cmp(&(b.key.tenant_id, &b.key.digest))
-            });
-            let mut q = sqlx::QueryBuilder::<Db>::new(
-                "INSERT INTO idempotency_keys (tenant_id, endpoint, key_digest, fingerprint, \
-                 state, event_id, lock_token, locked_until, created_at, expires_at, ruling) ",
-            );
-            q.push_values(claims, |mut row, c| {
-                row.push_bind(c.key.tenant_id)
-                    .push_bind(c.key.endpoint)
-                    .push_bind(c.key.digest.clone())
-                    .push_bind(c.fingerprint.clone())
-                    .push_bind($crate::store::KeyState::InFlight.as_str())
-                    .push_bind(c.event_id)
-                    .push_bind(c.lock_token)
-                    .push_bind(c.locked_until)
-                    .push_bind(c.now)
-                    .push_bind(c.expires_at)
-                    .push_bind(c.ruling.clone());
-            });
-            q.push(" ON CONFLICT DO NOTHING RETURNING tenant_id, key_digest");
-            q.build_query_as().fetch_all(conn).await
-        }
-
-        impl $store {
-            /// Reads the row a claim conflicted with, through the write pool: on SQLite a
-            /// reader could hold a snapshot older than the row.
-            async fn existing_key(
-                &self,
-                key: &$crate::store::KeyRef,
-            ) -> Result<Option<$crate::store::keys::ExistingKey>, sqlx::Error> {
-                sqlx::query_as(
-                    "SELECT fingerprint, state, event_id, lock_token, locked_until, ruling, \
-                     action_results, response_status, response_body, expires_at \
-                     FROM idempotency_keys \
-                     WHERE tenant_id = $1 AND endpoint = $2 AND key_digest = $3",
-                )
-                .bind(key.tenant_id)
-                .bind(key.endpoint)
-                .bind(&key.digest)
-                .fetch_optional(self.write())
-                .await
-            }
-        }
-
-        #[async_trait::async_trait]
-        impl $crate::store::KeyStore for $store {
-            async fn claim(
-                &self,
-                claim: &$crate::store::Claim,
-            ) -> Result<$crate::store::ClaimOutcome, $crate::store::StoreError> {
-                use $crate::store::ClaimOutcome;
-                use $crate::store::keys::Judgement;
-                let key = &claim.key;
-                for _ in 0..$crate::store::keys::CLAIM_ATTEMPTS {
-                    let mut conn = self.write().acquire().await?;
-                    if !insert_claims(&mut conn, &[claim]).await?.is_empty() {
-                        return Ok(ClaimOutcome::Started);
-                    }
-                    drop(conn);
-                    let Some(row) = self.existing_key(key).await? else {
-                        continue; // pruned between our two statements
-                    };
-                    let (event_id, expires_at) = (row.event_id, row.expires_at);
-                    match $crate::store::judge(row, &claim.fingerprint, claim.now)? {
-                        Judgement::Final(outcome) => return Ok(outcome),
-                        Judgement::Expired => {
-                            sqlx::query(
-                                "DELETE FROM idempotency_keys WHERE tenant_id = $1 \
-                                 AND endpoint = $2 AND key_digest = $3 AND expires_at <= $4",
-                            )
-                            .bind(key.tenant_id)
-                            .bind(key.endpoint)
-                            .bind(&key.digest)
-                            .bind(claim.now)
-                            .execute(self.write())
-                            .await?;
-                        }
-                        Judgement::TakeOver { state, token, from } => {
-                            // Compare-and-set on exactly what was read: of several takers one
-                            // wins, and a holder that finished meanwhile changed the state.
-                            let taken = sqlx::query(
-                                "UPDATE idempotency_keys SET lock_token = $4, locked_until = $5 \
-                                 WHERE tenant_id = $1 AND endpoint = $2 AND key_digest = $3 \
-                                 AND state = $6 AND locked_until <= $8 \
-                                 AND (lock_token = $7 OR (lock_token IS NULL AND $7 IS NULL))",
-                            )
-                            .bind(key.tenant_id)
-                            .bind(key.endpoint)
-                            .bind(&key.digest)
-                            .bind(claim.lock_token)
-                            .bind(claim.locked_until)
-                            .bind(state.as_str())
-                            .bind(token)
-                            .bind(claim.now)
-                            .execute(self.write())
-                            .await?;
-                            if taken.rows_affected() == 1 {
-                                return Ok(ClaimOutcome::TakenOver {
-                                    event_id,
-                                    from,
-                                    expires_at,
-                                });
-                            }
-                            // Someone changed the row since we read it: judge it again.
-                        }
-                    }
-                }
-                Ok(ClaimOutcome::InProgress)
-            }
-
-            async fn release(
-                &self,
-                key: &$crate::store::KeyRef,
-                lock_token: uuid::Uuid,
-            ) -> Result<(), $crate::store::StoreError> {
-                sqlx::query(
-                    "UPDATE idempotency_keys SET locked_until = 0 \
-                     WHERE tenant_id = $1 AND endpoint = $2 AND key_digest = $3 \
-                     AND lock_token = $4 AND state <> 'completed'",
-                )
-                .bind(key.tenant_id)
-                .bind(key.endpoint)
-                .bind(&key.digest)
-                .bind(lock_token)
-                .execute(self.write())
-                .await?;
-                Ok(())
-            }
-
-            async fn complete_failed(
-                &self,
-                key: &$crate::store::KeyRef,
-                lock_token: uuid::Uuid,
-                response: &$crate::store::StoredResponse,
-            ) -> Result<(), $crate::store::StoreError> {
-                let done = sqlx::query(
-                    "UPDATE idempotency_keys SET state = 'completed', response_status = $5, \
-                     response_body = $6, lock_token = NULL, locked_until = 0 \
-                     WHERE tenant_id = $1 AND endpoint = $2 AND key_digest = $3 \
-                     AND lock_token = $4 AND state <> 'completed'",
-                )
-                .bind(key.tenant_id)
-                .bind(key.endpoint)
-                .bind(&key.digest)
-                .bind(lock_token)
-                .bind(i32::from(response.status))
-                .bind(&response.body)
-                .execute(self.write())
-                .await?;
-                if done.rows_affected() != 1 {
-                    return Err($crate::store::StoreError::LockLost);
-                }
-                Ok(())
-            }
-
-            async fn prune_expired_keys(
-                &self,
-                now: i64,
-            ) -> Result<u64, $crate::store::StoreError> {
-                let done = sqlx::query("DELETE FROM idempotency_keys WHERE expires_at <= $1")
-                    .bind(now)
-                    .execute(self.write())
-                    .await?;
-                Ok(done.rows_affected())
-            }
-        }
-    };
+/// Inserts claims that are new, in one statement; returns the digests it inserted.
+pub(crate) async fn insert_claims<DB, C>(
+    conn: &mut C,
+    claims: &[&crate::store::Claim],
+) -> Result<Vec<(uuid::Uuid, Vec<u8>)>, sqlx::Error>
+where
+    DB: SqlDb + Database<Connection = C>,
+    C: sqlx::Connection<Database = DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    usize: ColumnIndex<DB::Row>,
+    for<'n> &'n str: ColumnIndex<DB::Row>,
+    for<'e> Uuid: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<Uuid>: Encode<'e, DB>,
+    for<'e> i64: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<i64>: Encode<'e, DB>,
+    for<'e> i32: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<i32>: Encode<'e, DB>,
+    for<'e> bool: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> String: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<String>: Encode<'e, DB>,
+    for<'e> Vec<u8>: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<Vec<u8>>: Encode<'e, DB>,
+    for<'e> &'e str: Encode<'e, DB> + Type<DB>,
+    for<'e> Option<&'e str>: Encode<'e, DB>,
+    for<'e> &'e [u8]: Encode<'e, DB> + Type<DB>,
+{
+    if claims.is_empty() {
+        return Ok(Vec::new());
+    }
+    // One lock order across concurrent batches.
+    let mut claims = claims.to_vec();
+    claims.sort_by(|a, b| (a.key.tenant_id, &a.key.digest).cmp(&(b.key.tenant_id, &b.key.digest)));
+    let mut q = sqlx::QueryBuilder::<DB>::new(
+        "INSERT INTO idempotency_keys (tenant_id, endpoint, key_digest, fingerprint, \
+         state, event_id, lock_token, locked_until, created_at, expires_at, ruling) ",
+    );
+    q.push_values(claims, |mut row, c| {
+        row.push_bind(c.key.tenant_id)
+            .push_bind(c.key.endpoint)
+            .push_bind(c.key.digest.clone())
+            .push_bind(c.fingerprint.clone())
+            .push_bind(crate::store::KeyState::InFlight.as_str())
+            .push_bind(c.event_id)
+            .push_bind(c.lock_token)
+            .push_bind(c.locked_until)
+            .push_bind(c.now)
+            .push_bind(c.expires_at)
+            .push_bind(c.ruling.clone());
+    });
+    q.push(" ON CONFLICT DO NOTHING RETURNING tenant_id, key_digest");
+    q.build_query_as().fetch_all(conn).await
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const NOW: i64 = 1_000_000;
-    const FP: &[u8] = b"fingerprint";
-
-    fn row(state: &str, locked_until: i64) -> ExistingKey {
-        ExistingKey {
-            fingerprint: FP.to_vec(),
-            state: state.into(),
-            event_id: Uuid::nil(),
-            lock_token: Some(Uuid::from_u128(7)),
-            locked_until,
-            ruling: Some("{}".into()),
-            action_results: Some("[]".into()),
-            response_status: (state == "completed").then_some(200),
-            response_body: (state == "completed").then(|| b"{}".to_vec()),
-            expires_at: NOW + 1,
+/// Reads the row a claim conflicted with, through the write pool: on SQLite a
+/// reader could hold a snapshot older than the row.
+async fn existing_key<DB: SqlDb>(
+    pool: &sqlx::Pool<DB>,
+    key: &crate::store::KeyRef,
+) -> Result<Option<crate::store::keys::ExistingKey>, sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    usize: ColumnIndex<DB::Row>,
+    for<'n> &'n str: ColumnIndex<DB::Row>,
+    for<'e> Uuid: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<Uuid>: Encode<'e, DB>,
+    for<'e> i64: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<i64>: Encode<'e, DB>,
+    for<'e> i32: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<i32>: Encode<'e, DB>,
+    for<'e> bool: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> String: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<String>: Encode<'e, DB>,
+    for<'e> Vec<u8>: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<Vec<u8>>: Encode<'e, DB>,
+    for<'e> &'e str: Encode<'e, DB> + Type<DB>,
+    for<'e> Option<&'e str>: Encode<'e, DB>,
+    for<'e> &'e [u8]: Encode<'e, DB> + Type<DB>,
+{
+    sqlx::query_as(
+        "SELECT fingerprint, state, event_id, lock_token, locked_until, ruling, \
+         action_results, response_status, response_body, expires_at \
+         FROM idempotency_keys \
+         WHERE tenant_id = $1 AND endpoint = $2 AND key_digest = $3",
+    )
+    .bind(key.tenant_id)
+    .bind(key.endpoint)
+    .bind(&key.digest)
+    .fetch_optional(pool)
+    .await
+}
+#[async_trait]
+impl<B: Backend<Db = DB>, DB: SqlDb> KeyStore for B
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    usize: ColumnIndex<DB::Row>,
+    for<'n> &'n str: ColumnIndex<DB::Row>,
+    for<'e> Uuid: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<Uuid>: Encode<'e, DB>,
+    for<'e> i64: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<i64>: Encode<'e, DB>,
+    for<'e> i32: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<i32>: Encode<'e, DB>,
+    for<'e> bool: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> String: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<String>: Encode<'e, DB>,
+    for<'e> Vec<u8>: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<Vec<u8>>: Encode<'e, DB>,
+    for<'e> &'e str: Encode<'e, DB> + Type<DB>,
+    for<'e> Option<&'e str>: Encode<'e, DB>,
+    for<'e> &'e [u8]: Encode<'e, DB> + Type<DB>,
+{
+    async fn claim(
+        &self,
+        claim: &crate::store::Claim,
+    ) -> Result<crate::store::ClaimOutcome, crate::store::StoreError> {
+        use crate::store::ClaimOutcome;
+        use crate::store::keys::Judgement;
+        let key = &claim.key;
+        for _ in 0..crate::store::keys::CLAIM_ATTEMPTS {
+            let mut conn = self.write().acquire().await?;
+            if !insert_claims(&mut conn, &[claim]).await?.is_empty() {
+                return Ok(ClaimOutcome::Started);
+            }
+            drop(conn);
+            let Some(row) = existing_key(self.write(), key).await? else {
+                continue; // pruned between our two statements
+            };
+            let (event_id, expires_at) = (row.event_id, row.expires_at);
+            match crate::store::judge(row, &claim.fingerprint, claim.now)? {
+                Judgement::Final(outcome) => return Ok(outcome),
+                Judgement::Expired => {
+                    sqlx::query(
+                        "DELETE FROM idempotency_keys WHERE tenant_id = $1 \
+                         AND endpoint = $2 AND key_digest = $3 AND expires_at <= $4",
+                    )
+                    .bind(key.tenant_id)
+                    .bind(key.endpoint)
+                    .bind(&key.digest)
+                    .bind(claim.now)
+                    .execute(self.write())
+                    .await?;
+                }
+                Judgement::TakeOver { state, token, from } => {
+                    // Compare-and-set on exactly what was read: of several takers one
+                    // wins, and a holder that finished meanwhile changed the state.
+                    let taken = sqlx::query(
+                        "UPDATE idempotency_keys SET lock_token = $4, locked_until = $5 \
+                         WHERE tenant_id = $1 AND endpoint = $2 AND key_digest = $3 \
+                         AND state = $6 AND locked_until <= $8 \
+                         AND (lock_token = $7 OR (lock_token IS NULL AND $7 IS NULL))",
+                    )
+                    .bind(key.tenant_id)
+                    .bind(key.endpoint)
+                    .bind(&key.digest)
+                    .bind(claim.lock_token)
+                    .bind(claim.locked_until)
+                    .bind(state.as_str())
+                    .bind(token)
+                    .bind(claim.now)
+                    .execute(self.write())
+                    .await?;
+                    if DB::rows_affected(&taken) == 1 {
+                        return Ok(ClaimOutcome::TakenOver {
+                            event_id,
+                            from,
+                            expires_at,
+                        });
+                    }
+                    // Someone changed the row since we read it: judge it again.
+                }
+            }
         }
+        Ok(ClaimOutcome::InProgress)
     }
 
-    /// One case per row and column of SPEC §3's table, plus expiry.
-    #[test]
-    fn every_row_of_the_state_table_is_judged_as_the_spec_says() {
-        let fresh = NOW + 10;
-        let expired = NOW;
-        let cases: [(&str, ExistingKey, &[u8], Judgement); 9] = [
-            (
-                "in flight, fresh lock, same payload: 409",
-                row("in_flight", fresh),
-                FP,
-                Judgement::Final(ClaimOutcome::InProgress),
-            ),
-            (
-                "in flight, fresh lock, other payload: 422",
-                row("in_flight", fresh),
-                b"other",
-                Judgement::Final(ClaimOutcome::Mismatch),
-            ),
-            (
-                "in flight, expired lock, same payload: take over with the recorded decision",
-                row("in_flight", expired),
-                FP,
-                Judgement::TakeOver {
-                    state: KeyState::InFlight,
-                    token: Some(Uuid::from_u128(7)),
-                    from: RecoveryPoint::InFlight {
-                        ruling: Some("{}".into()),
-                    },
-                },
-            ),
-            (
-                "in flight, expired lock, other payload: 422",
-                row("in_flight", expired),
-                b"other",
-                Judgement::Final(ClaimOutcome::Mismatch),
-            ),
-            (
-                "dispatched, fresh lock, same payload: 409 while the holder lives",
-                row("dispatched", fresh),
-                FP,
-                Judgement::Final(ClaimOutcome::InProgress),
-            ),
-            (
-                "dispatched, expired lock, same payload: finish with the stored results",
-                row("dispatched", expired),
-                FP,
-                Judgement::TakeOver {
-                    state: KeyState::Dispatched,
-                    token: Some(Uuid::from_u128(7)),
-                    from: RecoveryPoint::Dispatched {
-                        action_results: "[]".into(),
-                    },
-                },
-            ),
-            (
-                "dispatched, other payload: 422",
-                row("dispatched", expired),
-                b"other",
-                Judgement::Final(ClaimOutcome::Mismatch),
-            ),
-            (
-                "completed, same payload: replay",
-                row("completed", 0),
-                FP,
-                Judgement::Final(ClaimOutcome::Completed {
-                    response: StoredResponse {
-                        status: 200,
-                        body: b"{}".to_vec(),
-                    },
-                    expires_at: NOW + 1,
-                }),
-            ),
-            (
-                "completed, other payload: 422",
-                row("completed", 0),
-                b"other",
-                Judgement::Final(ClaimOutcome::Mismatch),
-            ),
-        ];
-        for (name, existing, fingerprint, expected) in cases {
-            assert_eq!(
-                judge(existing, fingerprint, NOW).unwrap(),
-                expected,
-                "{name}"
-            );
-        }
+    async fn release(
+        &self,
+        key: &crate::store::KeyRef,
+        lock_token: uuid::Uuid,
+    ) -> Result<(), crate::store::StoreError> {
+        sqlx::query(
+            "UPDATE idempotency_keys SET locked_until = 0 \
+             WHERE tenant_id = $1 AND endpoint = $2 AND key_digest = $3 \
+             AND lock_token = $4 AND state <> 'completed'",
+        )
+        .bind(key.tenant_id)
+        .bind(key.endpoint)
+        .bind(&key.digest)
+        .bind(lock_token)
+        .execute(self.write())
+        .await?;
+        Ok(())
     }
 
-    #[test]
-    fn a_row_past_its_lifetime_is_expired_whatever_its_state() {
-        for state in ["in_flight", "dispatched", "completed"] {
-            let mut r = row(state, NOW + 10);
-            r.expires_at = NOW;
-            assert_eq!(judge(r, b"any", NOW).unwrap(), Judgement::Expired);
+    async fn complete_failed(
+        &self,
+        key: &crate::store::KeyRef,
+        lock_token: uuid::Uuid,
+        response: &crate::store::StoredResponse,
+    ) -> Result<(), crate::store::StoreError> {
+        let done = sqlx::query(
+            "UPDATE idempotency_keys SET state = 'completed', response_status = $5, \
+             response_body = $6, lock_token = NULL, locked_until = 0 \
+             WHERE tenant_id = $1 AND endpoint = $2 AND key_digest = $3 \
+             AND lock_token = $4 AND state <> 'completed'",
+        )
+        .bind(key.tenant_id)
+        .bind(key.endpoint)
+        .bind(&key.digest)
+        .bind(lock_token)
+        .bind(i32::from(response.status))
+        .bind(&response.body)
+        .execute(self.write())
+        .await?;
+        if DB::rows_affected(&done) != 1 {
+            return Err(crate::store::StoreError::LockLost);
         }
+        Ok(())
     }
 
-    #[test]
-    fn an_unknown_state_is_a_corrupt_row_not_a_guess() {
-        assert!(judge(row("weird", 0), FP, NOW).is_err());
+    async fn prune_expired_keys(&self, now: i64) -> Result<u64, crate::store::StoreError> {
+        let done = sqlx::query("DELETE FROM idempotency_keys WHERE expires_at <= $1")
+            .bind(now)
+            .execute(self.write())
+            .await?;
+        Ok(DB::rows_affected(&done))
     }
 }

@@ -5,8 +5,16 @@
 //! state and lock token it read. Times are unix milliseconds; identifiers only ever arrive here
 //! as keyed digests.
 //!
-//! Each aggregate file holds its types, its trait and its SQL (written once, for both
-//! backends, in a macro the backend files expand):
+//! Each aggregate file holds its types, its trait and its SQL, written once for both backends
+//! as an ordinary generic impl over [`backend::Backend`] (its pools, how it begins, the few
+//! statements and settings that differ by dialect, which each backend's file states once).
+//! Generic code rather than the macros it replaces: go-to-definition lands on the code, a
+//! compile error points at it, and nothing depends on names at an expansion site or on the
+//! order of declarations here. The price is the list of sqlx bounds (what a statement binds
+//! and decodes, that a connection executes) that each generic impl states, the same list
+//! each time, since Rust does not imply a trait's where-clauses; the sealed
+//! [`backend::SqlDb`] keeps it to SQLite and PostgreSQL, and its methods supply what generic
+//! sqlx cannot name (rows changed).
 //! - [`tenants`]: tenants, their rate limits and sealed secrets;
 //! - [`api_keys`]: tenants' API keys and their scopes;
 //! - [`keys`]: idempotency keys and the state table's judgement;
@@ -18,32 +26,27 @@
 //! - [`activity`]: the console's reads (filtered events, live numbers, playbook history);
 //! - [`feeds`]: SET transmitters and CAMARA subscriptions of the standard feeds.
 
-// The aggregate files first: their macros are expanded by the backends declared after them.
-#[macro_use]
-pub mod tenants;
-#[macro_use]
-pub mod api_keys;
-#[macro_use]
-pub mod keys;
-#[macro_use]
-pub mod playbooks;
-#[macro_use]
 pub mod actions;
-#[macro_use]
-pub mod events;
-#[macro_use]
-pub mod deliveries;
-#[macro_use]
-pub mod pipeline;
-pub(crate) mod rows;
-#[macro_use]
 pub mod activity;
-#[macro_use]
+pub mod api_keys;
+pub mod deliveries;
+pub mod events;
 pub mod feeds;
+pub mod keys;
+pub mod pipeline;
+pub mod playbooks;
+pub mod ports;
+pub(crate) mod rows;
+pub mod tenants;
+
+pub(crate) mod backend;
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use backend::{Backend, SqlDb};
+use sqlx::{ColumnIndex, Decode, Encode, Executor, IntoArguments, Type};
+use uuid::Uuid;
 
 pub use actions::{ActionStore, ActionTarget, SubjectState};
 pub use activity::{Activity, ActivityStore, EventFilter, MinuteCount, PlaybookVersion};
@@ -174,8 +177,8 @@ fn transient_database_error(db: &dyn sqlx::error::DatabaseError) -> bool {
 
 /// Everything verdict stores, whichever database holds it: the sum of the aggregates.
 ///
-/// The consumers' ports (each a sum of the aggregates one consumer uses, with a blanket impl
-/// beside it) are named here too, so the composition root's `Arc<dyn Store>` upcasts to each.
+/// The consumers' ports ([`ports`]) are named here too, so the composition root's
+/// `Arc<dyn Store>` upcasts to each.
 #[async_trait]
 pub trait Store:
     TenantStore
@@ -188,12 +191,12 @@ pub trait Store:
     + PipelineStore
     + FeedStore
     + ActivityStore
-    + crate::tenant::TenantPort
-    + crate::delivery::DeliveryPort
-    + crate::feeds::FeedPort
-    + crate::ingest::IngestStore
-    + crate::retention::RetentionStore
-    + crate::console::ConsoleStore
+    + ports::TenantPort
+    + ports::DeliveryPort
+    + ports::FeedPort
+    + ports::IngestStore
+    + ports::RetentionStore
+    + ports::ConsoleStore
     + Send
     + Sync
     + 'static
@@ -229,58 +232,44 @@ pub fn sqlite_path(url: &str) -> Option<std::path::PathBuf> {
     (!path.is_empty() && path != ":memory:").then(|| path.into())
 }
 
-/// Implements [`Store`] and every aggregate for a backend type, from the shared SQL.
-macro_rules! sql_store {
-    ($store:ty, $conn:ty, $lease_due:expr, $commits:expr) => {
-        /// The backend's row type.
-        #[allow(dead_code)]
-        type Row = <<$conn as sqlx::Connection>::Database as sqlx::Database>::Row;
-        /// The backend's database type.
-        type Db = <$conn as sqlx::Connection>::Database;
+/// The shared parts of [`Store`], for every backend.
+#[async_trait]
+impl<B: Backend<Db = DB> + PipelineStore, DB: SqlDb> Store for B
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    usize: ColumnIndex<DB::Row>,
+    for<'n> &'n str: ColumnIndex<DB::Row>,
+    for<'e> Uuid: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<Uuid>: Encode<'e, DB>,
+    for<'e> i64: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<i64>: Encode<'e, DB>,
+    for<'e> i32: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<i32>: Encode<'e, DB>,
+    for<'e> bool: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> String: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<String>: Encode<'e, DB>,
+    for<'e> Vec<u8>: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<Vec<u8>>: Encode<'e, DB>,
+    for<'e> &'e str: Encode<'e, DB> + Type<DB>,
+    for<'e> Option<&'e str>: Encode<'e, DB>,
+    for<'e> &'e [u8]: Encode<'e, DB> + Type<DB>,
+{
+    async fn migrate(&self) -> Result<(), StoreError> {
+        self.migrate_schema().await?;
+        Ok(())
+    }
 
-        /// Runs what `q` holds, if anything, and empties it for the next statements.
-        #[allow(dead_code)]
-        async fn execute_pushed(
-            conn: &mut $conn,
-            q: &mut sqlx::QueryBuilder<Db>,
-        ) -> Result<(), sqlx::Error> {
-            if !q.sql().as_str().is_empty() {
-                q.build().execute(&mut *conn).await?;
-                q.reset();
-            }
-            Ok(())
-        }
+    async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(self.read()).await?;
+        Ok(())
+    }
 
-        tenants_sql!($store, $conn);
-        api_keys_sql!($store, $conn);
-        keys_sql!($store, $conn);
-        playbooks_sql!($store, $conn);
-        actions_sql!($store, $conn);
-        events_sql!($store, $conn);
-        deliveries_sql!($store, $conn, $lease_due);
-        feeds_sql!($store, $conn);
-        activity_sql!($store, $conn);
-
-        #[async_trait::async_trait]
-        impl $crate::store::Store for $store {
-            async fn migrate(&self) -> Result<(), $crate::store::StoreError> {
-                MIGRATOR.run(self.write()).await?;
-                Ok(())
-            }
-
-            async fn ping(&self) -> Result<(), $crate::store::StoreError> {
-                sqlx::query("SELECT 1").execute(self.read()).await?;
-                Ok(())
-            }
-
-            fn concurrent_commits(&self) -> usize {
-                $commits
-            }
-        }
-    };
+    fn concurrent_commits(&self) -> usize {
+        B::COMMITS
+    }
 }
 
-// The backends last: they expand `sql_store!`.
 /// Aborts a store's background task (a host follower, a checkpointer) when dropped.
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 

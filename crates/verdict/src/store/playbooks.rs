@@ -3,9 +3,12 @@
 use std::collections::HashMap;
 
 use async_trait::async_trait;
+use sqlx::{ColumnIndex, Decode, Encode, Executor, IntoArguments, Type};
 use uuid::Uuid;
 
 use super::StoreError;
+use super::actions::push_keys;
+use super::backend::{Backend, SqlDb};
 
 /// A playbook document as stored.
 #[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
@@ -71,116 +74,131 @@ pub trait PlaybookStore {
     ) -> Result<HashMap<(Uuid, Vec<u8>), DecisionInputs>, StoreError>;
 }
 
-/// Implements [`PlaybookStore`] for a backend.
-macro_rules! playbooks_sql {
-    ($store:ty, $conn:ty) => {
-        #[async_trait::async_trait]
-        impl $crate::store::PlaybookStore for $store {
-            async fn current_playbook(
-                &self,
-                tenant_id: uuid::Uuid,
-            ) -> Result<Option<$crate::store::StoredPlaybook>, $crate::store::StoreError> {
-                Ok(sqlx::query_as(
-                    "SELECT version, format, source, created_at FROM playbooks \
-                     WHERE tenant_id = $1 ORDER BY version DESC LIMIT 1",
-                )
-                .bind(tenant_id)
-                .fetch_optional(self.read())
-                .await?)
-            }
+#[async_trait]
+impl<B: Backend<Db = DB>, DB: SqlDb> PlaybookStore for B
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    usize: ColumnIndex<DB::Row>,
+    for<'n> &'n str: ColumnIndex<DB::Row>,
+    for<'e> Uuid: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<Uuid>: Encode<'e, DB>,
+    for<'e> i64: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<i64>: Encode<'e, DB>,
+    for<'e> i32: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<i32>: Encode<'e, DB>,
+    for<'e> bool: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> String: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<String>: Encode<'e, DB>,
+    for<'e> Vec<u8>: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<Vec<u8>>: Encode<'e, DB>,
+    for<'e> &'e str: Encode<'e, DB> + Type<DB>,
+    for<'e> Option<&'e str>: Encode<'e, DB>,
+    for<'e> &'e [u8]: Encode<'e, DB> + Type<DB>,
+{
+    async fn current_playbook(
+        &self,
+        tenant_id: uuid::Uuid,
+    ) -> Result<Option<crate::store::StoredPlaybook>, crate::store::StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT version, format, source, created_at FROM playbooks \
+             WHERE tenant_id = $1 ORDER BY version DESC LIMIT 1",
+        )
+        .bind(tenant_id)
+        .fetch_optional(self.read())
+        .await?)
+    }
 
-            async fn playbook_version(
-                &self,
-                tenant_id: uuid::Uuid,
-                version: i64,
-            ) -> Result<Option<$crate::store::StoredPlaybook>, $crate::store::StoreError> {
-                Ok(sqlx::query_as(
-                    "SELECT version, format, source, created_at FROM playbooks \
-                     WHERE tenant_id = $1 AND version = $2",
-                )
-                .bind(tenant_id)
-                .bind(version)
-                .fetch_optional(self.read())
-                .await?)
-            }
+    async fn playbook_version(
+        &self,
+        tenant_id: uuid::Uuid,
+        version: i64,
+    ) -> Result<Option<crate::store::StoredPlaybook>, crate::store::StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT version, format, source, created_at FROM playbooks \
+             WHERE tenant_id = $1 AND version = $2",
+        )
+        .bind(tenant_id)
+        .bind(version)
+        .fetch_optional(self.read())
+        .await?)
+    }
 
-            async fn put_playbook(
-                &self,
-                tenant_id: uuid::Uuid,
-                format: &str,
-                source: &str,
-                now: i64,
-            ) -> Result<i64, $crate::store::StoreError> {
-                // The primary key (tenant, version) makes a concurrent upload fail rather than
-                // overwrite.
-                let version = sqlx::query_scalar(
-                    "INSERT INTO playbooks (tenant_id, version, format, source, created_at) \
-                     SELECT $1, COALESCE(MAX(version), 0) + 1, $2, $3, $4 FROM playbooks \
-                     WHERE tenant_id = $1 RETURNING version",
-                )
-                .bind(tenant_id)
-                .bind(format)
-                .bind(source)
-                .bind(now)
-                .fetch_one(self.write())
-                .await?;
-                Ok(version)
-            }
+    async fn put_playbook(
+        &self,
+        tenant_id: uuid::Uuid,
+        format: &str,
+        source: &str,
+        now: i64,
+    ) -> Result<i64, crate::store::StoreError> {
+        // The primary key (tenant, version) makes a concurrent upload fail rather than
+        // overwrite.
+        let version = sqlx::query_scalar(
+            "INSERT INTO playbooks (tenant_id, version, format, source, created_at) \
+             SELECT $1, COALESCE(MAX(version), 0) + 1, $2, $3, $4 FROM playbooks \
+             WHERE tenant_id = $1 RETURNING version",
+        )
+        .bind(tenant_id)
+        .bind(format)
+        .bind(source)
+        .bind(now)
+        .fetch_one(self.write())
+        .await?;
+        Ok(version)
+    }
 
-            async fn prune_playbooks(
-                &self,
-                keep: i64,
-                limit: i64,
-            ) -> Result<u64, $crate::store::StoreError> {
-                // Versions are numbered MAX + 1 and the newest `keep` are never deleted, so they
-                // are exactly the ones above MAX - keep.
-                let done = sqlx::query(
-                    "DELETE FROM playbooks WHERE (tenant_id, version) IN ( \
-                     SELECT p.tenant_id, p.version FROM playbooks p \
-                     WHERE p.version <= (SELECT MAX(m.version) FROM playbooks m \
-                     WHERE m.tenant_id = p.tenant_id) - $1 \
-                     AND NOT EXISTS (SELECT 1 FROM events e WHERE e.tenant_id = p.tenant_id \
-                     AND e.playbook_version = p.version) LIMIT $2)",
-                )
-                .bind(keep)
-                .bind(limit)
-                .execute(self.write())
-                .await?;
-                Ok(done.rows_affected())
-            }
+    async fn prune_playbooks(
+        &self,
+        keep: i64,
+        limit: i64,
+    ) -> Result<u64, crate::store::StoreError> {
+        // Versions are numbered MAX + 1 and the newest `keep` are never deleted, so they
+        // are exactly the ones above MAX - keep.
+        let done = sqlx::query(
+            "DELETE FROM playbooks WHERE (tenant_id, version) IN ( \
+             SELECT p.tenant_id, p.version FROM playbooks p \
+             WHERE p.version <= (SELECT MAX(m.version) FROM playbooks m \
+             WHERE m.tenant_id = p.tenant_id) - $1 \
+             AND NOT EXISTS (SELECT 1 FROM events e WHERE e.tenant_id = p.tenant_id \
+             AND e.playbook_version = p.version) LIMIT $2)",
+        )
+        .bind(keep)
+        .bind(limit)
+        .execute(self.write())
+        .await?;
+        Ok(DB::rows_affected(&done))
+    }
 
-            async fn decision_inputs(
-                &self,
-                subjects: &[(uuid::Uuid, Vec<u8>)],
-            ) -> Result<
-                std::collections::HashMap<(uuid::Uuid, Vec<u8>), $crate::store::DecisionInputs>,
-                $crate::store::StoreError,
-            > {
-                if subjects.is_empty() {
-                    return Ok(Default::default());
-                }
-                // The lock is joined, not asked with EXISTS: PostgreSQL may answer an EXISTS by
-                // hashing the whole table once per statement, and a kept (generic) plan that
-                // does so reads every lock for every batch.
-                let mut q = sqlx::QueryBuilder::<Db>::new(
-                    "SELECT v.column1 AS tenant_id, v.column2 AS subject_hash, \
-                     (SELECT MAX(version) FROM playbooks p WHERE p.tenant_id = v.column1) \
-                     AS playbook_version, l.tenant_id IS NOT NULL AS subject_locked, \
-                     t.callback_url, t.callback_disabled FROM ",
-                );
-                push_keys(&mut q, subjects);
-                q.push(
-                    " AS v JOIN tenants t ON t.id = v.column1 \
-                     LEFT JOIN account_locks l ON l.tenant_id = v.column1 \
-                     AND l.subject_hash = v.column2",
-                );
-                let rows: Vec<$crate::store::playbooks::DecisionInputsRow> =
-                    q.build_query_as().fetch_all(self.decisions()).await?;
-                Ok(rows
-                    .into_iter()
-                    .map(|r| ((r.tenant_id, r.subject_hash), r.inputs))
-                    .collect())
-            }
+    async fn decision_inputs(
+        &self,
+        subjects: &[(uuid::Uuid, Vec<u8>)],
+    ) -> Result<
+        std::collections::HashMap<(uuid::Uuid, Vec<u8>), crate::store::DecisionInputs>,
+        crate::store::StoreError,
+    > {
+        if subjects.is_empty() {
+            return Ok(Default::default());
         }
-    };
+        // The lock is joined, not asked with EXISTS: PostgreSQL may answer an EXISTS by
+        // hashing the whole table once per statement, and a kept (generic) plan that
+        // does so reads every lock for every batch.
+        let mut q = sqlx::QueryBuilder::<DB>::new(
+            "SELECT v.column1 AS tenant_id, v.column2 AS subject_hash, \
+             (SELECT MAX(version) FROM playbooks p WHERE p.tenant_id = v.column1) \
+             AS playbook_version, l.tenant_id IS NOT NULL AS subject_locked, \
+             t.callback_url, t.callback_disabled FROM ",
+        );
+        push_keys(&mut q, subjects);
+        q.push(
+            " AS v JOIN tenants t ON t.id = v.column1 \
+             LEFT JOIN account_locks l ON l.tenant_id = v.column1 \
+             AND l.subject_hash = v.column2",
+        );
+        let rows: Vec<crate::store::playbooks::DecisionInputsRow> =
+            q.build_query_as().fetch_all(self.decisions()).await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| ((r.tenant_id, r.subject_hash), r.inputs))
+            .collect())
+    }
 }

@@ -270,10 +270,42 @@ const LEASE_DUE: &str = "UPDATE deliveries SET leased_until = $2 WHERE id IN ( \
      RETURNING id, tenant_id, webhook_id, payload, retries_left, \
      (SELECT callback_url FROM tenants WHERE tenants.id = deliveries.tenant_id) AS callback_url";
 
-/// Whether a query may hold several statements: PostgreSQL prepares one statement per query.
-const MULTI_STATEMENT: bool = false;
+impl super::backend::SqlDb for Postgres {
+    /// PostgreSQL prepares one statement per query.
+    const MULTI_STATEMENT: bool = false;
 
-sql_store!(PostgresStore, sqlx::PgConnection, LEASE_DUE, COMMITTERS);
+    fn rows_affected(done: &sqlx::postgres::PgQueryResult) -> u64 {
+        done.rows_affected()
+    }
+}
+
+impl super::backend::Backend for PostgresStore {
+    type Db = Postgres;
+
+    fn read(&self) -> &PgPool {
+        &self.pool
+    }
+
+    fn write(&self) -> &PgPool {
+        &self.pool
+    }
+
+    fn decisions(&self) -> &PgPool {
+        &self.pipeline
+    }
+
+    async fn begin(&self) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+        PostgresStore::begin(self).await
+    }
+
+    const READ_SNAPSHOT: &'static str = READ_SNAPSHOT;
+    const LEASE_DUE: &'static str = LEASE_DUE;
+    const COMMITS: usize = COMMITTERS;
+
+    async fn migrate_schema(&self) -> Result<(), sqlx::migrate::MigrateError> {
+        MIGRATOR.run(&self.pool).await
+    }
+}
 
 /// The group commit in fewer statements ([`super::postgres_pipeline`]): one statement, committed
 /// on its own, for the held locks' re-check, claims, effects, attempts' records, and the outbox
@@ -334,7 +366,8 @@ impl PostgresStore {
         use crate::failpoint::failpoint;
         let mut tx = begin_on(&self.pipeline, "BEGIN").await?;
         let found = fused::apply(&mut tx, batch, fused::APPLY.as_str()).await?;
-        disable_endpoints(&mut tx, &batch.attempts.iter().collect::<Vec<_>>()).await?;
+        super::deliveries::disable_endpoints(&mut *tx, &batch.attempts.iter().collect::<Vec<_>>())
+            .await?;
         let live = fused::live(batch, &found);
         for action in ActionKind::LOCAL {
             if live

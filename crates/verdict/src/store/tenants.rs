@@ -2,9 +2,12 @@
 //! keys are in [`super::api_keys`]).
 
 use async_trait::async_trait;
+use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Type};
 use uuid::Uuid;
 
 use super::StoreError;
+use super::api_keys::insert_api_key_row;
+use super::backend::{Backend, SqlDb};
 
 /// Which secret of a tenant's a row holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -99,148 +102,184 @@ pub trait TenantStore {
 pub(crate) const TENANT_COLUMNS: &str =
     "id, name, inbound_signature_required, callback_url, callback_disabled, rate_limit_per_second";
 
-/// Implements [`TenantStore`] for a backend.
-macro_rules! tenants_sql {
-    ($store:ty, $conn:ty) => {
-        async fn insert_secret(
-            conn: &mut $conn,
-            tenant_id: uuid::Uuid,
-            secret: &$crate::store::SealedSecret,
-        ) -> Result<(), sqlx::Error> {
-            sqlx::query(
-                "INSERT INTO tenant_secrets (id, tenant_id, purpose, sealed, created_at) \
-                 VALUES ($1, $2, $3, $4, $5)",
+async fn insert_secret<DB, C>(
+    conn: &mut C,
+    tenant_id: uuid::Uuid,
+    secret: &crate::store::SealedSecret,
+) -> Result<(), sqlx::Error>
+where
+    DB: SqlDb + Database<Connection = C>,
+    C: sqlx::Connection<Database = DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    usize: ColumnIndex<DB::Row>,
+    for<'n> &'n str: ColumnIndex<DB::Row>,
+    for<'e> Uuid: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<Uuid>: Encode<'e, DB>,
+    for<'e> i64: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<i64>: Encode<'e, DB>,
+    for<'e> i32: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<i32>: Encode<'e, DB>,
+    for<'e> bool: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> String: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<String>: Encode<'e, DB>,
+    for<'e> Vec<u8>: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<Vec<u8>>: Encode<'e, DB>,
+    for<'e> &'e str: Encode<'e, DB> + Type<DB>,
+    for<'e> Option<&'e str>: Encode<'e, DB>,
+    for<'e> &'e [u8]: Encode<'e, DB> + Type<DB>,
+{
+    sqlx::query(
+        "INSERT INTO tenant_secrets (id, tenant_id, purpose, sealed, created_at) \
+         VALUES ($1, $2, $3, $4, $5)",
+    )
+    .bind(secret.id)
+    .bind(tenant_id)
+    .bind(secret.purpose.as_str())
+    .bind(&secret.sealed)
+    .bind(secret.created_at)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+#[async_trait]
+impl<B: Backend<Db = DB>, DB: SqlDb> TenantStore for B
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    usize: ColumnIndex<DB::Row>,
+    for<'n> &'n str: ColumnIndex<DB::Row>,
+    for<'e> Uuid: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<Uuid>: Encode<'e, DB>,
+    for<'e> i64: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<i64>: Encode<'e, DB>,
+    for<'e> i32: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<i32>: Encode<'e, DB>,
+    for<'e> bool: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> String: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<String>: Encode<'e, DB>,
+    for<'e> Vec<u8>: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<Vec<u8>>: Encode<'e, DB>,
+    for<'e> &'e str: Encode<'e, DB> + Type<DB>,
+    for<'e> Option<&'e str>: Encode<'e, DB>,
+    for<'e> &'e [u8]: Encode<'e, DB> + Type<DB>,
+{
+    async fn create_tenant(
+        &self,
+        tenant: &crate::store::NewTenant,
+        secrets: &[crate::store::SealedSecret],
+    ) -> Result<(), crate::store::StoreError> {
+        let mut tx = self.begin().await?;
+        sqlx::query(
+            "INSERT INTO tenants (id, name, inbound_signature_required, callback_url, \
+             created_at) VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(tenant.id)
+        .bind(&tenant.name)
+        .bind(tenant.inbound_signature_required)
+        .bind(&tenant.callback_url)
+        .bind(tenant.created_at)
+        .execute(&mut *tx)
+        .await?;
+        insert_api_key_row(&mut *tx, &tenant.admin_key).await?;
+        for secret in secrets {
+            insert_secret(&mut *tx, tenant.id, secret).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn tenant(
+        &self,
+        id: uuid::Uuid,
+    ) -> Result<Option<crate::store::TenantRecord>, crate::store::StoreError> {
+        let sql = format!(
+            "SELECT {} FROM tenants WHERE id = $1",
+            crate::store::tenants::TENANT_COLUMNS
+        );
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(id)
+            .fetch_optional(self.read())
+            .await?)
+    }
+
+    async fn live_secrets(
+        &self,
+        tenant_id: uuid::Uuid,
+        purpose: crate::store::SecretPurpose,
+        now: i64,
+    ) -> Result<Vec<crate::store::SealedSecret>, crate::store::StoreError> {
+        let rows: Vec<(uuid::Uuid, Vec<u8>, i64, Option<i64>)> = sqlx::query_as(
+            "SELECT id, sealed, created_at, retired_at FROM tenant_secrets \
+             WHERE tenant_id = $1 AND purpose = $2 \
+             AND (retired_at IS NULL OR retired_at > $3) ORDER BY created_at DESC",
+        )
+        .bind(tenant_id)
+        .bind(purpose.as_str())
+        .bind(now)
+        .fetch_all(self.read())
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(
+                |(id, sealed, created_at, retired_at)| crate::store::SealedSecret {
+                    id,
+                    purpose,
+                    sealed,
+                    created_at,
+                    retired_at,
+                },
             )
-            .bind(secret.id)
+            .collect())
+    }
+
+    async fn rotate_secret(
+        &self,
+        tenant_id: uuid::Uuid,
+        secret: &crate::store::SealedSecret,
+        retire_at: i64,
+    ) -> Result<(), crate::store::StoreError> {
+        let mut tx = self.begin().await?;
+        sqlx::query(
+            "UPDATE tenant_secrets SET retired_at = $3 WHERE tenant_id = $1 \
+             AND purpose = $2 AND (retired_at IS NULL OR retired_at > $3)",
+        )
+        .bind(tenant_id)
+        .bind(secret.purpose.as_str())
+        .bind(retire_at)
+        .execute(&mut *tx)
+        .await?;
+        insert_secret(&mut *tx, tenant_id, secret).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn set_callback(
+        &self,
+        tenant_id: uuid::Uuid,
+        url: Option<&str>,
+    ) -> Result<bool, crate::store::StoreError> {
+        let done = sqlx::query(
+            "UPDATE tenants SET callback_url = $2, callback_disabled = FALSE WHERE id = $1",
+        )
+        .bind(tenant_id)
+        .bind(url)
+        .execute(self.write())
+        .await?;
+        Ok(DB::rows_affected(&done) == 1)
+    }
+
+    async fn set_rate_limit(
+        &self,
+        tenant_id: uuid::Uuid,
+        per_second: Option<i64>,
+    ) -> Result<bool, crate::store::StoreError> {
+        let done = sqlx::query("UPDATE tenants SET rate_limit_per_second = $2 WHERE id = $1")
             .bind(tenant_id)
-            .bind(secret.purpose.as_str())
-            .bind(&secret.sealed)
-            .bind(secret.created_at)
-            .execute(conn)
+            .bind(per_second)
+            .execute(self.write())
             .await?;
-            Ok(())
-        }
-
-        #[async_trait::async_trait]
-        impl $crate::store::TenantStore for $store {
-            async fn create_tenant(
-                &self,
-                tenant: &$crate::store::NewTenant,
-                secrets: &[$crate::store::SealedSecret],
-            ) -> Result<(), $crate::store::StoreError> {
-                let mut tx = self.begin().await?;
-                sqlx::query(
-                    "INSERT INTO tenants (id, name, inbound_signature_required, callback_url, \
-                     created_at) VALUES ($1, $2, $3, $4, $5)",
-                )
-                .bind(tenant.id)
-                .bind(&tenant.name)
-                .bind(tenant.inbound_signature_required)
-                .bind(&tenant.callback_url)
-                .bind(tenant.created_at)
-                .execute(&mut *tx)
-                .await?;
-                insert_api_key_row(&mut tx, &tenant.admin_key).await?;
-                for secret in secrets {
-                    insert_secret(&mut tx, tenant.id, secret).await?;
-                }
-                tx.commit().await?;
-                Ok(())
-            }
-
-            async fn tenant(
-                &self,
-                id: uuid::Uuid,
-            ) -> Result<Option<$crate::store::TenantRecord>, $crate::store::StoreError> {
-                let sql = format!(
-                    "SELECT {} FROM tenants WHERE id = $1",
-                    $crate::store::tenants::TENANT_COLUMNS
-                );
-                Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
-                    .bind(id)
-                    .fetch_optional(self.read())
-                    .await?)
-            }
-
-            async fn live_secrets(
-                &self,
-                tenant_id: uuid::Uuid,
-                purpose: $crate::store::SecretPurpose,
-                now: i64,
-            ) -> Result<Vec<$crate::store::SealedSecret>, $crate::store::StoreError> {
-                let rows: Vec<(uuid::Uuid, Vec<u8>, i64, Option<i64>)> = sqlx::query_as(
-                    "SELECT id, sealed, created_at, retired_at FROM tenant_secrets \
-                     WHERE tenant_id = $1 AND purpose = $2 \
-                     AND (retired_at IS NULL OR retired_at > $3) ORDER BY created_at DESC",
-                )
-                .bind(tenant_id)
-                .bind(purpose.as_str())
-                .bind(now)
-                .fetch_all(self.read())
-                .await?;
-                Ok(rows
-                    .into_iter()
-                    .map(
-                        |(id, sealed, created_at, retired_at)| $crate::store::SealedSecret {
-                            id,
-                            purpose,
-                            sealed,
-                            created_at,
-                            retired_at,
-                        },
-                    )
-                    .collect())
-            }
-
-            async fn rotate_secret(
-                &self,
-                tenant_id: uuid::Uuid,
-                secret: &$crate::store::SealedSecret,
-                retire_at: i64,
-            ) -> Result<(), $crate::store::StoreError> {
-                let mut tx = self.begin().await?;
-                sqlx::query(
-                    "UPDATE tenant_secrets SET retired_at = $3 WHERE tenant_id = $1 \
-                     AND purpose = $2 AND (retired_at IS NULL OR retired_at > $3)",
-                )
-                .bind(tenant_id)
-                .bind(secret.purpose.as_str())
-                .bind(retire_at)
-                .execute(&mut *tx)
-                .await?;
-                insert_secret(&mut tx, tenant_id, secret).await?;
-                tx.commit().await?;
-                Ok(())
-            }
-
-            async fn set_callback(
-                &self,
-                tenant_id: uuid::Uuid,
-                url: Option<&str>,
-            ) -> Result<bool, $crate::store::StoreError> {
-                let done = sqlx::query(
-                    "UPDATE tenants SET callback_url = $2, callback_disabled = FALSE WHERE id = $1",
-                )
-                .bind(tenant_id)
-                .bind(url)
-                .execute(self.write())
-                .await?;
-                Ok(done.rows_affected() == 1)
-            }
-
-            async fn set_rate_limit(
-                &self,
-                tenant_id: uuid::Uuid,
-                per_second: Option<i64>,
-            ) -> Result<bool, $crate::store::StoreError> {
-                let done =
-                    sqlx::query("UPDATE tenants SET rate_limit_per_second = $2 WHERE id = $1")
-                        .bind(tenant_id)
-                        .bind(per_second)
-                        .execute(self.write())
-                        .await?;
-                Ok(done.rows_affected() == 1)
-            }
-        }
-    };
+        Ok(DB::rows_affected(&done) == 1)
+    }
 }

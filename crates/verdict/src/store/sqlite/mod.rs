@@ -148,11 +148,42 @@ const LEASE_DUE: &str = "UPDATE deliveries SET leased_until = $2 WHERE id IN ( \
      RETURNING id, tenant_id, webhook_id, payload, retries_left, \
      (SELECT callback_url FROM tenants WHERE tenants.id = deliveries.tenant_id) AS callback_url";
 
-/// Whether a query may hold several statements: SQLite runs them in turn, in one hop to its
-/// connection thread.
-const MULTI_STATEMENT: bool = true;
+impl super::backend::SqlDb for Sqlite {
+    /// SQLite runs several statements of a query in turn, in one hop to its connection thread.
+    const MULTI_STATEMENT: bool = true;
 
-sql_store!(SqliteStore, sqlx::SqliteConnection, LEASE_DUE, 1);
+    fn rows_affected(done: &sqlx::sqlite::SqliteQueryResult) -> u64 {
+        done.rows_affected()
+    }
+}
+
+impl super::backend::Backend for SqliteStore {
+    type Db = Sqlite;
+
+    fn read(&self) -> &SqlitePool {
+        &self.reader
+    }
+
+    fn write(&self) -> &SqlitePool {
+        &self.writer
+    }
+
+    fn decisions(&self) -> &SqlitePool {
+        &self.reader
+    }
+
+    async fn begin(&self) -> Result<Transaction<'static, Sqlite>, sqlx::Error> {
+        SqliteStore::begin(self).await
+    }
+
+    const READ_SNAPSHOT: &'static str = READ_SNAPSHOT;
+    const LEASE_DUE: &'static str = LEASE_DUE;
+    const COMMITS: usize = 1;
+
+    async fn migrate_schema(&self) -> Result<(), sqlx::migrate::MigrateError> {
+        MIGRATOR.run(&self.writer).await
+    }
+}
 
 /// Runs [`checkpoint`] every [`CHECKPOINT_EVERY`] on `pool`'s connection.
 fn checkpoint_every(pool: SqlitePool, writer: SqlitePool) -> tokio::task::JoinHandle<()> {

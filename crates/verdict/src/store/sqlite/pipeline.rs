@@ -11,9 +11,13 @@ use sqlx::query_builder::Separated;
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 use uuid::Uuid;
 
-use super::{SqliteStore, execute_pushed, insert_claims, push_keys, record_attempts};
+use super::SqliteStore;
 use crate::domain::{ActionKind, Applied};
 use crate::failpoint::failpoint;
+use crate::store::actions::push_keys;
+use crate::store::backend::execute_pushed;
+use crate::store::deliveries::record_attempts;
+use crate::store::keys::insert_claims;
 use crate::store::pipeline::{batch_result, live_acts};
 use crate::store::rows::{OutboxRow, push_values};
 use crate::store::{

@@ -1,0 +1,70 @@
+//! What the shared SQL needs of a backend: its pools, how it begins a transaction, and the few
+//! statements and settings that differ by dialect. The aggregates implement their traits once,
+//! for every `B: Backend` whose database is one of ours ([`SqlDb`]).
+
+use std::future::Future;
+
+use sqlx::{Connection, Database, Executor, IntoArguments, Pool, QueryBuilder, Transaction};
+
+/// A backend: SQLite ([`super::SqliteStore`]) or PostgreSQL ([`super::PostgresStore`]).
+pub(crate) trait Backend: Send + Sync + 'static {
+    /// Its database.
+    type Db: SqlDb;
+    /// The pool reads go through.
+    fn read(&self) -> &Pool<Self::Db>;
+    /// The pool every write goes through.
+    fn write(&self) -> &Pool<Self::Db>;
+    /// The pool the decision reads go through.
+    fn decisions(&self) -> &Pool<Self::Db>;
+    /// Begins a write transaction.
+    fn begin(
+        &self,
+    ) -> impl Future<Output = Result<Transaction<'static, Self::Db>, sqlx::Error>> + Send;
+    /// How a read that must see one snapshot begins.
+    const READ_SNAPSHOT: &'static str;
+    /// Leases due deliveries (the dialects differ in how they take rows atomically).
+    const LEASE_DUE: &'static str;
+    /// How many group commits may run at once.
+    const COMMITS: usize;
+    /// Applies the backend's pending migrations.
+    fn migrate_schema(
+        &self,
+    ) -> impl Future<Output = Result<(), sqlx::migrate::MigrateError>> + Send;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for sqlx::Sqlite {}
+    impl Sealed for sqlx::Postgres {}
+}
+
+/// One of our two databases, with what generic sqlx code cannot name for either.
+///
+/// The bounds the shared code needs of a database (which types it binds and decodes, that a
+/// connection executes) are not implied by a trait's where-clauses, so each generic impl block
+/// states them: see the `where` list on the aggregates' impls, the same in each. Each backend's
+/// file implements it for its database.
+pub(crate) trait SqlDb: Database + sealed::Sealed + super::actions::KeyList {
+    /// Whether a query may hold several statements.
+    const MULTI_STATEMENT: bool;
+    /// Rows a statement changed.
+    fn rows_affected(done: &Self::QueryResult) -> u64;
+}
+
+/// Runs what `q` holds, if anything, and empties it for the next statements.
+pub(crate) async fn execute_pushed<DB, C>(
+    conn: &mut C,
+    q: &mut QueryBuilder<DB>,
+) -> Result<(), sqlx::Error>
+where
+    DB: Database<Connection = C>,
+    C: Connection<Database = DB>,
+    for<'c> &'c mut C: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+{
+    if !q.sql().as_str().is_empty() {
+        q.build().execute(&mut *conn).await?;
+        q.reset();
+    }
+    Ok(())
+}

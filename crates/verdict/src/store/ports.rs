@@ -1,0 +1,50 @@
+//! The consumers' ports: each the sum of the aggregate traits one consumer uses, with a blanket
+//! impl, so a consumer takes exactly what it reads and writes. They are named here, beside
+//! [`super::Store`], because trait upcasting reaches only supertraits: the composition root's
+//! `Arc<dyn Store>` converts to each because `Store` names them.
+
+use super::{
+    ActivityStore, ApiKeyStore, DeliveryStore, EventStore, FeedStore, KeyStore, PipelineStore,
+    PlaybookStore, TenantStore,
+};
+
+/// What tenant administration and [`Credentials`] read and write: tenants, their secrets and
+/// their API keys.
+pub trait TenantPort: TenantStore + ApiKeyStore + Send + Sync {}
+
+impl<T: ?Sized + TenantStore + ApiKeyStore + Send + Sync> TenantPort for T {}
+
+/// What delivery reads and writes: the outbox and its attempts, and the tenants' webhook
+/// secrets (through [`tenant::Credentials`]).
+pub trait DeliveryPort: DeliveryStore + TenantPort {}
+
+impl<T: ?Sized + DeliveryStore + TenantPort> DeliveryPort for T {}
+
+/// What the feeds' registrations and CAMARA notifications read and write: their transmitters
+/// and subscriptions, and the tenant they belong to.
+pub trait FeedPort: FeedStore + TenantStore + Send + Sync {}
+
+impl<T: ?Sized + FeedStore + TenantStore + Send + Sync> FeedPort for T {}
+
+/// What the pipeline reads and writes: idempotency keys, playbooks and what a decision reads,
+/// and the group commit.
+pub trait IngestStore: KeyStore + PlaybookStore + PipelineStore + Send + Sync {}
+
+impl<T: ?Sized + KeyStore + PlaybookStore + PipelineStore + Send + Sync> IngestStore for T {}
+
+/// What retention deletes from: events (with their deliveries) and playbook versions, and the
+/// expired idempotency keys the pruner deletes beside them.
+pub trait RetentionStore: EventStore + PlaybookStore + KeyStore + Send + Sync {}
+
+impl<T: ?Sized + EventStore + PlaybookStore + KeyStore + Send + Sync> RetentionStore for T {}
+
+/// What the console reads and writes: activity, events and their deliveries, playbooks.
+pub trait ConsoleStore:
+    ActivityStore + EventStore + DeliveryStore + PlaybookStore + Send + Sync
+{
+}
+
+impl<T: ?Sized + ActivityStore + EventStore + DeliveryStore + PlaybookStore + Send + Sync>
+    ConsoleStore for T
+{
+}
