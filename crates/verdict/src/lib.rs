@@ -23,7 +23,6 @@ pub mod console;
 pub mod delivery;
 pub mod destination;
 pub mod domain;
-mod failpoint;
 pub mod feeds;
 pub mod http;
 pub mod idempotency;

@@ -11,7 +11,7 @@ use super::{
 };
 use crate::clock::now_ms;
 use crate::delivery::schedule;
-use crate::failpoint::failpoint;
+use crate::store::failpoint::failpoint;
 use crate::store::{
     Act, ActionTarget, CallbackDraft, Claim, DueDelivery, KeyRef, StoreError, StoredResponse,
 };

@@ -166,7 +166,7 @@ fn injected_conflict() -> Option<StoreError> {
     #[cfg(feature = "failpoints")]
     if fail::eval("group_commit::conflict", |_| ()).is_some() {
         return Some(StoreError::Unavailable(sqlx::Error::Database(Box::new(
-            crate::failpoint::InjectedDeadlock,
+            crate::store::failpoint::InjectedDeadlock,
         ))));
     }
     None

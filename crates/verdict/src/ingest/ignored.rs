@@ -14,10 +14,10 @@ use super::{
 use crate::clock::{now_ms, to_ms};
 use crate::domain::{ActionKind, Applied};
 use crate::domain::{Feed, UNMAPPED_TYPE};
-use crate::failpoint::failpoint;
 use crate::idempotency::{Cached, Fingerprint, IdempotencyKey, Payload};
 use crate::playbook::{Decision, SubjectFacts};
 use crate::signal::{Signal, SignalType, Subject, subject_digest};
+use crate::store::failpoint::failpoint;
 use crate::store::{
     Act, ActOutcome, ActionTarget, Claim, ClaimOutcome, Finished, HeldKey, KeyRef, NewEvent,
     Render, StoredResponse, TenantRecord,

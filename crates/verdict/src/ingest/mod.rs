@@ -36,13 +36,13 @@ use uuid::Uuid;
 use crate::clock::{now_ms, to_ms};
 use crate::delivery::Deliverer;
 use crate::domain::Feed;
-use crate::failpoint::failpoint;
 use crate::idempotency::{
     Cached, CompletedCache, DEFAULT_CAPACITY_BYTES, Fingerprint, IdempotencyKey, Payload,
 };
 use crate::playbook::{Library, Playbook};
 use crate::secrets::Keyring;
 use crate::signal::{Signal, Subject, subject_digest};
+use crate::store::failpoint::failpoint;
 use crate::store::{
     Claim, DecisionInputs, HeldKey, KeyRef, StoreError, StoredResponse, TenantRecord,
 };

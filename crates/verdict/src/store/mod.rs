@@ -31,6 +31,8 @@ pub mod activity;
 pub mod api_keys;
 pub mod deliveries;
 pub mod events;
+/// Test hooks: named points where tests stop a request (compiled in with `failpoints`).
+pub(crate) mod failpoint;
 pub mod feeds;
 pub mod keys;
 pub mod pipeline;

@@ -342,10 +342,10 @@ impl super::PipelineStore for PostgresStore {
 /// stop the production path this way instead of forcing the transaction's.
 async fn stop_before_one_statement(batch: &super::Batch) -> Result<(), StoreError> {
     use crate::domain::ActionKind;
-    use crate::failpoint::failpoint;
+    use crate::store::failpoint::failpoint;
     for action in ActionKind::LOCAL {
         if batch.acts.iter().any(|a| a.effects.contains(&action)) {
-            failpoint!(&crate::failpoint::after_action(action));
+            failpoint!(&crate::store::failpoint::after_action(action));
         }
     }
     if !batch.acts.is_empty() {
@@ -363,7 +363,7 @@ impl PostgresStore {
     ) -> Result<super::BatchResult, StoreError> {
         use super::postgres_pipeline as fused;
         use crate::domain::ActionKind;
-        use crate::failpoint::failpoint;
+        use crate::store::failpoint::failpoint;
         let mut tx = begin_on(&self.pipeline, "BEGIN").await?;
         let found = fused::apply(&mut tx, batch, fused::APPLY.as_str()).await?;
         super::deliveries::disable_endpoints(&mut *tx, &batch.attempts.iter().collect::<Vec<_>>())
@@ -374,7 +374,7 @@ impl PostgresStore {
                 .iter()
                 .any(|&i| batch.acts[i].effects.contains(&action))
             {
-                failpoint!(&crate::failpoint::after_action(action));
+                failpoint!(&crate::store::failpoint::after_action(action));
             }
         }
         // The acts APPLY did not settle are finished with their actual outcomes.

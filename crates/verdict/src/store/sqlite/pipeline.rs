@@ -13,10 +13,10 @@ use uuid::Uuid;
 
 use super::SqliteStore;
 use crate::domain::{ActionKind, Applied};
-use crate::failpoint::failpoint;
 use crate::store::actions::push_keys;
 use crate::store::backend::execute_pushed;
 use crate::store::deliveries::record_attempts;
+use crate::store::failpoint::failpoint;
 use crate::store::keys::insert_claims;
 use crate::store::pipeline::{batch_result, live_acts};
 use crate::store::rows::{OutboxRow, push_values};
@@ -88,7 +88,7 @@ async fn apply_effects(
         for (&i, applied) in which.iter().zip(applied) {
             outcomes[i].effects.push((action, applied));
         }
-        failpoint!(&crate::failpoint::after_action(action));
+        failpoint!(&crate::store::failpoint::after_action(action));
     }
     // Each callback's envelope, built now that the local effects are known.
     let deliveries: Vec<Option<NewDelivery>> = acts

@@ -14,15 +14,15 @@ macro_rules! failpoint {
     ($name:expr) => {
         #[cfg(feature = "failpoints")]
         if let Some(arg) = fail::eval($name, |arg| arg) {
-            match crate::failpoint::Injected::from(arg) {
-                crate::failpoint::Injected::Abort => std::process::abort(),
-                crate::failpoint::Injected::Delay(pause) => tokio::time::sleep(pause).await,
-                crate::failpoint::Injected::Fail => {
+            match crate::store::failpoint::Injected::from(arg) {
+                crate::store::failpoint::Injected::Abort => std::process::abort(),
+                crate::store::failpoint::Injected::Delay(pause) => tokio::time::sleep(pause).await,
+                crate::store::failpoint::Injected::Fail => {
                     return Err(
                         crate::store::StoreError::Unavailable(sqlx::Error::PoolTimedOut).into(),
                     );
                 }
-                crate::failpoint::Injected::Permanent => {
+                crate::store::failpoint::Injected::Permanent => {
                     return Err(crate::store::StoreError::Corrupt("injected".into()).into());
                 }
             }
