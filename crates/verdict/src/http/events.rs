@@ -51,6 +51,11 @@ pub struct EventView {
     /// The feed it came in through: `signals`, `set` (a Security Event Token) or `camara`.
     /// An unmapped feed event has type `unmapped` and decision `ignored`.
     feed: String,
+    /// The signal's keyed digest (of subject, type and observation time): events with the same
+    /// one are the same signal received more than once, under other keys or none. Absent for an
+    /// unmapped feed event and for events stored before verdict recorded it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    signal_key: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     deliveries: Option<Vec<DeliveryView>>,
 }
@@ -110,6 +115,7 @@ impl From<EventRecord> for EventView {
             actions: parse_json(&e.actions),
             created_at: rfc3339(e.created_at),
             feed: e.feed.as_str().to_owned(),
+            signal_key: (!e.signal_key.is_empty()).then(|| hex(&e.signal_key)),
             deliveries: None,
         }
     }

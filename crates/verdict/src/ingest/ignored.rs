@@ -240,6 +240,8 @@ impl Ingest {
             evaluated_at: decided.evaluated_at,
             facts: record::json(&SubjectFacts::default()),
             feed: ignored.feed,
+            // No signal type maps it, so it has no signal key.
+            signal_key: Vec::new(),
         };
         let act = Act::new(
             Some(held.clone()),

@@ -26,6 +26,7 @@ pub(super) struct Draft {
     tenant_id: Uuid,
     signal_type: &'static str,
     subject_hash: Vec<u8>,
+    signal_key: Vec<u8>,
     observed_at: i64,
     attributes: String,
     metadata: serde_json::Map<String, serde_json::Value>,
@@ -47,6 +48,7 @@ impl Draft {
             tenant_id: target.tenant_id,
             signal_type: target.signal_type,
             subject_hash: target.subject_hash.clone(),
+            signal_key: target.signal_key.clone(),
             observed_at: to_ms(inbound.signal.observed_at),
             attributes: json(&inbound.signal.attributes),
             metadata: inbound.signal.metadata.clone(),
@@ -142,6 +144,7 @@ impl Render for Draft {
                 evaluated_at: self.decided.evaluated_at,
                 facts: json(&self.decided.facts),
                 feed: self.feed,
+                signal_key: self.signal_key.clone(),
             },
             response: StoredResponse {
                 status: 200,

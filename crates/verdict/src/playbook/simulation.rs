@@ -312,6 +312,7 @@ mod tests {
             evaluated_at: now,
             facts: facts.into(),
             feed: Feed::Signals,
+            signal_key: Vec::new(),
         }
     }
 

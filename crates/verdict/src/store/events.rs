@@ -32,6 +32,8 @@ pub struct NewEvent {
     pub facts: String,
     /// The feed it came in through.
     pub feed: Feed,
+    /// The signal's key ([`super::ActionTarget::signal_key`]); empty for an unmapped feed event.
+    pub signal_key: Vec<u8>,
 }
 
 /// An event as read back.
@@ -54,11 +56,13 @@ pub struct EventRecord {
     pub facts: String,
     #[sqlx(try_from = "String")]
     pub feed: Feed,
+    pub signal_key: Vec<u8>,
 }
 
 /// The columns of [`EventRecord`].
 pub(crate) const EVENT_COLUMNS: &str = "id, signal_type, subject_hash, observed_at, attributes, \
-     metadata, decision, playbook_version, rule, actions, created_at, evaluated_at, facts, feed";
+     metadata, decision, playbook_version, rule, actions, created_at, evaluated_at, facts, feed, \
+     signal_key";
 
 /// Reads of events.
 #[async_trait]

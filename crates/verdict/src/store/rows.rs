@@ -127,6 +127,7 @@ impl Row for NewEvent {
             Col::Int8("evaluated_at", |e| e.evaluated_at),
             Col::Text("facts", |e| e.facts.clone()),
             Col::Str("feed", |e| e.feed.as_str()),
+            Col::Bytes("signal_key", |e| e.signal_key.clone()),
         ]
     }
 }

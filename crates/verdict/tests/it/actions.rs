@@ -152,6 +152,27 @@ async fn same_signal_five_times_without_a_key_has_each_effect_once(backend: Back
             assert_eq!(action["outcome"], "already_done", "{action}");
         }
     }
+    // The five events say they are one signal.
+    let events = server.get(&tenant, "/v1/events").await.json();
+    let keys: std::collections::HashSet<String> = events["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["signal_key"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(keys.len(), 1, "{events}");
+    let other = server.send(&tenant, None, &sim_swap("+447700900203")).await;
+    let other = server
+        .get(
+            &tenant,
+            &format!("/v1/events/{}", other.json()["event_id"].as_str().unwrap()),
+        )
+        .await
+        .json();
+    assert!(
+        !keys.contains(other["signal_key"].as_str().unwrap()),
+        "{other}"
+    );
 }
 
 async fn a_crash_after_dispatch_without_a_key_leaves_no_callback_without_its_event(
