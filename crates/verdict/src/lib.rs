@@ -4,12 +4,13 @@
 //! HTTP ([`http`]) → validated [`signal::Signal`] and [`idempotency::IdempotencyKey`] →
 //! [`tenant`] authentication → [`ingest`] (claim in the [`store`], decide with the
 //! [`playbook`], record the recovery point, persist). [`feeds`] reads the standard feeds
-//! (Security Event Tokens, CAMARA notifications) into the same pipeline. [`secrets`] derives
+//! (Security Event Tokens, CAMARA notifications) into the same pipeline; [`connectors`] manages
+//! the tenant's own systems that actions call. [`secrets`] derives
 //! every server key from one master key; [`config`] and [`cli`] wire it together for the
 //! `verdict` binary.
 //!
 //! Each layer imports only the ones below it: [`domain`] (which imports nothing from the crate)
-//! ← [`store`] ← [`ingest`], [`delivery`], [`feeds`], [`playbook`] ← [`app`] (what the HTTP
+//! ← [`store`] ← [`ingest`], [`delivery`], [`feeds`], [`playbook`], [`connectors`] ← [`app`] (what the HTTP
 //! edges share: state, errors, connections, layers) ← the edges [`http`], [`console`] and
 //! [`cli`], which import neither each other nor are imported below; [`server`] composes the API
 //! and the console. [`problem`], [`signal`], [`secrets`] and [`destination`] import nothing
@@ -19,6 +20,7 @@ pub mod app;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod connectors;
 pub mod console;
 pub mod delivery;
 pub mod destination;

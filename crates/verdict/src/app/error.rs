@@ -3,6 +3,7 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
+use crate::connectors::ConnectorError;
 use crate::idempotency::KeyError;
 use crate::ingest::IngestError;
 use crate::playbook::simulation::SimulationError;
@@ -61,6 +62,8 @@ pub enum ApiError {
     Playbook(#[from] PlaybookStoreError),
     #[error(transparent)]
     Simulation(#[from] SimulationError),
+    #[error(transparent)]
+    Connector(#[from] ConnectorError),
     #[error("not found")]
     NotFound,
     #[error("{0}")]
@@ -159,6 +162,15 @@ impl ApiError {
                 Problem::unavailable()
             }
             Self::Store(e) if e.is_transient() => Problem::unavailable(),
+            Self::Connector(ConnectorError::Store(e)) if e.is_transient() => Problem::unavailable(),
+            Self::Connector(ConnectorError::TooMany) => Problem::new(
+                "connector-limit-exceeded",
+                "The tenant has the most connectors it may have",
+                StatusCode::UNPROCESSABLE_ENTITY,
+            )
+            .detail(ConnectorError::TooMany.to_string()),
+            Self::Connector(ConnectorError::NotFound(_)) => Problem::not_found(),
+            Self::Connector(e) if e.is_input() => Problem::invalid_request(e.to_string()),
             Self::Tenant(TenantError::Store(e)) if e.is_transient() => Problem::unavailable(),
             Self::NotFound
             | Self::Tenant(TenantError::NotFound(_) | TenantError::KeyNotFound { .. }) => {
@@ -171,6 +183,7 @@ impl ApiError {
             | Self::Tenant(_)
             | Self::Playbook(PlaybookStoreError::Store(_))
             | Self::Simulation(_)
+            | Self::Connector(_)
             | Self::Extraction(_) => Problem::internal(),
         }
     }

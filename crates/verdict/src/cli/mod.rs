@@ -1,6 +1,7 @@
 //! The `verdict` command line: one module per command group.
 
 mod camara;
+mod connector;
 mod deliveries;
 mod playbook;
 mod tenant;
@@ -14,6 +15,8 @@ use crate::store;
 
 use camara::run_camara;
 pub use camara::{CamaraCommand, CamaraSubscriptionCommand};
+pub use connector::ConnectorCommand;
+use connector::run_connector;
 pub use deliveries::DeliveriesCommand;
 use deliveries::run_deliveries;
 pub use playbook::PlaybookCommand;
@@ -41,6 +44,9 @@ pub enum Command {
     /// Manage tenants.
     #[command(subcommand)]
     Tenant(TenantCommand),
+    /// Manage a tenant's connectors: its own systems that actions call.
+    #[command(subcommand)]
+    Connector(ConnectorCommand),
     /// Read or replace a tenant's playbook.
     #[command(subcommand)]
     Playbook(PlaybookCommand),
@@ -109,6 +115,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Tenant(cmd) => run_tenant(&config, &file, cmd).await,
+        Command::Connector(cmd) => run_connector(&config, &file, cmd).await,
         Command::Playbook(cmd) => run_playbook(&config, cmd).await,
         Command::Worker { delivery, once } => {
             crate::server::work(&config, delivery.resolve(&file)?, once).await

@@ -2,6 +2,7 @@
 //! the crate, so any module may import it without making a cycle.
 
 pub mod action;
+pub mod connector;
 pub mod decision;
 pub mod delivery;
 pub mod feed;
@@ -10,6 +11,10 @@ pub mod signal;
 pub mod time;
 
 pub use action::{ActionKind, ActionResult, Applied, Outcome, UnknownAction};
+pub use connector::{
+    ConnectorKind, ConnectorName, Guarantee, InvalidConnectorName, MAX_CONNECTOR_NAME_CHARS,
+    MatchAttribute, UnknownConnectorValue,
+};
 pub use decision::{Decision, UnknownDecision};
 pub use delivery::{DeliveryStatus, Next, UnknownStatus};
 pub use feed::{Feed, IGNORED_DECISION, RISC_CREDENTIAL_COMPROMISE, UNMAPPED_TYPE, UnknownFeed};

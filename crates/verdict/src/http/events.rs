@@ -11,6 +11,7 @@ use super::auth::Authenticated;
 use super::extract::{Path, Query};
 use crate::app::AppState;
 use crate::app::error::ApiError;
+pub use crate::clock::rfc3339;
 use crate::delivery::DeliveryStatus;
 use crate::problem::Problem;
 use crate::secrets::hex;
@@ -82,17 +83,6 @@ pub struct DeliveryState {
     pub last_error: Option<String>,
     pub created_at: String,
     pub updated_at: String,
-}
-
-/// Unix milliseconds as RFC 3339.
-pub fn rfc3339(ms: i64) -> String {
-    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
-        .ok()
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .unwrap_or_default()
 }
 
 /// A stored JSON column as a value (stored JSON is always ours and valid).

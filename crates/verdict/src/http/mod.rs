@@ -2,6 +2,7 @@
 
 mod auth;
 mod body;
+mod connectors;
 mod deliveries;
 mod events;
 mod extract;
@@ -39,6 +40,13 @@ pub fn router() -> Router<AppState> {
         .route("/v1/playbook/simulate", post(playbook::simulate))
         .route("/v1/keys", get(keys::list).post(keys::create))
         .route("/v1/keys/{key_id}", delete(keys::revoke))
+        .route("/v1/connectors", get(connectors::list))
+        .route(
+            "/v1/connectors/{name}",
+            get(connectors::show)
+                .put(connectors::set)
+                .delete(connectors::delete),
+        )
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))

@@ -17,6 +17,7 @@
 //! sqlx cannot name (rows changed).
 //! - [`tenants`]: tenants, their rate limits and sealed secrets;
 //! - [`api_keys`]: tenants' API keys and their scopes;
+//! - [`connectors`]: tenants' connectors (their own systems that actions call);
 //! - [`keys`]: idempotency keys and the state table's judgement;
 //! - [`playbooks`]: playbook versions and what a decision reads;
 //! - [`actions`]: the idempotent effects (locks, cases, alerts, ledger, denies);
@@ -29,6 +30,7 @@
 pub mod actions;
 pub mod activity;
 pub mod api_keys;
+pub mod connectors;
 pub mod deliveries;
 pub mod events;
 /// Test hooks: named points where tests stop a request (compiled in with `failpoints`).
@@ -53,6 +55,7 @@ use uuid::Uuid;
 pub use actions::{ActionStore, ActionTarget, SubjectState};
 pub use activity::{Activity, ActivityStore, EventFilter, MinuteCount, PlaybookVersion};
 pub use api_keys::{ApiKeyRecord, ApiKeyStore, KeyGrant, NewApiKey, Scope, UnknownScope};
+pub use connectors::{ConnectorRecord, ConnectorStore, PutConnector};
 pub use deliveries::{
     AttemptRecord, AttemptRow, DeliveryRecord, DeliveryStore, DueDelivery, NewDelivery, Redelivery,
 };
@@ -185,6 +188,7 @@ fn transient_database_error(db: &dyn sqlx::error::DatabaseError) -> bool {
 pub trait Store:
     TenantStore
     + ApiKeyStore
+    + ConnectorStore
     + KeyStore
     + PlaybookStore
     + ActionStore
@@ -199,6 +203,7 @@ pub trait Store:
     + ports::IngestStore
     + ports::RetentionStore
     + ports::ConsoleStore
+    + ports::ConnectorPort
     + Send
     + Sync
     + 'static

@@ -4,8 +4,8 @@
 //! `Arc<dyn Store>` converts to each because `Store` names them.
 
 use super::{
-    ActivityStore, ApiKeyStore, DeliveryStore, EventStore, FeedStore, KeyStore, PipelineStore,
-    PlaybookStore, TenantStore,
+    ActivityStore, ApiKeyStore, ConnectorStore, DeliveryStore, EventStore, FeedStore, KeyStore,
+    PipelineStore, PlaybookStore, TenantStore,
 };
 
 /// What tenant administration and [`Credentials`] read and write: tenants, their secrets and
@@ -48,3 +48,8 @@ impl<T: ?Sized + ActivityStore + EventStore + DeliveryStore + PlaybookStore + Se
     ConsoleStore for T
 {
 }
+
+/// What connector administration reads and writes: the tenants' connectors.
+pub trait ConnectorPort: ConnectorStore + Send + Sync {}
+
+impl<T: ?Sized + ConnectorStore + Send + Sync> ConnectorPort for T {}

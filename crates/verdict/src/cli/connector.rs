@@ -1,0 +1,139 @@
+//! `verdict connector …`: a tenant's connectors, as `PUT/GET/DELETE /v1/connectors/{name}`
+//! manages them.
+
+use anyhow::Context;
+use clap::Subcommand;
+use uuid::Uuid;
+
+use crate::config::{Config, DestinationArgs, FileConfig};
+use crate::connectors::{self, ConnectorSpec};
+use crate::domain::{ConnectorKind, ConnectorName, Guarantee, MatchAttribute};
+use crate::store;
+
+/// `verdict connector …`.
+#[derive(Debug, Subcommand)]
+pub enum ConnectorCommand {
+    /// Create or replace a connector. A new HTTP connector's signing secret is printed once.
+    Set {
+        /// The tenant's id.
+        #[arg(long)]
+        tenant: Uuid,
+        /// Its name, as the playbook binds actions to it.
+        #[arg(long)]
+        name: ConnectorName,
+        /// `http` (a signed POST of each action request) or `scim` (RFC 7644).
+        #[arg(long)]
+        kind: ConnectorKind,
+        /// The HTTP endpoint, or the SCIM service provider's base URL.
+        #[arg(long)]
+        url: String,
+        /// SCIM: a file holding the bearer token (kept from before when omitted).
+        #[arg(long)]
+        token_file: Option<std::path::PathBuf>,
+        /// SCIM: the attribute the subject's account is matched against.
+        #[arg(long = "match")]
+        match_attribute: Option<MatchAttribute>,
+        /// `exactly_once` (retried until it answers) or `at_most_once` (never retried after
+        /// an ambiguous outcome).
+        #[arg(long, default_value_t = Guarantee::ExactlyOnce)]
+        guarantee: Guarantee,
+        /// HTTP: make a new signing secret for a connector that exists.
+        #[arg(long)]
+        rotate_secret: bool,
+        #[command(flatten)]
+        destinations: DestinationArgs,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the tenant's connectors as JSON (never their credentials).
+    List {
+        /// The tenant's id.
+        #[arg(long)]
+        tenant: Uuid,
+    },
+    /// Show one connector as JSON (never its credential).
+    Show {
+        /// The tenant's id.
+        #[arg(long)]
+        tenant: Uuid,
+        /// The connector's name.
+        #[arg(long)]
+        name: ConnectorName,
+    },
+    /// Delete a connector.
+    Delete {
+        /// The tenant's id.
+        #[arg(long)]
+        tenant: Uuid,
+        /// The connector's name.
+        #[arg(long)]
+        name: ConnectorName,
+    },
+}
+
+pub(super) async fn run_connector(
+    config: &Config,
+    file: &FileConfig,
+    cmd: ConnectorCommand,
+) -> anyhow::Result<()> {
+    let keys = config.master_key()?.keyring();
+    let store = store::connect(&config.database_url)
+        .await
+        .context("connecting to the database")?;
+    match cmd {
+        ConnectorCommand::Set {
+            tenant,
+            name,
+            kind,
+            url,
+            token_file,
+            match_attribute,
+            guarantee,
+            rotate_secret,
+            destinations,
+            json,
+        } => {
+            let token = token_file
+                .map(|path| {
+                    std::fs::read_to_string(&path)
+                        .with_context(|| format!("reading {}", path.display()))
+                        .map(|t| t.trim().to_owned())
+                })
+                .transpose()?;
+            let spec = ConnectorSpec {
+                kind,
+                url,
+                token,
+                match_attribute,
+                guarantee,
+                rotate_secret,
+            };
+            let policy = destinations.resolve(file);
+            let set = connectors::set(&*store, &keys, tenant, name, spec, policy).await?;
+            if json {
+                println!("{}", serde_json::to_string(&set)?);
+            } else {
+                let verb = if set.created { "created" } else { "replaced" };
+                println!("connector {} {verb}", set.connector.name);
+                if let Some(secret) = &set.secret {
+                    println!("secret  {secret}");
+                    println!("(the secret is shown once; its requests are signed with it)");
+                }
+            }
+        }
+        ConnectorCommand::List { tenant } => {
+            let list = connectors::list(&*store, tenant).await?;
+            println!("{}", serde_json::to_string_pretty(&list)?);
+        }
+        ConnectorCommand::Show { tenant, name } => {
+            let view = connectors::show(&*store, tenant, &name).await?;
+            println!("{}", serde_json::to_string_pretty(&view)?);
+        }
+        ConnectorCommand::Delete { tenant, name } => {
+            connectors::delete(&*store, tenant, &name).await?;
+            println!("connector {name} deleted");
+        }
+    }
+    Ok(())
+}
