@@ -1,8 +1,9 @@
 //! The layers every request passes through, whichever edge routes it: the fallbacks, the
-//! latency metric, the request id and the request's span.
+//! latency metric, the request id, the request's span and the headers every response carries.
 
 use axum::Router;
-use axum::http::{HeaderName, Request};
+use axum::extract::MatchedPath;
+use axum::http::{HeaderName, HeaderValue, Request, header};
 use axum::response::Response;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
@@ -20,14 +21,16 @@ pub fn layered(routes: Router<AppState>, state: AppState) -> Router {
         .fallback(|| async { Problem::not_found() })
         .method_not_allowed_fallback(|| async { Problem::method_not_allowed() })
         .route_layer(axum::middleware::from_fn(record_latency))
+        .layer(axum::middleware::map_response(private_responses))
         .with_state(state)
         .layer(
             tower::ServiceBuilder::new()
                 .layer(axum::middleware::map_request(keep_safe_request_id))
                 .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
                 .layer(
-                    // The span carries the request id; it deliberately records no headers or
-                    // query, which could hold keys or identifiers.
+                    // The span carries the request id and the route's template; it
+                    // deliberately records no headers, query or raw path, any of which could
+                    // hold keys or identifiers (a phone number put in a path).
                     TraceLayer::new_for_http()
                         .make_span_with(|req: &Request<_>| {
                             let id = req
@@ -35,11 +38,15 @@ pub fn layered(routes: Router<AppState>, state: AppState) -> Router {
                                 .get(REQUEST_ID)
                                 .and_then(|v| v.to_str().ok())
                                 .unwrap_or("-");
+                            let route = req
+                                .extensions()
+                                .get::<MatchedPath>()
+                                .map_or(UNMATCHED, MatchedPath::as_str);
                             tracing::info_span!(
                                 "request",
                                 request_id = %id,
                                 method = %req.method(),
-                                path = %logged_path(req.uri().path()),
+                                route = %logged_path(route),
                             )
                         })
                         .on_response(DefaultOnResponse::new().level(Level::INFO)),
@@ -48,8 +55,25 @@ pub fn layered(routes: Router<AppState>, state: AppState) -> Router {
         )
 }
 
-/// Longest request path a log line carries: a client may send paths of tens of KiB, and every
-/// line of the request repeats it.
+/// What a request that matched no route logs as its route.
+const UNMATCHED: &str = "unmatched";
+
+/// Every response: never cached by a browser or proxy (the API's answers are one tenant's
+/// data), and never content-sniffed. A response that sets its own caching (the console's
+/// stylesheet) keeps it.
+async fn private_responses(mut response: Response) -> Response {
+    let headers = response.headers_mut();
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers
+        .entry(header::CACHE_CONTROL)
+        .or_insert(HeaderValue::from_static("no-store"));
+    response
+}
+
+/// Longest route a log line carries (a route template is short; kept as a guard).
 const MAX_LOGGED_PATH: usize = 256;
 
 /// The request's path as logged: cut at [`MAX_LOGGED_PATH`] bytes (on a character boundary),
@@ -92,7 +116,7 @@ async fn record_latency(
 ) -> Response {
     let started = std::time::Instant::now();
     let response = next.run(req).await;
-    let route = route.map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+    let route = route.map_or_else(|| UNMATCHED.to_owned(), |p| p.as_str().to_owned());
     let status = match response.status().as_u16() {
         200..=299 => "2xx",
         400..=499 => "4xx",

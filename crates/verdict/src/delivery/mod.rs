@@ -164,6 +164,13 @@ impl Deliverer {
         let (attempt, record) = self.send(due, trigger, due_at).await?;
         self.store.record_attempt(&record).await?;
         observe(&attempt);
+        if record.next.status == DeliveryStatus::Dead {
+            // A dead letter waits for an operator: say so where alerts look.
+            metrics::counter!("verdict_deliveries_dead_total").increment(1);
+            tracing::warn!(delivery_id = %due.id, tenant_id = %due.tenant_id,
+                last_error = record.error.as_deref().unwrap_or(""),
+                "delivery is dead: its retries ran out; redeliver it once the receiver is back");
+        }
         Ok(attempt.outcome)
     }
 

@@ -11,6 +11,11 @@ pub use crate::domain::{DeliveryStatus, Next, UnknownStatus};
 /// Worker attempts after the inline one.
 pub const MAX_RETRIES: i64 = 3;
 
+/// The longest a receiver's `Retry-After` may put a retry off: a day. Longer, and a delivery
+/// could be parked past any receiver's deduplication window (or, at the largest values, for
+/// ever, kept from dying and from retention).
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 60 * 60);
+
 /// How an attempt ended, as far as scheduling cares.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AttemptOutcome {
@@ -75,7 +80,8 @@ pub fn next(
         },
         AttemptOutcome::Retryable { .. } if retries_left == 0 => done(DeliveryStatus::Dead),
         AttemptOutcome::Retryable { retry_after } => {
-            let wait = retry_after.map_or(interval, |asked| asked.max(interval));
+            let wait =
+                retry_after.map_or(interval, |asked| asked.min(MAX_RETRY_AFTER).max(interval));
             Next {
                 next_attempt_at: base
                     .saturating_add(i64::try_from(wait.as_millis()).unwrap_or(i64::MAX)),
@@ -132,6 +138,16 @@ mod tests {
             next(&short, Trigger::Inline, 3, 0, FIVE_MIN).next_attempt_at,
             300_000
         );
+    }
+
+    #[test]
+    fn retry_after_is_clamped_to_a_day() {
+        let forever = AttemptOutcome::Retryable {
+            retry_after: Some(Duration::from_secs(u64::MAX)),
+        };
+        let n = next(&forever, Trigger::Inline, 3, 1_000, FIVE_MIN);
+        assert_eq!(n.status, DeliveryStatus::Pending);
+        assert_eq!(n.next_attempt_at, 1_000 + 86_400_000);
     }
 
     #[test]

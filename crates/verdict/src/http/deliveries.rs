@@ -51,7 +51,10 @@ pub async fn list(
         .as_deref()
         .map(str::parse::<DeliveryStatus>)
         .transpose()
-        .map_err(|e| ApiError::Invalid(e.to_string()))?;
+        // Not echoed: a query string is the client's, and may be anything.
+        .map_err(|_| {
+            ApiError::Invalid("`status` must be pending, succeeded, failed or dead".into())
+        })?;
     let limit = q.limit.unwrap_or(50).clamp(1, 500);
     let rows = app
         .store

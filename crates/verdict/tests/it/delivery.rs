@@ -274,6 +274,77 @@ async fn retry_after_longer_than_the_schedule_is_honoured(backend: Backend) {
     assert!(next - time::OffsetDateTime::now_utc() > time::Duration::minutes(55));
 }
 
+async fn a_retry_after_past_a_day_is_clamped_to_a_day(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    // The hardening review's value: a wait no schedule could ever reach.
+    let forever = Step::status(503).header("retry-after", "99999999999999999999");
+    let receiver = Receiver::start(vec![forever]).await;
+    let tenant = db.tenant(&["--callback-url", &receiver.url]);
+    let server = Server::start(&db, &MANUAL_WORKER);
+    let reply = server
+        .send(&tenant, Some(&new_key()), &sim_swap("+447700900521"))
+        .await;
+    let d = delivery_of(&server, &tenant, &reply).await;
+    assert_eq!(d["status"], "pending", "{d}");
+    let next = time::OffsetDateTime::parse(
+        d["next_attempt_at"].as_str().unwrap(),
+        &time::format_description::well_known::Rfc3339,
+    )
+    .unwrap_or_else(|e| panic!("next_attempt_at is no time ({e}): {d}"));
+    let wait = next - time::OffsetDateTime::now_utc();
+    assert!(
+        wait > time::Duration::hours(23) && wait <= time::Duration::hours(24),
+        "the retry waits {wait}, not at most a day"
+    );
+}
+
+async fn a_delivery_that_dies_is_logged_at_warn_and_counted(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let receiver = Receiver::start(vec![Step::status(500); 4]).await;
+    let tenant = db.tenant(&["--callback-url", &receiver.url]);
+    // The server's own worker, retrying every second.
+    let server = Server::start(
+        &db,
+        &[
+            ("VERDICT_ALLOW_PRIVATE_DESTINATIONS", "1"),
+            ("VERDICT_RETRY_INTERVAL_SECS", "1"),
+        ],
+    );
+    let reply = server
+        .send(&tenant, Some(&new_key()), &sim_swap("+447700900522"))
+        .await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let dead = loop {
+        let d = common::deliveries::delivery_now(&server, &tenant, &reply).await;
+        if d["status"] == "dead" {
+            break d;
+        }
+        assert!(Instant::now() < deadline, "never dead: {d}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let logs = server.logs();
+    let line = logs
+        .lines()
+        .find(|l| l.contains("delivery is dead"))
+        .unwrap_or_else(|| panic!("no dead-letter line in the logs"));
+    let line: serde_json::Value = serde_json::from_str(line).unwrap();
+    assert_eq!(line["level"], "WARN", "{line}");
+    assert_eq!(line["delivery_id"], dead["id"], "{line}");
+    let metrics = server
+        .client
+        .get(format!("{}/metrics", server.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("verdict_deliveries_dead_total 1"),
+        "no dead-letter count:\n{metrics}"
+    );
+}
+
 async fn redirects_are_not_followed(backend: Backend) {
     let db = TestDb::new(backend).await;
     let receiver = Receiver::start(vec![Step::status(302).header("location", "/elsewhere")]).await;
@@ -450,6 +521,8 @@ on_both_backends!(
     a_410_is_terminal_and_disables_the_endpoint_until_re_enabled,
     four_500s_make_a_delivery_dead_and_redeliver_sends_the_same_webhook_id,
     retry_after_longer_than_the_schedule_is_honoured,
+    a_retry_after_past_a_day_is_clamped_to_a_day,
+    a_delivery_that_dies_is_logged_at_warn_and_counted,
     redirects_are_not_followed,
     private_destinations_are_refused_unless_allowed,
     two_workers_share_500_due_deliveries_and_attempt_each_once,

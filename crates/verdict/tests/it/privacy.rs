@@ -88,4 +88,75 @@ async fn database_dump_and_logs_hold_no_raw_identifiers_or_keys(backend: Backend
     }
 }
 
-on_both_backends!(database_dump_and_logs_hold_no_raw_identifiers_or_keys);
+async fn an_identifier_in_a_path_or_query_reaches_neither_logs_nor_errors(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = db.tenant(&[]);
+    let server = Server::start(&db, &[]);
+    let phone = "+447700900777";
+    for path in [
+        format!("/v1/events/{phone}"),
+        format!("/v1/subjects/{phone}"),
+        format!("/v1/deliveries/{phone}"),
+        format!("/v1/no-such-route/{phone}"),
+        format!("/v1/deliveries?status={phone}"),
+    ] {
+        let reply = server.get(&tenant, &path).await;
+        assert!(
+            (400..500).contains(&reply.status),
+            "{path}: {}",
+            reply.status
+        );
+        assert!(
+            !reply.text().contains("447700900777"),
+            "{path} echoed the identifier: {}",
+            reply.text()
+        );
+    }
+    let logs = server.logs();
+    assert!(
+        !logs.contains("447700900777"),
+        "an identifier in a request path or query reached the logs"
+    );
+    // The route is logged by its template.
+    assert!(logs.contains("/v1/events/{id}"), "no route template logged");
+}
+
+async fn api_responses_are_neither_cached_nor_sniffed(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = db.tenant(&[]);
+    let server = Server::start(&db, &[]);
+    let key = new_key();
+    let body = sim_swap("+447700900778");
+    let fresh = server.send(&tenant, Some(&key), &body).await;
+    let replayed = server.send(&tenant, Some(&key), &body).await;
+    assert!(replayed.replayed());
+    let listed = server.get(&tenant, "/v1/events").await;
+    let refused = server
+        .get(
+            &crate::common::Tenant {
+                api_key: "vk_not-a-key".into(),
+                ..tenant.clone()
+            },
+            "/v1/events",
+        )
+        .await;
+    for (what, reply) in [
+        ("a decision", &fresh),
+        ("a replay", &replayed),
+        ("a list", &listed),
+        ("a 401", &refused),
+    ] {
+        assert_eq!(reply.header("cache-control"), Some("no-store"), "{what}");
+        assert_eq!(
+            reply.header("x-content-type-options"),
+            Some("nosniff"),
+            "{what}"
+        );
+    }
+}
+
+on_both_backends!(
+    database_dump_and_logs_hold_no_raw_identifiers_or_keys,
+    an_identifier_in_a_path_or_query_reaches_neither_logs_nor_errors,
+    api_responses_are_neither_cached_nor_sniffed,
+);
