@@ -1,4 +1,4 @@
-//! `verdict deliveries …`: list, show and redeliver a tenant's callbacks.
+//! `verdict deliveries …`: list, show and redeliver a tenant's callbacks and connector calls.
 
 use std::sync::Arc;
 
@@ -17,7 +17,7 @@ pub enum DeliveriesCommand {
     List {
         #[arg(long)]
         tenant: Uuid,
-        /// pending, succeeded, failed or dead.
+        /// pending, succeeded, failed, dead or unknown.
         #[arg(long)]
         status: Option<crate::delivery::DeliveryStatus>,
         #[arg(long, default_value_t = 50)]
@@ -52,6 +52,7 @@ pub(super) async fn run_deliveries(
         serde_json::json!({
             "id": d.id, "event_id": d.event_id, "webhook_id": d.webhook_id,
             "status": d.status.as_str(), "attempts": d.attempts, "last_error": d.last_error,
+            "action": d.action, "connector": d.connector,
         })
     };
     match cmd {

@@ -3,6 +3,8 @@
 //! seals the credential, and never hands a credential back except the signing secret it makes
 //! for a new HTTP connector, once.
 
+pub mod request;
+
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 use verdict_webhooks::Secret;

@@ -21,6 +21,10 @@ pub struct Attempt {
     pub latency: Duration,
     pub error: Option<String>,
     pub excerpt: Option<Vec<u8>>,
+    /// A connector found the effect already in place (a SCIM user already inactive).
+    pub already_done: bool,
+    /// Whether the request may have reached the receiver (it was sent, or may have been).
+    pub sent: bool,
 }
 
 /// A signed callback ready to send.
@@ -107,6 +111,8 @@ pub async fn send(
         latency: started.elapsed(),
         error: (!status.is_success()).then(|| format!("HTTP {status}")),
         excerpt: Some(excerpt),
+        already_done: false,
+        sent: true,
     }
 }
 
@@ -149,7 +155,7 @@ fn refused_in<'e>(err: &'e (dyn std::error::Error + 'static)) -> Option<&'e Dest
 
 /// The error as stored and shown: its cause chain, with the URL's query, fragment and userinfo
 /// taken out (a callback URL often carries a token there).
-fn describe(mut err: reqwest::Error, url: &reqwest::Url) -> String {
+pub(super) fn describe(mut err: reqwest::Error, url: &reqwest::Url) -> String {
     if let Some(shown) = err.url_mut() {
         redact(shown);
     }
@@ -176,7 +182,7 @@ pub fn redact(url: &mut reqwest::Url) {
     let _ = url.set_password(None);
 }
 
-async fn read_excerpt(mut response: reqwest::Response) -> Vec<u8> {
+pub(super) async fn read_excerpt(mut response: reqwest::Response) -> Vec<u8> {
     let mut out = Vec::new();
     while out.len() < EXCERPT_BYTES {
         match response.chunk().await {
@@ -195,6 +201,8 @@ fn failed(outcome: AttemptOutcome, started: Instant, error: String) -> Attempt {
         latency: started.elapsed(),
         error: Some(error),
         excerpt: None,
+        already_done: false,
+        sent: false,
     }
 }
 

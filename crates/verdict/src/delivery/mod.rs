@@ -8,6 +8,7 @@
 //! - [`worker`]: leases due deliveries and attempts them.
 
 pub mod attempt;
+pub mod connector;
 pub mod schedule;
 pub mod worker;
 
@@ -17,8 +18,10 @@ use std::time::Duration;
 use uuid::Uuid;
 
 use crate::clock::now_ms;
+use crate::connectors::request;
 use crate::destination;
 use crate::secrets::Keyring;
+use crate::store::failpoint::failpoint;
 use crate::store::{AttemptRecord, DueDelivery, Redelivery, SecretPurpose, StoreError};
 use crate::tenant;
 use attempt::Outgoing;
@@ -114,6 +117,8 @@ pub use crate::store::ports::DeliveryPort;
 pub struct Deliverer {
     client: reqwest::Client,
     store: Arc<dyn DeliveryPort>,
+    /// Opens connectors' credentials and the sealed action requests.
+    keys: Arc<Keyring>,
     /// Webhook secrets, opened and cached for at most 5 s (a rotation applies within that).
     credentials: tenant::Credentials,
     settings: DeliverySettings,
@@ -130,7 +135,8 @@ impl Deliverer {
     ) -> Result<Self, ClientError> {
         Ok(Self {
             client: http_client(&settings)?,
-            credentials: tenant::Credentials::new(store.clone(), keys),
+            credentials: tenant::Credentials::new(store.clone(), keys.clone()),
+            keys,
             store,
             settings,
         })
@@ -174,9 +180,9 @@ impl Deliverer {
         Ok(attempt.outcome)
     }
 
-    /// Sends a leased delivery once, signed with the tenant's live webhook secrets; returns
-    /// what happened and the record to store (the caller stores it, alone or in a group
-    /// commit, then calls [`observe`]).
+    /// Sends a leased delivery once: a callback signed with the tenant's live webhook
+    /// secrets, or an action request to its connector. Returns what happened and the record
+    /// to store (the caller stores it, alone or in a group commit, then calls [`observe`]).
     pub async fn send(
         &self,
         due: &DueDelivery,
@@ -184,36 +190,10 @@ impl Deliverer {
         due_at: i64,
     ) -> Result<(attempt::Attempt, AttemptRecord), StoreError> {
         let started = now_ms();
-        let secrets = self
-            .credentials
-            .secrets(due.tenant_id, SecretPurpose::Webhook, false)
-            .await
-            .map_err(|e| match e {
-                tenant::TenantError::Store(s) => s,
-                other => StoreError::Corrupt(Box::new(other)),
-            })?;
-        let attempt = match &due.callback_url {
-            Some(url) => {
-                attempt::send(
-                    &self.client,
-                    &Outgoing {
-                        url,
-                        webhook_id: &due.webhook_id,
-                        payload: &due.payload,
-                        secrets: &secrets,
-                    },
-                    self.settings.deadline,
-                    self.settings.destinations,
-                )
-                .await
-            }
-            None => attempt::Attempt {
-                outcome: AttemptOutcome::Terminal,
-                status_code: None,
-                latency: Duration::ZERO,
-                error: Some("no callback URL is configured".into()),
-                excerpt: None,
-            },
+        let attempt = if due.action == CALLBACK {
+            self.send_callback(due).await?
+        } else {
+            self.send_request(due).await?
         };
         let next = schedule::next(
             &attempt.outcome,
@@ -235,6 +215,83 @@ impl Deliverer {
             next,
         };
         Ok((attempt, record))
+    }
+
+    /// A callback attempt: the stored envelope, signed with the tenant's webhook secrets.
+    async fn send_callback(&self, due: &DueDelivery) -> Result<attempt::Attempt, StoreError> {
+        let secrets = self
+            .credentials
+            .secrets(due.tenant_id, SecretPurpose::Webhook, false)
+            .await
+            .map_err(|e| match e {
+                tenant::TenantError::Store(s) => s,
+                other => StoreError::Corrupt(Box::new(other)),
+            })?;
+        Ok(match &due.callback_url {
+            Some(url) => {
+                attempt::send(
+                    &self.client,
+                    &Outgoing {
+                        url,
+                        webhook_id: &due.webhook_id,
+                        payload: &due.payload,
+                        secrets: &secrets,
+                    },
+                    self.settings.deadline,
+                    self.settings.destinations,
+                )
+                .await
+            }
+            None => not_sent(AttemptOutcome::Terminal, "no callback URL is configured"),
+        })
+    }
+
+    /// An action request's call: the stored request, opened, to the tenant's connector.
+    async fn send_request(&self, due: &DueDelivery) -> Result<attempt::Attempt, StoreError> {
+        let name = due.connector.as_deref().and_then(|n| n.parse().ok());
+        let connector = match name {
+            Some(name) => self.store.connector(due.tenant_id, &name).await?,
+            None => None,
+        };
+        let Some(connector) = connector else {
+            return Ok(not_sent(
+                AttemptOutcome::Terminal,
+                "the connector was deleted; set it again and redeliver",
+            ));
+        };
+        let credential = crate::connectors::credential(&self.keys, &connector)
+            .map_err(|e| StoreError::Corrupt(Box::new(e)))?;
+        let body = match request::open(&self.keys, &due.payload, due.event_id, &due.action) {
+            Ok(body) => body,
+            Err(request::OpenError::Erased) => {
+                return Ok(not_sent(
+                    AttemptOutcome::Terminal,
+                    "the request was erased once its outcome was final",
+                ));
+            }
+            Err(err) => return Err(StoreError::Corrupt(Box::new(err))),
+        };
+        let parsed: request::ActionRequest =
+            serde_json::from_slice(&body).map_err(|e| StoreError::Corrupt(Box::new(e)))?;
+        let call = connector::Call {
+            connector: &connector,
+            credential: &credential,
+            key: &due.webhook_id,
+            body: &body,
+            request: &parsed,
+        };
+        // The three points a crash can meet a call at: before it, during it (the receiver
+        // has it, the answer never comes back), and after it before its record.
+        failpoint!("connector::before_call");
+        let attempt = connector::call(
+            &self.client,
+            &call,
+            self.settings.deadline,
+            self.settings.destinations,
+        )
+        .await;
+        failpoint!("connector::after_call");
+        Ok(attempt)
     }
 
     /// Resets a delivery for another round and attempts it now, with the same `webhook-id`; at
@@ -270,6 +327,22 @@ impl Deliverer {
     }
 }
 
+/// The `action` of a callback delivery.
+pub const CALLBACK: &str = "callback";
+
+/// An attempt not made, for `why`.
+fn not_sent(outcome: AttemptOutcome, why: &str) -> attempt::Attempt {
+    attempt::Attempt {
+        outcome,
+        status_code: None,
+        latency: Duration::ZERO,
+        error: Some(why.to_owned()),
+        excerpt: None,
+        already_done: false,
+        sent: false,
+    }
+}
+
 /// Counts and logs a recorded attempt.
 pub fn observe(attempt: &attempt::Attempt) {
     metrics::counter!("verdict_delivery_attempts_total", "outcome" => outcome_label(&attempt.outcome))
@@ -294,6 +367,7 @@ fn outcome_label(outcome: &AttemptOutcome) -> &'static str {
         AttemptOutcome::Retryable { .. } => "retryable",
         AttemptOutcome::Terminal => "terminal",
         AttemptOutcome::Gone => "gone",
+        AttemptOutcome::Unknown => "unknown",
     }
 }
 

@@ -30,6 +30,8 @@ pub enum AttemptOutcome {
     Terminal,
     /// 410: terminal, and the endpoint is disabled until re-enabled.
     Gone,
+    /// An at-most-once connector's call that may or may not have acted: never retried.
+    Unknown,
 }
 
 /// Who made the attempt; only the worker's attempts spend retries.
@@ -74,6 +76,7 @@ pub fn next(
     match outcome {
         AttemptOutcome::Delivered => done(DeliveryStatus::Succeeded),
         AttemptOutcome::Terminal => done(DeliveryStatus::Failed),
+        AttemptOutcome::Unknown => done(DeliveryStatus::Unknown),
         AttemptOutcome::Gone => Next {
             disable_endpoint: true,
             ..done(DeliveryStatus::Failed)

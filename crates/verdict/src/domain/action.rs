@@ -6,7 +6,19 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 /// A side effect a rule asks for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum ActionKind {
     /// Lock the subject's account; a held lock is a no-op.
@@ -72,12 +84,33 @@ impl FromStr for ActionKind {
     }
 }
 
-/// How an action ended: `done`, `already_done`, or `failed: why`.
+/// How an action ended: `done`, `already_done`, `pending` (its connector call has not
+/// answered yet), `unknown` (an at-most-once connector's call ended ambiguously), or
+/// `failed: why`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
     Done,
     AlreadyDone,
+    Pending,
+    Unknown,
     Failed(String),
+}
+
+impl Outcome {
+    /// The outcome of a connector's action request whose delivery stands at `status`.
+    pub fn of_request(status: super::DeliveryStatus, last_error: Option<&str>) -> Self {
+        use super::DeliveryStatus as S;
+        match status {
+            S::Pending => Self::Pending,
+            S::Succeeded => Self::Done,
+            S::Unknown => Self::Unknown,
+            S::Failed | S::Dead => Self::Failed(
+                last_error
+                    .unwrap_or("the connector did not carry out the request")
+                    .to_owned(),
+            ),
+        }
+    }
 }
 
 impl Serialize for Outcome {
@@ -85,6 +118,8 @@ impl Serialize for Outcome {
         match self {
             Self::Done => s.serialize_str("done"),
             Self::AlreadyDone => s.serialize_str("already_done"),
+            Self::Pending => s.serialize_str("pending"),
+            Self::Unknown => s.serialize_str("unknown"),
             Self::Failed(why) => s.serialize_str(&format!("failed: {why}")),
         }
     }
@@ -96,6 +131,8 @@ impl<'de> Deserialize<'de> for Outcome {
         Ok(match text.as_str() {
             "done" => Self::Done,
             "already_done" => Self::AlreadyDone,
+            "pending" => Self::Pending,
+            "unknown" => Self::Unknown,
             other => Self::Failed(other.strip_prefix("failed: ").unwrap_or(other).to_owned()),
         })
     }
@@ -105,9 +142,14 @@ impl<'de> Deserialize<'de> for Outcome {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ActionResult {
     pub action: ActionKind,
-    /// `done`, `already_done`, or `failed: why`.
+    /// `done`, `already_done`, `pending`, `unknown`, or `failed: why`.
     #[schema(value_type = String)]
     pub outcome: Outcome,
+    /// The connector that carried the action out on the tenant's own system; absent for an
+    /// action that is a record in verdict's own database.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub connector: Option<super::ConnectorName>,
 }
 
 /// Whether a store statement applied an action or found it already applied.

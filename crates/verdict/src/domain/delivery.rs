@@ -15,11 +15,20 @@ pub enum DeliveryStatus {
     Failed,
     /// Retryable failures until the retries ran out.
     Dead,
+    /// An at-most-once connector's call ended ambiguously (no answer, a timeout): it may or
+    /// may not have acted, and is not retried; an operator resolves it.
+    Unknown,
 }
 
 impl DeliveryStatus {
     /// Every status, in the order the API lists them.
-    pub const ALL: [Self; 4] = [Self::Pending, Self::Succeeded, Self::Failed, Self::Dead];
+    pub const ALL: [Self; 5] = [
+        Self::Pending,
+        Self::Succeeded,
+        Self::Failed,
+        Self::Dead,
+        Self::Unknown,
+    ];
 
     /// The stored (and shown) name.
     pub fn as_str(self) -> &'static str {
@@ -28,7 +37,15 @@ impl DeliveryStatus {
             Self::Succeeded => "succeeded",
             Self::Failed => "failed",
             Self::Dead => "dead",
+            Self::Unknown => "unknown",
         }
+    }
+}
+
+impl DeliveryStatus {
+    /// Whether no attempt will follow unless someone redelivers it.
+    pub fn is_final(self) -> bool {
+        !matches!(self, Self::Pending)
     }
 }
 
@@ -40,7 +57,7 @@ impl fmt::Display for DeliveryStatus {
 
 /// A name that is not a delivery status.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("`{0}` is not a delivery status (expected pending, succeeded, failed or dead)")]
+#[error("`{0}` is not a delivery status (expected pending, succeeded, failed, dead or unknown)")]
 pub struct UnknownStatus(pub String);
 
 /// Decodes the stored name (for `sqlx::FromRow`).

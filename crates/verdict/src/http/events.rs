@@ -13,6 +13,7 @@ use crate::app::AppState;
 use crate::app::error::ApiError;
 pub use crate::clock::rfc3339;
 use crate::delivery::DeliveryStatus;
+use crate::domain::{ActionResult, Outcome};
 use crate::problem::Problem;
 use crate::secrets::hex;
 use crate::store::Scope;
@@ -83,6 +84,11 @@ pub struct DeliveryState {
     pub last_error: Option<String>,
     pub created_at: String,
     pub updated_at: String,
+    /// `callback`, or the action a connector carries out.
+    pub action: String,
+    /// The connector an action request goes to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connector: Option<String>,
 }
 
 /// A stored JSON column as a value (stored JSON is always ours and valid).
@@ -132,6 +138,8 @@ impl From<DeliveryRecord> for DeliveryState {
             last_error: d.last_error,
             created_at: rfc3339(d.created_at),
             updated_at: rfc3339(d.updated_at),
+            action: d.action,
+            connector: d.connector,
         }
     }
 }
@@ -182,8 +190,29 @@ pub async fn show(
         .ok_or(ApiError::NotFound)?;
     let deliveries = app.store.deliveries_for_event(tenant.id, id).await?;
     let mut view = EventView::from(event);
+    view.actions = with_request_outcomes(view.actions, &deliveries);
     view.deliveries = Some(deliveries.into_iter().map(DeliveryView::from).collect());
     Ok(Json(view))
+}
+
+/// The event's action outcomes with each connector call still `pending` when they were stored
+/// replaced by where its request stands now: the final state once the worker finished it.
+fn with_request_outcomes(actions: Value, deliveries: &[DeliveryRecord]) -> Value {
+    let Ok(mut results) = serde_json::from_value::<Vec<ActionResult>>(actions.clone()) else {
+        return actions;
+    };
+    for result in &mut results {
+        if result.connector.is_none() || result.outcome != Outcome::Pending {
+            continue;
+        }
+        if let Some(d) = deliveries
+            .iter()
+            .find(|d| d.action == result.action.as_str())
+        {
+            result.outcome = Outcome::of_request(d.status, d.last_error.as_deref());
+        }
+    }
+    serde_json::to_value(results).unwrap_or(actions)
 }
 
 /// What stands against a subject.

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use uuid::Uuid;
 
+use super::call;
 use super::record::Draft;
 use super::{
     Decided, Destination, Holding, Inbound, Ingest, IngestError, Keying, OneCommit, Prepared, Reply,
@@ -13,7 +14,8 @@ use crate::clock::now_ms;
 use crate::delivery::schedule;
 use crate::store::failpoint::failpoint;
 use crate::store::{
-    Act, ActionTarget, CallbackDraft, Claim, DueDelivery, KeyRef, StoreError, StoredResponse,
+    Act, ActionTarget, CallbackDraft, Claim, DueDelivery, HeldKey, KeyRef, StoreError,
+    StoredResponse,
 };
 
 impl Ingest {
@@ -115,6 +117,7 @@ impl Ingest {
             &target,
             decided.clone(),
             callback_refusal(destination, decided),
+            target.now.saturating_add(self.settings.lock_timeout_ms),
         ));
         let wants_callback = decided.wants_callback() && draft.callback_refusal.is_none();
         let callback = wants_callback.then(|| CallbackDraft {
@@ -122,7 +125,23 @@ impl Ingest {
             webhook_id: format!("msg_{}", event_id.simple()),
             leased_until: target.now.saturating_add(crate::delivery::lease_ms()),
         });
-        let act = Act::new(None, target, decided.effects(), callback, draft);
+        let requests = call::drafts(self, signal, event_id, decided, target.now);
+        let act = Act::new(
+            None,
+            target,
+            decided.effects(),
+            callback,
+            requests.clone(),
+            draft,
+        );
+        let held = match &keying {
+            Keying::None => None,
+            Keying::Held(held) => Some(held.clone()),
+            Keying::Claim(claim) => Some(HeldKey {
+                key: claim.key.clone(),
+                lock_token: claim.lock_token,
+            }),
+        };
         let act = match keying {
             Keying::None => act,
             Keying::Held(held) => Act {
@@ -136,24 +155,66 @@ impl Ingest {
         metrics::counter!("verdict_decisions_total", "decision" => decided.decision.as_str())
             .increment(1);
         tracing::info!(%event_id, decision = decided.decision.as_str(), "signal decided");
-        // Only the event whose commit inserted the outbox row makes the inline attempt; a
-        // duplicate's callback is the earlier event's.
-        if let Some(delivery) = committed.delivery {
+        // Only the event whose commit inserted an outbox row makes its inline attempt; a
+        // duplicate's callback and calls are the earlier event's.
+        let callback = committed.delivery.map(|delivery| {
             let leased_until = delivery.leased_until;
-            self.attempt_inline(
-                DueDelivery {
-                    id: delivery.id,
+            let due = DueDelivery {
+                id: delivery.id,
+                tenant_id: tenant.id,
+                event_id,
+                webhook_id: delivery.webhook_id,
+                payload: delivery.payload,
+                retries_left: schedule::MAX_RETRIES,
+                callback_url: destination.url.clone(),
+                action: crate::delivery::CALLBACK.to_owned(),
+                connector: None,
+            };
+            (due, leased_until)
+        });
+        let calls: Vec<_> = requests
+            .into_iter()
+            .filter(|r| committed.outcome.requests.contains(&(r.action, true)))
+            .map(|r| {
+                let due = DueDelivery {
+                    id: r.id,
                     tenant_id: tenant.id,
-                    webhook_id: delivery.webhook_id,
-                    payload: delivery.payload,
+                    event_id,
+                    webhook_id: r.webhook_id,
+                    payload: r.payload,
                     retries_left: schedule::MAX_RETRIES,
-                    callback_url: destination.url.clone(),
-                },
-                leased_until,
-            )
-            .await;
+                    callback_url: None,
+                    action: r.action.as_str().to_owned(),
+                    connector: Some(r.connector.to_string()),
+                };
+                (r.action, due, r.leased_until)
+            })
+            .collect();
+        if committed.outcome.requests.is_empty() {
+            if let Some((due, leased_until)) = callback {
+                self.attempt_inline(due, leased_until).await;
+            }
+            return Ok(committed.response);
         }
-        Ok(committed.response)
+        // The requests are stored and the key dispatched: now the calls, beside the callback.
+        let attempt_callback = async {
+            if let Some((due, leased_until)) = callback {
+                self.attempt_inline(due, leased_until).await;
+            }
+        };
+        let (_, outcomes) = tokio::join!(attempt_callback, self.call_connectors(calls));
+        match self
+            .complete_calls(event_id, &committed.response, &outcomes, held.as_ref())
+            .await
+        {
+            Ok(response) => Ok(response),
+            // Without a key nothing replays it: the outcomes are the client's to see.
+            Err(err) if held.is_none() => {
+                tracing::warn!(error = ?err, "could not record the connector calls' outcomes");
+                Ok(committed.response)
+            }
+            Err(err) => Err(err),
+        }
     }
 }
 

@@ -53,6 +53,27 @@ impl Ingest {
             ClaimOutcome::Started => Ok(holding(claim.event_id, decided, claim.expires_at)),
             ClaimOutcome::TakenOver {
                 event_id,
+                from: RecoveryPoint::Calling { response },
+                expires_at,
+            } => {
+                tracing::info!(%event_id, "took over a key with connector calls outstanding");
+                let held = HeldKey {
+                    key: key.clone(),
+                    lock_token: claim.lock_token,
+                };
+                match self.resume_calls(&held, event_id, response).await {
+                    Ok(response) => {
+                        self.remember(signal, key, &response, expires_at);
+                        return Ok(Err(Reply::Fresh(response)));
+                    }
+                    Err(err) => {
+                        self.settle_failure(&err, &held).await;
+                        return Err(err);
+                    }
+                }
+            }
+            ClaimOutcome::TakenOver {
+                event_id,
                 from,
                 expires_at,
             } => {
@@ -103,6 +124,12 @@ pub(super) fn recorded_decision(from: RecoveryPoint) -> Result<Option<Decided>, 
         RecoveryPoint::Dispatched { action_results } => Some(Decided::from_v1_record(
             serde_json::from_str(&action_results).map_err(corrupt)?,
         )),
+        // Finished by `resume_calls`, never decided again.
+        RecoveryPoint::Calling { .. } => {
+            return Err(StoreError::Corrupt(
+                "a key with calls outstanding has no decision to act on".into(),
+            ));
+        }
     })
 }
 
@@ -128,6 +155,7 @@ mod tests {
             facts: SubjectFacts::default(),
             mapping: Some(Mapping::Type(crate::signal::SignalType::PortOut)),
             subject: Some([7; 32]),
+            bound: Default::default(),
         };
         let ruling = serde_json::to_value(&decided).unwrap();
         assert_eq!(recorded_decision(in_flight(ruling)).unwrap(), Some(decided));

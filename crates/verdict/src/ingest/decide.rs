@@ -40,6 +40,7 @@ impl Ingest {
         };
         let now = time::OffsetDateTime::now_utc();
         let ruling = playbook.decide(&signal.inbound.signal, facts, now);
+        let bound = playbook.bindings_of(&ruling.actions);
         let decided = Decided {
             decision: ruling.decision,
             rule: ruling.rule,
@@ -49,6 +50,7 @@ impl Ingest {
             facts,
             mapping: Some(Mapping::Type(signal.inbound.signal.signal_type)),
             subject: Some(signal.subject_hash),
+            bound,
         };
         Ok((decided, Destination::of(&inputs)))
     }

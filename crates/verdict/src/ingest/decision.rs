@@ -3,7 +3,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::domain::{ActionKind, ActionResult};
+use std::collections::BTreeMap;
+
+use crate::domain::{ActionKind, ActionResult, ConnectorName};
 use crate::playbook::{Decision, SubjectFacts};
 use crate::signal::SignalType;
 
@@ -26,6 +28,10 @@ pub struct Decided {
     /// was kept.
     #[serde(default, skip_serializing_if = "Option::is_none", with = "digest")]
     pub subject: Option<[u8; 32]>,
+    /// The connector each of its actions is bound to under the playbook of the decision: a
+    /// retry calls the same one, whatever the playbook says by then.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub bound: BTreeMap<ActionKind, ConnectorName>,
 }
 
 /// A subject digest in a recorded decision, as base64.
@@ -100,6 +106,7 @@ impl Decided {
             facts: SubjectFacts::default(),
             mapping: None,
             subject: None,
+            bound: BTreeMap::new(),
         }
     }
 }

@@ -115,6 +115,7 @@ impl Ingest {
             facts: SubjectFacts::default(),
             mapping: Some(Mapping::Unmapped),
             subject: Some(subject_digest(&self.keys, tenant_id, &ignored.subject)),
+            bound: Default::default(),
         };
         let claim = Claim {
             key: key_ref.clone(),
@@ -256,6 +257,7 @@ impl Ingest {
             },
             Vec::new(),
             None,
+            Vec::new(),
             Arc::new(IgnoredDraft { event }),
         );
         match self.commits.act(act).await {
@@ -294,6 +296,8 @@ impl Render for IgnoredDraft {
                 status: 202,
                 body: Vec::new(),
             },
+            key_state: crate::domain::KeyState::Completed,
+            locked_until: 0,
         }
     }
 

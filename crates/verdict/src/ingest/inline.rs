@@ -63,7 +63,7 @@ impl Ingest {
 /// attempt made just before an outage is recorded when the database returns, instead of its
 /// delivery waiting out the lease and being sent again by the worker, and no record lands after
 /// the lease, when a worker may have leased and sent the delivery itself.
-async fn record_attempt(
+pub(super) async fn record_attempt(
     commits: Arc<GroupCommit>,
     attempt: crate::delivery::attempt::Attempt,
     record: AttemptRecord,

@@ -18,6 +18,7 @@
 //! ([`settle`]).
 
 mod act;
+mod call;
 mod claim;
 mod decide;
 mod decision;

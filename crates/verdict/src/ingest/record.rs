@@ -6,7 +6,7 @@ use uuid::Uuid;
 
 use super::{Decided, DecisionRecord, Inbound};
 use crate::clock::{now_ms, to_ms};
-use crate::domain::{ActionKind, ActionResult, Applied, Feed, Outcome};
+use crate::domain::{ActionKind, ActionResult, Applied, Feed, KeyState, Outcome};
 use crate::secrets::hex;
 use crate::store::{ActOutcome, ActionTarget, Finished, NewEvent, Render, StoredResponse};
 
@@ -34,6 +34,8 @@ pub(super) struct Draft {
     feed: Feed,
     /// Why the decision's callback cannot be recorded, if it cannot.
     pub(super) callback_refusal: Option<&'static str>,
+    /// Until when a key left `dispatched` stays locked to this request.
+    lock_until: i64,
 }
 
 impl Draft {
@@ -42,6 +44,7 @@ impl Draft {
         target: &ActionTarget,
         decided: Decided,
         callback_refusal: Option<&'static str>,
+        lock_until: i64,
     ) -> Self {
         Self {
             event_id: target.event_id,
@@ -55,31 +58,38 @@ impl Draft {
             decided,
             feed: inbound.feed,
             callback_refusal,
+            lock_until,
         }
     }
 
-    /// Each action the decision asked for, in its order, with how it came out.
+    /// Each action the decision asked for, in its order, with how it came out: a bound
+    /// action whose request this event holds is `pending` until its call answers.
     fn record(&self, outcome: &ActOutcome) -> DecisionRecord {
         let actions = self
             .decided
             .actions
             .iter()
-            .map(|&action| ActionResult {
-                action,
-                outcome: match action {
+            .map(|&action| {
+                let connector = self.decided.bound.get(&action).cloned();
+                let outcome = match action {
                     ActionKind::Callback => match (self.callback_refusal, outcome.callback) {
                         (Some(why), _) => Outcome::Failed(why.to_owned()),
                         (None, Some(applied)) => applied.into(),
                         (None, None) => Outcome::Failed("not recorded".into()),
                     },
-                    _ => outcome
-                        .effects
-                        .iter()
-                        .find(|(a, _)| *a == action)
-                        .map_or(Outcome::Failed("not applied".into()), |&(_, applied)| {
-                            applied.into()
-                        }),
-                },
+                    _ if outcome.requests.iter().any(|(a, _)| *a == action) => Outcome::Pending,
+                    _ => match outcome.effects.iter().find(|(a, _)| *a == action) {
+                        // Bound, applied, but another event holds the call: that event's.
+                        Some((_, Applied::Done)) if connector.is_some() => Outcome::AlreadyDone,
+                        Some(&(_, applied)) => applied.into(),
+                        None => Outcome::Failed("not applied".into()),
+                    },
+                };
+                ActionResult {
+                    action,
+                    outcome,
+                    connector,
+                }
             })
             .collect();
         DecisionRecord {
@@ -95,11 +105,20 @@ impl Render for Draft {
     /// The callback envelope: its timestamp is fixed here, and its bytes are stored with the
     /// outbox row and repeated unchanged on every retry and redelivery.
     fn envelope(&self, effects: &[(ActionKind, Applied)]) -> Vec<u8> {
+        // A bound action's own effect is its connector's call, which has not answered yet.
         let actions: Vec<ActionResult> = effects
             .iter()
-            .map(|&(action, applied)| ActionResult {
-                action,
-                outcome: applied.into(),
+            .map(|&(action, applied)| {
+                let connector = self.decided.bound.get(&action).cloned();
+                let outcome = match applied {
+                    Applied::Done if connector.is_some() => Outcome::Pending,
+                    applied => applied.into(),
+                };
+                ActionResult {
+                    action,
+                    outcome,
+                    connector,
+                }
             })
             .collect();
         let envelope = verdict_webhooks::Envelope {
@@ -150,6 +169,12 @@ impl Render for Draft {
                 status: 200,
                 body: json(&body).into_bytes(),
             },
+            key_state: if outcome.requests.is_empty() {
+                KeyState::Completed
+            } else {
+                KeyState::Dispatched
+            },
+            locked_until: self.lock_until,
         }
     }
 }

@@ -4,6 +4,7 @@
 use std::sync::{Arc, OnceLock};
 
 use super::{DEFAULT_SOURCE, DEFAULT_VERSION, Format, Playbook, PlaybookError};
+use crate::store::ports::PlaybookPort;
 use crate::store::{PlaybookStore, StoreError, StoredPlaybook};
 
 /// Why a playbook could not be read or replaced.
@@ -18,12 +19,14 @@ pub enum PlaybookStoreError {
 /// Validates `source` and stores it as the tenant's next version; the old one stays in force
 /// if validation fails.
 pub async fn upload(
-    store: &(dyn PlaybookStore + Send + Sync),
+    store: &dyn PlaybookPort,
     tenant_id: uuid::Uuid,
     source: &str,
     format: Format,
 ) -> Result<i64, PlaybookStoreError> {
-    Playbook::parse(source, format)?;
+    let playbook = Playbook::parse(source, format)?;
+    let connectors = store.connectors(tenant_id).await?;
+    playbook.check_bindings(source, &connectors)?;
     let now = crate::clock::now_ms();
     Ok(store
         .put_playbook(tenant_id, format.as_str(), source, now)

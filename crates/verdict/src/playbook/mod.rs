@@ -15,7 +15,7 @@ use time::format_description::well_known::Rfc3339;
 use time::{Duration, OffsetDateTime};
 
 pub use crate::domain::Decision;
-use crate::domain::{ActionKind, SignalType};
+use crate::domain::{ActionKind, ConnectorName, SignalType};
 use crate::signal::Signal;
 
 mod library;
@@ -82,6 +82,20 @@ pub struct Playbook {
     /// Which signal type each standard feed's event type becomes.
     #[serde(default)]
     pub feeds: FeedMapping,
+    /// `[actions.<action>]`: the connector each bound action calls. An action bound to none
+    /// is a record in verdict's own database, and its outcome says so.
+    #[serde(default)]
+    #[schema(value_type = BTreeMap<String, ActionBinding>)]
+    pub actions: BTreeMap<ActionKind, ActionBinding>,
+}
+
+/// `[actions.lock_account] connector = "idp"`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ActionBinding {
+    /// The name of one of the tenant's connectors.
+    #[schema(value_type = String)]
+    pub connector: ConnectorName,
 }
 
 /// `[feeds]`: e.g. `set_events = { "https://schemas.openid.net/secevent/caep/event-type/credential-change" = "credential_breach" }`.
@@ -252,6 +266,14 @@ impl Playbook {
             Format::Json => serde_json::from_str(source).map_err(|e| invalid(&e))?,
         };
         Ok(playbook)
+    }
+
+    /// The connector each of `actions` is bound to.
+    pub fn bindings_of(&self, actions: &[ActionKind]) -> BTreeMap<ActionKind, ConnectorName> {
+        actions
+            .iter()
+            .filter_map(|a| Some((*a, self.actions.get(a)?.connector.clone())))
+            .collect()
     }
 
     /// The built-in default playbook.

@@ -3,6 +3,8 @@
 //! a rule's name.
 
 use super::{Playbook, PlaybookError, Rule};
+use crate::domain::{ActionKind, ConnectorKind};
+use crate::store::ConnectorRecord;
 
 /// Largest playbook document accepted, in bytes.
 pub const MAX_PLAYBOOK_BYTES: usize = 64 * 1024;
@@ -70,11 +72,48 @@ impl Playbook {
                 return Err(at("`when.attribute_in.values` must not be empty".into()));
             }
         }
+        if self.actions.contains_key(&ActionKind::Callback) {
+            return Err(PlaybookError::Invalid(
+                "`actions.callback`: the callback goes to the tenant's callback endpoint and \
+                 binds to no connector"
+                    .into(),
+            ));
+        }
         for uri in self.feeds.set_events.keys() {
             if !is_absolute_uri(uri) {
                 return Err(PlaybookError::Invalid(format!(
                     "`feeds.set_events`: `{uri}` is not an absolute URI (an event type URI \
                      such as https://schemas.openid.net/secevent/risc/event-type/…)"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether every action binding names one of the tenant's `connectors`, of a kind that can
+    /// carry out that action; the error names the binding and the line of `source` it is on.
+    pub fn check_bindings(
+        &self,
+        source: &str,
+        connectors: &[ConnectorRecord],
+    ) -> Result<(), PlaybookError> {
+        for (action, binding) in &self.actions {
+            let name = &binding.connector;
+            let at = |msg: String| {
+                let line = line_of(source, &format!("\"{name}\""))
+                    .or_else(|| line_of(source, &format!("actions.{}", action.as_str())));
+                let line = line.map(|n| format!("line {n}: ")).unwrap_or_default();
+                PlaybookError::Invalid(format!("{line}`actions.{}`: {msg}", action.as_str()))
+            };
+            let Some(connector) = connectors.iter().find(|c| &c.name == name) else {
+                return Err(at(format!(
+                    "the tenant has no connector named `{name}` (set it with \
+                     `PUT /v1/connectors/{name}` first)"
+                )));
+            };
+            if connector.kind == ConnectorKind::Scim && *action != ActionKind::LockAccount {
+                return Err(at(format!(
+                    "`{name}` is a SCIM connector, which can lock accounts only"
                 )));
             }
         }
@@ -166,4 +205,12 @@ fn is_absolute_uri(uri: &str) -> bool {
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
         && !uri.chars().any(|c| c.is_whitespace() || c.is_control())
+}
+
+/// The 1-based number of the first line of `source` that contains `needle`.
+fn line_of(source: &str, needle: &str) -> Option<usize> {
+    source
+        .lines()
+        .position(|line| line.contains(needle))
+        .map(|i| i + 1)
 }

@@ -8,6 +8,7 @@ use uuid::Uuid;
 use super::StoreError;
 use super::backend::{Backend, SqlDb, execute_pushed};
 use super::events::push_ids;
+use crate::domain::{ActionKind, DeliveryStatus};
 
 /// A callback to record in the outbox; the envelope is built once, here.
 #[derive(Clone, Debug)]
@@ -24,11 +25,22 @@ pub struct NewDelivery {
 pub struct DueDelivery {
     pub id: Uuid,
     pub tenant_id: Uuid,
+    pub event_id: Uuid,
     pub webhook_id: String,
+    /// The callback's envelope, or the action request (sealed; empty once erased).
     pub payload: Vec<u8>,
     pub retries_left: i64,
     pub callback_url: Option<String>,
+    /// `callback`, or the action a connector carries out.
+    pub action: String,
+    /// The connector's name, for an action request.
+    pub connector: Option<String>,
 }
+
+/// What a lease returns of a delivery: [`DueDelivery`]'s columns.
+pub(crate) const DUE_COLUMNS: &str = "id, tenant_id, event_id, webhook_id, payload, \
+     retries_left, action, connector, \
+     (SELECT callback_url FROM tenants WHERE tenants.id = deliveries.tenant_id) AS callback_url";
 
 /// What asking to redeliver found.
 #[derive(Clone, Debug)]
@@ -81,6 +93,10 @@ pub struct DeliveryRecord {
     pub last_error: Option<String>,
     pub created_at: i64,
     pub updated_at: i64,
+    /// `callback`, or the action a connector carries out.
+    pub action: String,
+    /// The connector's name, for an action request.
+    pub connector: Option<String>,
 }
 
 /// The outbox.
@@ -142,11 +158,26 @@ pub trait DeliveryStore {
     ) -> Result<Option<(DeliveryRecord, Vec<AttemptRow>)>, StoreError>;
     /// Deliveries waiting for an attempt.
     async fn queue_depth(&self, now: i64) -> Result<i64, StoreError>;
+    /// Leases the pending action requests of one of the tenant's events whose lease ended,
+    /// until `lease_until`.
+    async fn lease_requests(
+        &self,
+        tenant_id: Uuid,
+        event_id: Uuid,
+        now: i64,
+        lease_until: i64,
+    ) -> Result<Vec<DueDelivery>, StoreError>;
+    /// Where each action request of one of the tenant's events stands, with its last error.
+    async fn request_statuses(
+        &self,
+        tenant_id: Uuid,
+        event_id: Uuid,
+    ) -> Result<Vec<(ActionKind, DeliveryStatus, Option<String>)>, StoreError>;
 }
 
 /// The columns of [`DeliveryRecord`].
 pub(crate) const DELIVERY_COLUMNS: &str = "id, event_id, webhook_id, status, attempts, \
-     next_attempt_at, last_error, created_at, updated_at";
+     next_attempt_at, last_error, created_at, updated_at, action, connector";
 
 /// Deletes the deliveries of `events` that are settled (not pending), and their
 /// attempts; returns how many of each.
@@ -378,7 +409,9 @@ fn push_advance_deliveries<DB: SqlDb>(
     q.push(
         "UPDATE deliveries SET status = v.column2, attempts = attempts + 1, \
          retries_left = v.column3, next_attempt_at = v.column4, leased_until = 0, \
-         last_error = v.column5, updated_at = v.column6 FROM (",
+         last_error = v.column5, updated_at = v.column6, payload = CASE \
+         WHEN action <> 'callback' AND v.column2 <> 'pending' THEN substr(payload, 1, 0) \
+         ELSE payload END FROM (",
     );
     q.push_values(attempts, |mut row, a| {
         row.push_bind(a.delivery_id)
@@ -502,7 +535,8 @@ where
         event_id: uuid::Uuid,
     ) -> Result<Vec<crate::store::DeliveryRecord>, crate::store::StoreError> {
         let sql = format!(
-            "SELECT {} FROM deliveries WHERE tenant_id = $1 AND event_id = $2 ORDER BY id",
+            "SELECT {} FROM deliveries WHERE tenant_id = $1 AND event_id = $2 \
+             ORDER BY action <> 'callback', id",
             crate::store::deliveries::DELIVERY_COLUMNS
         );
         Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
@@ -557,24 +591,27 @@ where
         // The lease and the attempt's record are one compare-and-set each, and the
         // attempt row is written in the transaction that ends the lease, so a second
         // request sees either the lease or the attempt.
-        let row = sqlx::query_as(
+        let sql = format!(
             "UPDATE deliveries SET status = 'pending', retries_left = $5, \
              next_attempt_at = $3, leased_until = $4, updated_at = $3 \
              WHERE tenant_id = $1 AND id = $2 AND leased_until <= $3 \
-             AND NOT (SELECT callback_disabled FROM tenants WHERE tenants.id = deliveries.tenant_id) \
+             AND (action <> 'callback' OR NOT (SELECT callback_disabled FROM tenants \
+                WHERE tenants.id = deliveries.tenant_id)) \
+             AND (action = 'callback' OR length(payload) > 0) \
              AND NOT EXISTS (SELECT 1 FROM delivery_attempts a WHERE a.delivery_id = deliveries.id \
              AND a.trigger_kind = 'redeliver' AND a.attempted_at > $6) \
-             RETURNING id, tenant_id, webhook_id, payload, retries_left, \
-             (SELECT callback_url FROM tenants WHERE tenants.id = deliveries.tenant_id) AS callback_url",
-        )
-        .bind(tenant_id)
-        .bind(id)
-        .bind(now)
-        .bind(lease_until)
-        .bind(retries)
-        .bind(redelivered_since)
-        .fetch_optional(self.write())
-        .await?;
+             RETURNING {}",
+            crate::store::deliveries::DUE_COLUMNS
+        );
+        let row = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(tenant_id)
+            .bind(id)
+            .bind(now)
+            .bind(lease_until)
+            .bind(retries)
+            .bind(redelivered_since)
+            .fetch_optional(self.write())
+            .await?;
         if let Some(due) = row {
             return Ok(Redelivery::Leased(due));
         }
@@ -661,5 +698,51 @@ where
                 .fetch_one(self.read())
                 .await?,
         )
+    }
+
+    async fn lease_requests(
+        &self,
+        tenant_id: Uuid,
+        event_id: Uuid,
+        now: i64,
+        lease_until: i64,
+    ) -> Result<Vec<DueDelivery>, StoreError> {
+        let sql = format!(
+            "UPDATE deliveries SET leased_until = $4 \
+             WHERE tenant_id = $1 AND event_id = $2 AND action <> 'callback' \
+             AND status = 'pending' AND leased_until <= $3 RETURNING {DUE_COLUMNS}"
+        );
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(tenant_id)
+            .bind(event_id)
+            .bind(now)
+            .bind(lease_until)
+            .fetch_all(self.write())
+            .await?)
+    }
+
+    async fn request_statuses(
+        &self,
+        tenant_id: Uuid,
+        event_id: Uuid,
+    ) -> Result<Vec<(ActionKind, DeliveryStatus, Option<String>)>, StoreError> {
+        let rows: Vec<(String, String, Option<String>)> = sqlx::query_as(
+            "SELECT action, status, last_error FROM deliveries \
+             WHERE tenant_id = $1 AND event_id = $2 AND action <> 'callback'",
+        )
+        .bind(tenant_id)
+        .bind(event_id)
+        .fetch_all(self.read())
+        .await?;
+        rows.into_iter()
+            .map(|(action, status, error)| {
+                let corrupt = |e: Box<dyn std::error::Error + Send + Sync>| StoreError::Corrupt(e);
+                Ok((
+                    action.parse().map_err(|e| corrupt(Box::new(e)))?,
+                    status.parse().map_err(|e| corrupt(Box::new(e)))?,
+                    error,
+                ))
+            })
+            .collect()
     }
 }

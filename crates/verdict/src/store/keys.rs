@@ -48,6 +48,9 @@ pub enum RecoveryPoint {
     InFlight { ruling: Option<String> },
     /// A v1 row whose effects ran; their results (JSON) carry its decision.
     Dispatched { action_results: String },
+    /// Its act committed and its connector calls went out, unanswered or unrecorded: the
+    /// response stored with the act (those calls `pending`) is completed with their outcomes.
+    Calling { response: StoredResponse },
 }
 
 /// What a claim found; each arm is the handler's next step.
@@ -134,8 +137,19 @@ pub fn judge(row: ExistingKey, fingerprint: &[u8], now: i64) -> Result<Judgement
         KeyState::Dispatched => Judgement::TakeOver {
             state,
             token: row.lock_token,
-            from: RecoveryPoint::Dispatched {
-                action_results: row.action_results.unwrap_or_else(|| "[]".into()),
+            from: match (row.action_results, row.response_status, row.response_body) {
+                (Some(action_results), _, _) => RecoveryPoint::Dispatched { action_results },
+                (None, Some(status), Some(body)) => RecoveryPoint::Calling {
+                    response: StoredResponse {
+                        status: u16::try_from(status).unwrap_or(500),
+                        body,
+                    },
+                },
+                (None, _, _) => {
+                    return Err(StoreError::Corrupt(
+                        "a dispatched key has neither results nor a response".into(),
+                    ));
+                }
             },
         },
         KeyState::InFlight => Judgement::TakeOver {
@@ -166,6 +180,16 @@ pub trait KeyStore {
     ) -> Result<(), StoreError>;
     /// Deletes keys whose lifetime ended; returns how many.
     async fn prune_expired_keys(&self, now: i64) -> Result<u64, StoreError>;
+    /// Completes a dispatched signal once its connector calls answered, in one transaction:
+    /// its event's action outcomes (`actions`, JSON) and, when it has a key whose lock is
+    /// still `held`'s, the key with its final response.
+    async fn complete_dispatched(
+        &self,
+        event_id: Uuid,
+        actions: &str,
+        held: Option<&crate::store::HeldKey>,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError>;
 }
 
 /// Inserts claims that are new, in one statement; returns the digests it inserted.
@@ -362,6 +386,39 @@ where
         .bind(lock_token)
         .execute(self.write())
         .await?;
+        Ok(())
+    }
+
+    async fn complete_dispatched(
+        &self,
+        event_id: uuid::Uuid,
+        actions: &str,
+        held: Option<&crate::store::HeldKey>,
+        response: &crate::store::StoredResponse,
+    ) -> Result<(), crate::store::StoreError> {
+        let mut tx = self.begin().await?;
+        sqlx::query("UPDATE events SET actions = $2 WHERE id = $1")
+            .bind(event_id)
+            .bind(actions)
+            .execute(&mut *tx)
+            .await?;
+        if let Some(held) = held {
+            sqlx::query(
+                "UPDATE idempotency_keys SET state = 'completed', response_status = $5, \
+                 response_body = $6, lock_token = NULL, locked_until = 0 \
+                 WHERE tenant_id = $1 AND endpoint = $2 AND key_digest = $3 \
+                 AND lock_token = $4 AND state = 'dispatched'",
+            )
+            .bind(held.key.tenant_id)
+            .bind(held.key.endpoint)
+            .bind(&held.key.digest)
+            .bind(held.lock_token)
+            .bind(i32::from(response.status))
+            .bind(&response.body)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
         Ok(())
     }
 

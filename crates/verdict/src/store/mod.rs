@@ -66,7 +66,7 @@ pub use keys::{
 };
 pub use pipeline::{
     Act, ActOutcome, Batch, BatchResult, CallbackDraft, Committed, Expected, Finished, HeldKey,
-    PipelineStore, Render,
+    PipelineStore, Render, RequestDraft,
 };
 pub use playbooks::{DecisionInputs, PlaybookStore, StoredPlaybook};
 pub use tenants::{NewTenant, SealedSecret, SecretPurpose, TenantRecord, TenantStore};
@@ -204,6 +204,7 @@ pub trait Store:
     + ports::RetentionStore
     + ports::ConsoleStore
     + ports::ConnectorPort
+    + ports::PlaybookPort
     + Send
     + Sync
     + 'static

@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use super::{
     ActionTarget, AttemptRecord, Claim, KeyRef, NewDelivery, NewEvent, StoreError, StoredResponse,
 };
-use crate::domain::{ActionKind, Applied};
+use crate::domain::{ActionKind, Applied, ConnectorName, KeyState};
 
 /// Prepared statements a connection keeps: about 16 multi-row statements or multi-statement
 /// queries, each in one shape per batch size up to [`super::MAX_BATCH`], plus the
@@ -36,6 +36,9 @@ pub struct ActOutcome {
     pub callback: Option<Applied>,
     /// Whether this commit inserted the outbox row: only then does the inline attempt go out.
     pub callback_inserted: bool,
+    /// The connector action requests this signal's event holds, each with whether this commit
+    /// inserted it (only then does its inline call go out).
+    pub requests: Vec<(ActionKind, bool)>,
 }
 
 /// What a decided signal stores once its effects are known: its event and, for a keyed
@@ -44,6 +47,12 @@ pub struct ActOutcome {
 pub struct Finished {
     pub event: NewEvent,
     pub response: StoredResponse,
+    /// Where the key stands after the commit: `Completed`, or `Dispatched` while connector
+    /// calls are outstanding (the response is then the one a crash would leave, every call
+    /// `pending`).
+    pub key_state: KeyState,
+    /// Until when a dispatched key's lock protects the request finishing it (unix ms).
+    pub locked_until: i64,
 }
 
 /// What an act stores, built from its effects' outcomes inside its commit: the caller's part
@@ -61,6 +70,21 @@ pub struct CallbackDraft {
     pub id: uuid::Uuid,
     pub webhook_id: String,
     /// Reserved for the inline attempt until then; if the process dies, the worker takes it.
+    pub leased_until: i64,
+}
+
+/// A call to one of the tenant's connectors, recorded in the outbox with the act, its bytes
+/// fixed: sent only if this event applied the action's local effect.
+#[derive(Clone, Debug)]
+pub struct RequestDraft {
+    pub action: ActionKind,
+    pub connector: ConnectorName,
+    pub id: uuid::Uuid,
+    /// `<event_id>:<action>`: the `Idempotency-Key` and `webhook-id` of every attempt.
+    pub webhook_id: String,
+    /// The action request, sealed (it holds the raw identifier the tenant's system needs).
+    pub payload: Vec<u8>,
+    /// Reserved for the inline call until then; if the process dies, the worker takes it.
     pub leased_until: i64,
 }
 
@@ -85,6 +109,8 @@ pub struct Act {
     /// The local actions to apply (the callback is `callback`).
     pub effects: Vec<ActionKind>,
     pub callback: Option<CallbackDraft>,
+    /// Its connector action requests, one per bound action.
+    pub requests: Vec<RequestDraft>,
     /// Renders what it stores and its callback's envelope from the outcomes.
     pub render: Arc<dyn Render>,
     /// What it stores if everything it asks for comes out as its own, built by [`Act::new`].
@@ -109,6 +135,7 @@ impl Act {
         target: ActionTarget,
         effects: Vec<ActionKind>,
         callback: Option<CallbackDraft>,
+        requests: Vec<RequestDraft>,
         render: Arc<dyn Render>,
     ) -> Self {
         let done: Vec<(ActionKind, Applied)> = ActionKind::LOCAL
@@ -121,6 +148,7 @@ impl Act {
             effects: done,
             callback: callback.as_ref().map(|_| Applied::Done),
             callback_inserted: callback.is_some(),
+            requests: requests.iter().map(|r| (r.action, true)).collect(),
         };
         let finished = render.finished(&outcome);
         Self {
@@ -129,6 +157,7 @@ impl Act {
             target,
             effects,
             callback,
+            requests,
             render,
             expected: Arc::new(Expected {
                 outcome,
@@ -149,6 +178,15 @@ impl Act {
             claim: Some(claim),
             ..self
         }
+    }
+
+    /// The action requests to record for local effects that came out as `effects`: those of
+    /// the actions this event applied.
+    pub(crate) fn requests_for(&self, effects: &[(ActionKind, Applied)]) -> Vec<&RequestDraft> {
+        self.requests
+            .iter()
+            .filter(|r| effects.contains(&(r.action, Applied::Done)))
+            .collect()
     }
 
     /// Its outbox row for local effects that came out as `effects`.

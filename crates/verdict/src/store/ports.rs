@@ -14,11 +14,11 @@ pub trait TenantPort: TenantStore + ApiKeyStore + Send + Sync {}
 
 impl<T: ?Sized + TenantStore + ApiKeyStore + Send + Sync> TenantPort for T {}
 
-/// What delivery reads and writes: the outbox and its attempts, and the tenants' webhook
-/// secrets (through [`tenant::Credentials`]).
-pub trait DeliveryPort: DeliveryStore + TenantPort {}
+/// What delivery reads and writes: the outbox and its attempts, the connectors action
+/// requests go to, and the tenants' webhook secrets (through [`tenant::Credentials`]).
+pub trait DeliveryPort: DeliveryStore + ConnectorStore + TenantPort {}
 
-impl<T: ?Sized + DeliveryStore + TenantPort> DeliveryPort for T {}
+impl<T: ?Sized + DeliveryStore + ConnectorStore + TenantPort> DeliveryPort for T {}
 
 /// What the feeds' registrations and CAMARA notifications read and write: their transmitters
 /// and subscriptions, and the tenant they belong to.
@@ -27,10 +27,16 @@ pub trait FeedPort: FeedStore + TenantStore + Send + Sync {}
 impl<T: ?Sized + FeedStore + TenantStore + Send + Sync> FeedPort for T {}
 
 /// What the pipeline reads and writes: idempotency keys, playbooks and what a decision reads,
-/// and the group commit.
-pub trait IngestStore: KeyStore + PlaybookStore + PipelineStore + Send + Sync {}
+/// the group commit, and the action requests a takeover calls again.
+pub trait IngestStore:
+    KeyStore + PlaybookStore + PipelineStore + DeliveryStore + Send + Sync
+{
+}
 
-impl<T: ?Sized + KeyStore + PlaybookStore + PipelineStore + Send + Sync> IngestStore for T {}
+impl<T: ?Sized + KeyStore + PlaybookStore + PipelineStore + DeliveryStore + Send + Sync> IngestStore
+    for T
+{
+}
 
 /// What retention deletes from: events (with their deliveries) and playbook versions, and the
 /// expired idempotency keys the pruner deletes beside them.
@@ -38,16 +44,17 @@ pub trait RetentionStore: EventStore + PlaybookStore + KeyStore + Send + Sync {}
 
 impl<T: ?Sized + EventStore + PlaybookStore + KeyStore + Send + Sync> RetentionStore for T {}
 
-/// What the console reads and writes: activity, events and their deliveries, playbooks.
-pub trait ConsoleStore:
-    ActivityStore + EventStore + DeliveryStore + PlaybookStore + Send + Sync
-{
-}
+/// What a playbook upload reads and writes: the tenant's playbook versions, and the
+/// connectors its actions may bind.
+pub trait PlaybookPort: PlaybookStore + ConnectorStore + Send + Sync {}
 
-impl<T: ?Sized + ActivityStore + EventStore + DeliveryStore + PlaybookStore + Send + Sync>
-    ConsoleStore for T
-{
-}
+impl<T: ?Sized + PlaybookStore + ConnectorStore + Send + Sync> PlaybookPort for T {}
+
+/// What the console reads and writes: activity, events and their deliveries, playbooks (and
+/// the connectors a playbook binds).
+pub trait ConsoleStore: ActivityStore + EventStore + DeliveryStore + PlaybookPort {}
+
+impl<T: ?Sized + ActivityStore + EventStore + DeliveryStore + PlaybookPort> ConsoleStore for T {}
 
 /// What connector administration reads and writes: the tenants' connectors.
 pub trait ConnectorPort: ConnectorStore + Send + Sync {}

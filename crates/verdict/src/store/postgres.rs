@@ -264,10 +264,11 @@ const READ_SNAPSHOT: &str = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY";
 const LEASE_DUE: &str = "UPDATE deliveries SET leased_until = $2 WHERE id IN ( \
      SELECT d.id FROM deliveries d JOIN tenants t ON t.id = d.tenant_id \
      WHERE d.status = 'pending' AND d.next_attempt_at <= $1 AND d.leased_until <= $1 \
-     AND d.updated_at < $4 AND d.retries_left > 0 AND NOT t.callback_disabled \
+     AND d.updated_at < $4 AND d.retries_left > 0 \
+     AND (d.action <> 'callback' OR NOT t.callback_disabled) \
      AND d.tenant_id::text NOT IN (SELECT jsonb_array_elements_text($5::jsonb)) \
      ORDER BY d.next_attempt_at LIMIT $3 FOR UPDATE OF d SKIP LOCKED) \
-     RETURNING id, tenant_id, webhook_id, payload, retries_left, \
+     RETURNING id, tenant_id, event_id, webhook_id, payload, retries_left, action, connector, \
      (SELECT callback_url FROM tenants WHERE tenants.id = deliveries.tenant_id) AS callback_url";
 
 impl super::backend::SqlDb for Postgres {
@@ -387,6 +388,7 @@ impl PostgresStore {
         let unsettled = fused::unsettled(&live, &found);
         let mut outcomes = fused::outcomes_of(batch, &unsettled, &found);
         let deliveries = fused::outbox(&mut tx, batch, &unsettled, &mut outcomes).await?;
+        fused::requests(&mut tx, batch, &unsettled, &mut outcomes).await?;
         let finished: Vec<super::pipeline::Finished> = unsettled
             .iter()
             .zip(&outcomes)
@@ -395,7 +397,7 @@ impl PostgresStore {
         let completions: Vec<_> = unsettled
             .iter()
             .zip(&finished)
-            .filter_map(|(&i, f)| batch.acts[i].held.as_ref().map(|h| (h, &f.response)))
+            .filter_map(|(&i, f)| batch.acts[i].held.as_ref().map(|h| (h, f)))
             .collect();
         fused::finish(&mut tx, &finished, &completions).await?;
         if !live.is_empty() {

@@ -11,7 +11,7 @@ use sqlx::QueryBuilder;
 use sqlx::Sqlite;
 use uuid::Uuid;
 
-use super::{NewDelivery, NewEvent};
+use super::{NewDelivery, NewEvent, RequestDraft};
 use crate::domain::ActionKind;
 use crate::store::ActionTarget;
 
@@ -22,6 +22,7 @@ pub(crate) enum Col<R> {
     OptUuid(&'static str, fn(&R) -> Option<Uuid>),
     Int8(&'static str, fn(&R) -> i64),
     Int4(&'static str, fn(&R) -> i32),
+    Bool(&'static str, fn(&R) -> bool),
     OptInt4(&'static str, fn(&R) -> Option<i32>),
     Str(&'static str, fn(&R) -> &'static str),
     OptStr(&'static str, fn(&R) -> Option<&'static str>),
@@ -41,6 +42,7 @@ impl<R> Col<R> {
             | Self::OptUuid(name, _)
             | Self::Int8(name, _)
             | Self::Int4(name, _)
+            | Self::Bool(name, _)
             | Self::OptInt4(name, _)
             | Self::Str(name, _)
             | Self::OptStr(name, _)
@@ -58,7 +60,7 @@ impl<R> Col<R> {
             Self::Uuid(..) | Self::OptUuid(..) => "uuid",
             Self::Int8(..) => "int8",
             Self::Int4(..) | Self::OptInt4(..) => "int4",
-            Self::Wants(..) => "bool",
+            Self::Wants(..) | Self::Bool(..) => "bool",
             Self::Str(..) | Self::OptStr(..) | Self::Text(..) | Self::OptText(..) => "text",
             Self::Bytes(..) | Self::OptBytes(..) => "bytea",
         }
@@ -71,6 +73,7 @@ impl<R> Col<R> {
             Self::OptUuid(_, f) => values.push_bind(f(row)),
             Self::Int8(_, f) => values.push_bind(f(row)),
             Self::Int4(_, f) => values.push_bind(f(row)),
+            Self::Bool(_, f) => values.push_bind(f(row)),
             Self::OptInt4(_, f) => values.push_bind(f(row)),
             Self::Str(_, f) => values.push_bind(f(row)),
             Self::OptStr(_, f) => values.push_bind(f(row)),
@@ -154,6 +157,34 @@ impl Row for OutboxRow<'_> {
             Col::Int8("leased_until", |r| r.delivery.leased_until),
             Col::Int8("created_at", |r| r.target.now),
             Col::Int8("updated_at", |r| r.target.now),
+        ]
+    }
+}
+
+/// A connector action request's outbox row: like a callback's, with its action and connector,
+/// its payload sealed.
+pub(crate) struct RequestRow<'a> {
+    pub target: &'a ActionTarget,
+    pub request: &'a RequestDraft,
+}
+
+impl Row for RequestRow<'_> {
+    fn columns() -> Vec<Col<Self>> {
+        vec![
+            Col::Uuid("id", |r| r.request.id),
+            Col::Uuid("tenant_id", |r| r.target.tenant_id),
+            Col::Uuid("event_id", |r| r.target.event_id),
+            Col::Bytes("signal_key", |r| r.target.signal_key.clone()),
+            Col::Text("webhook_id", |r| r.request.webhook_id.clone()),
+            Col::Bytes("payload", |r| r.request.payload.clone()),
+            Col::Str("status", |_| "pending"),
+            Col::Int8("attempts", |_| 0),
+            Col::Int8("next_attempt_at", |r| r.target.now),
+            Col::Int8("leased_until", |r| r.request.leased_until),
+            Col::Int8("created_at", |r| r.target.now),
+            Col::Int8("updated_at", |r| r.target.now),
+            Col::Str("action", |r| r.request.action.as_str()),
+            Col::Text("connector", |r| r.request.connector.to_string()),
         ]
     }
 }

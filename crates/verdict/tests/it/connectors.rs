@@ -413,7 +413,88 @@ async fn the_cli_prints_a_new_secret_once_and_reads_a_token_from_a_file(backend:
     assert_eq!(db.scalar("SELECT COUNT(*) FROM connectors").await, 1);
 }
 
+async fn put_playbook(server: &Server, tenant: &Tenant, source: &str) -> Reply {
+    Reply::from(
+        server
+            .client
+            .put(format!("{}/v1/playbook", server.base))
+            .bearer_auth(&tenant.api_key)
+            .header("content-type", "application/toml")
+            .body(source.to_owned())
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await
+}
+
+const RULES: &str = r#"
+[[rule]]
+name = "deny_swaps"
+when = { type = ["sim_swap"] }
+decision = "deny"
+actions = ["lock_account", "open_case", "callback"]
+"#;
+
+async fn a_playbook_binds_actions_only_to_connectors_the_tenant_has(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = db.tenant(&[]);
+    let server = Server::start(&db, &[("VERDICT_ALLOW_PRIVATE_DESTINATIONS", "1")]);
+    let bound = format!("{RULES}\n[actions.lock_account]\nconnector = \"idp\"\n");
+
+    let refused = put_playbook(&server, &tenant, &bound).await;
+    let problem = assert_problem(&refused, 400, "a binding to a connector the tenant lacks");
+    let detail = problem["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("line 9") && detail.contains("no connector named `idp`"),
+        "{detail}"
+    );
+    assert_eq!(db.scalar("SELECT COUNT(*) FROM playbooks").await, 0);
+
+    let scim = json!({"kind": "scim", "url": "http://127.0.0.1:9/scim/v2", "token": TOKEN});
+    assert_eq!(put(&server, &tenant, "idp", scim).await.status, 201);
+    let http = json!({"kind": "http", "url": "http://127.0.0.1:9/cases"});
+    assert_eq!(put(&server, &tenant, "cases", http).await.status, 201);
+    let accepted = put_playbook(
+        &server,
+        &tenant,
+        &format!("{bound}\n[actions.open_case]\nconnector = \"cases\"\n"),
+    )
+    .await;
+    assert!((200..300).contains(&accepted.status), "{}", accepted.text());
+
+    for (extra, what, says) in [
+        (
+            "[actions.open_case]\nconnector = \"idp\"",
+            "a case opened through a SCIM connector",
+            "can lock accounts only",
+        ),
+        (
+            "[actions.callback]\nconnector = \"cases\"",
+            "the callback bound to a connector",
+            "binds to no connector",
+        ),
+        (
+            "[actions.suspend_okta_user]\nconnector = \"cases\"",
+            "an action verdict does not know",
+            "suspend_okta_user",
+        ),
+        (
+            "[actions.open_case]\nconnector = \"Cases!\"",
+            "a name that is no connector name",
+            "connector name",
+        ),
+    ] {
+        let reply = put_playbook(&server, &tenant, &format!("{RULES}\n{extra}\n")).await;
+        let problem = assert_problem(&reply, 400, what);
+        let detail = problem["detail"].as_str().unwrap();
+        assert!(detail.contains(says), "{what}: {detail}");
+    }
+    assert_eq!(db.scalar("SELECT COUNT(*) FROM playbooks").await, 1);
+}
+
 on_both_backends!(
+    a_playbook_binds_actions_only_to_connectors_the_tenant_has,
     connectors_are_managed_by_api_and_never_show_their_credentials,
     every_connector_input_is_bounded,
     only_an_admin_key_sees_its_own_tenants_connectors,

@@ -14,6 +14,7 @@
 mod common;
 
 mod actions;
+mod connector_calls;
 mod connectors;
 mod console;
 mod crash_storm;

@@ -69,14 +69,16 @@ WITH claim_in AS (
     -- Each delivery moves on with its attempt.
     UPDATE deliveries d SET status = t.status, attempts = d.attempts + 1,
         retries_left = t.retries_left, next_attempt_at = t.next_attempt_at, leased_until = 0,
-        last_error = t.error, updated_at = t.attempted_at
+        last_error = t.error, updated_at = t.attempted_at,
+        payload = CASE WHEN d.action <> 'callback' AND t.status <> 'pending'
+            THEN substr(d.payload, 1, 0) ELSE d.payload END
     FROM attempt_in t WHERE d.id = t.delivery_id
 ){effects}
 , expected AS (
     -- The live acts whose every effect this statement wrote for them: their outbox row, event
     -- and response were built, before it ran, with every effect done.
     SELECT a.i FROM live a
-    WHERE {effects_written}
+    WHERE NOT a.has_requests AND ({effects_written})
 ), outbox_in AS (
     SELECT * FROM {outbox_rows}
 ), outbox_ins AS (

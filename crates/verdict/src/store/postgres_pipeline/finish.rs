@@ -8,18 +8,21 @@ use sqlx::PgConnection;
 use super::inputs::Completion;
 use super::params::{Param, Rows, bind_all, render};
 use crate::store::pipeline::Finished;
-use crate::store::{HeldKey, NewEvent, StoreError, StoredResponse};
+use crate::store::{HeldKey, NewEvent, StoreError};
 
 /// The live acts' events and the completions of their keys (with the responses the keys
-/// replay), where the lock is still this request's.
+/// replay; or `dispatched`, still locked, while connector calls are outstanding), where the
+/// lock is still this request's.
 const TEMPLATE: &str = r#"
 WITH event_ins AS (
     INSERT INTO events ({events.columns})
     SELECT * FROM {events}
     ON CONFLICT DO NOTHING
 )
-UPDATE idempotency_keys k SET state = 'completed', response_status = v.status,
-    response_body = v.body, lock_token = NULL, locked_until = 0
+UPDATE idempotency_keys k SET state = v.state, response_status = v.status,
+    response_body = v.body,
+    lock_token = CASE WHEN v.state = 'completed' THEN NULL ELSE k.lock_token END,
+    locked_until = CASE WHEN v.state = 'completed' THEN 0 ELSE v.locked_until END
 FROM {v}
 WHERE k.tenant_id = v.tenant_id AND k.endpoint = v.endpoint AND k.key_digest = v.key_digest
     AND k.lock_token = v.lock_token
@@ -46,7 +49,7 @@ fn with<T>(
 pub(in crate::store) async fn finish(
     conn: &mut PgConnection,
     finished: &[Finished],
-    completions: &[(&HeldKey, &StoredResponse)],
+    completions: &[(&HeldKey, &Finished)],
 ) -> Result<(), StoreError> {
     let events: Vec<_> = finished.iter().map(|f| &f.event).collect();
     if events.is_empty() && completions.is_empty() {
@@ -54,7 +57,7 @@ pub(in crate::store) async fn finish(
     }
     let completions: Vec<_> = completions
         .iter()
-        .map(|&(held, response)| Completion { held, response })
+        .map(|&(held, finished)| Completion { held, finished })
         .collect();
     with(&events, &completions, |inputs| {
         bind_all(sqlx::query(FINISH.as_str()), inputs)

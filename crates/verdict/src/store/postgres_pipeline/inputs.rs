@@ -7,7 +7,7 @@ use uuid::Uuid;
 use super::index;
 use crate::domain::ActionKind;
 use crate::store::rows::{Col, Row};
-use crate::store::{Act, AttemptRecord, Batch, Claim, HeldKey, StoredResponse};
+use crate::store::{Act, AttemptRecord, Batch, Claim, Finished, HeldKey, StoredResponse};
 
 /// A claim as [`super::apply::APPLY`] takes it: alone, at its position among the batch's
 /// claims, or with its act, at the act's position, completing the key with the act's expected
@@ -105,6 +105,9 @@ impl Row for ActIn<'_> {
             Col::OptStr("endpoint", |a| a.held().map(|h| h.key.endpoint)),
             Col::OptBytes("key_digest", |a| a.held().map(|h| h.key.digest.clone())),
             Col::OptUuid("lock_token", |a| a.held().map(|h| h.lock_token)),
+            // An act with connector requests is never settled by `APPLY`: its requests go in
+            // with its actual outcomes, and its key to `dispatched`.
+            Col::Bool("has_requests", |a| !a.act.requests.is_empty()),
         ];
         // One boolean column per local action, named after it: whether the act asks for it.
         columns.extend(
@@ -145,10 +148,11 @@ impl Row for StoredResponse {
     }
 }
 
-/// A held key to complete with its response, where the lock is still this request's.
+/// A held key to complete (or move to `dispatched`) with its response, where the lock is
+/// still this request's.
 pub(super) struct Completion<'a> {
     pub held: &'a HeldKey,
-    pub response: &'a StoredResponse,
+    pub finished: &'a Finished,
 }
 
 impl Row for Completion<'_> {
@@ -158,8 +162,10 @@ impl Row for Completion<'_> {
             Col::Str("endpoint", |c| c.held.key.endpoint),
             Col::Bytes("key_digest", |c| c.held.key.digest.clone()),
             Col::Uuid("lock_token", |c| c.held.lock_token),
-            Col::Int4("status", |c| i32::from(c.response.status)),
-            Col::Bytes("body", |c| c.response.body.clone()),
+            Col::Int4("status", |c| i32::from(c.finished.response.status)),
+            Col::Bytes("body", |c| c.finished.response.body.clone()),
+            Col::Str("state", |c| c.finished.key_state.as_str()),
+            Col::Int8("locked_until", |c| c.finished.locked_until),
         ]
     }
 }

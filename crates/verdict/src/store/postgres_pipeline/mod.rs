@@ -31,10 +31,12 @@ mod finish;
 mod inputs;
 mod outbox;
 mod params;
+mod requests;
 
 pub(super) use apply::{APPLY, APPLY_ALONE, apply};
 pub(super) use finish::finish;
 pub(super) use outbox::outbox;
+pub(super) use requests::requests;
 
 use std::collections::{HashMap, HashSet};
 

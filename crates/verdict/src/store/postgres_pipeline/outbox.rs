@@ -26,7 +26,8 @@ WITH outbox_in AS (
 )
 SELECT o.i, mine.id IS NOT NULL AS fresh,
     COALESCE(COALESCE(w.event_id, (SELECT x.event_id FROM deliveries x
-        WHERE x.tenant_id = o.tenant_id AND x.signal_key = o.signal_key)) = o.event_id, FALSE)
+        WHERE x.tenant_id = o.tenant_id AND x.signal_key = o.signal_key
+        AND x.action = 'callback')) = o.event_id, FALSE)
         AS ours
 FROM outbox_in o
 LEFT JOIN inserted mine ON mine.id = o.id

@@ -131,6 +131,7 @@ fn bind_column<'q, R>(query: PgQuery<'q>, column: &Col<R>, rows: &[&R]) -> PgQue
         Col::OptUuid(_, f) => query.bind(array(rows, f)),
         Col::Int8(_, f) => query.bind(array(rows, f)),
         Col::Int4(_, f) => query.bind(array(rows, f)),
+        Col::Bool(_, f) => query.bind(array(rows, f)),
         Col::OptInt4(_, f) => query.bind(array(rows, f)),
         Col::Str(_, f) => query.bind(array(rows, f)),
         Col::OptStr(_, f) => query.bind(array(rows, f)),

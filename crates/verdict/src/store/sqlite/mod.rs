@@ -142,10 +142,11 @@ const READ_SNAPSHOT: &str = "BEGIN";
 const LEASE_DUE: &str = "UPDATE deliveries SET leased_until = $2 WHERE id IN ( \
      SELECT d.id FROM deliveries d JOIN tenants t ON t.id = d.tenant_id \
      WHERE d.status = 'pending' AND d.next_attempt_at <= $1 AND d.leased_until <= $1 \
-     AND d.updated_at < $4 AND d.retries_left > 0 AND NOT t.callback_disabled \
+     AND d.updated_at < $4 AND d.retries_left > 0 \
+     AND (d.action <> 'callback' OR NOT t.callback_disabled) \
      AND lower(hex(d.tenant_id)) NOT IN (SELECT replace(value, '-', '') FROM json_each($5)) \
      ORDER BY d.next_attempt_at LIMIT $3) \
-     RETURNING id, tenant_id, webhook_id, payload, retries_left, \
+     RETURNING id, tenant_id, event_id, webhook_id, payload, retries_left, action, connector, \
      (SELECT callback_url FROM tenants WHERE tenants.id = deliveries.tenant_id) AS callback_url";
 
 impl super::backend::SqlDb for Sqlite {

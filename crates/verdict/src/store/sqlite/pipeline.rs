@@ -19,10 +19,10 @@ use crate::store::deliveries::record_attempts;
 use crate::store::failpoint::failpoint;
 use crate::store::keys::insert_claims;
 use crate::store::pipeline::{batch_result, live_acts};
-use crate::store::rows::{OutboxRow, push_values};
+use crate::store::rows::{OutboxRow, RequestRow, push_values};
 use crate::store::{
-    Act, ActOutcome, ActionTarget, Batch, BatchResult, HeldKey, NewDelivery, NewEvent,
-    PipelineStore, StoreError, StoredResponse,
+    Act, ActOutcome, ActionTarget, Batch, BatchResult, Finished, HeldKey, NewDelivery, NewEvent,
+    PipelineStore, StoreError,
 };
 
 /// Applies every act's effects, one multi-row statement per action.
@@ -150,7 +150,8 @@ impl SqliteStore {
             ours.contains(&(h.key.tenant_id, h.key.digest.clone(), h.lock_token))
         });
         let acts: Vec<_> = live.iter().map(|&i| &batch.acts[i]).collect();
-        let (outcomes, deliveries) = apply_effects(conn, &acts, batch.alert_window_ms).await?;
+        let (mut outcomes, deliveries) = apply_effects(conn, &acts, batch.alert_window_ms).await?;
+        insert_requests(conn, &acts, &mut outcomes).await?;
         let finished: Vec<_> = acts
             .iter()
             .zip(&outcomes)
@@ -164,7 +165,7 @@ impl SqliteStore {
         let completions: Vec<_> = acts
             .iter()
             .zip(&finished)
-            .filter_map(|(a, f)| a.held.as_ref().map(|h| (h, &f.response)))
+            .filter_map(|(a, f)| a.held.as_ref().map(|h| (h, f)))
             .collect();
         let mut finish = QueryBuilder::new("");
         push_insert_events(
@@ -224,23 +225,27 @@ async fn hold_keys(
     Ok(rows.into_iter().collect())
 }
 
-/// Adds to `q` the statement that completes held keys with their responses (none if
-/// there are none).
-fn push_complete_keys(q: &mut QueryBuilder<Sqlite>, done: &[(&HeldKey, &StoredResponse)]) {
+/// Adds to `q` the statement that completes held keys with their responses, or moves them to
+/// `dispatched` (still locked) while connector calls are outstanding (none if there are none).
+fn push_complete_keys(q: &mut QueryBuilder<Sqlite>, done: &[(&HeldKey, &Finished)]) {
     if done.is_empty() {
         return;
     }
     q.push(
-        "UPDATE idempotency_keys SET state = 'completed', response_status = v.column5, \
-         response_body = v.column6, lock_token = NULL, locked_until = 0 FROM (",
+        "UPDATE idempotency_keys SET state = v.column7, response_status = v.column5, \
+         response_body = v.column6, \
+         lock_token = CASE WHEN v.column7 = 'completed' THEN NULL ELSE lock_token END, \
+         locked_until = CASE WHEN v.column7 = 'completed' THEN 0 ELSE v.column8 END FROM (",
     );
-    q.push_values(done, |mut row, (h, response)| {
+    q.push_values(done, |mut row, (h, finished)| {
         row.push_bind(h.key.tenant_id)
             .push_bind(h.key.endpoint)
             .push_bind(h.key.digest.clone())
             .push_bind(h.lock_token)
-            .push_bind(i32::from(response.status))
-            .push_bind(response.body.clone());
+            .push_bind(i32::from(finished.response.status))
+            .push_bind(finished.response.body.clone())
+            .push_bind(finished.key_state.as_str())
+            .push_bind(finished.locked_until);
     });
     q.push(
         ") AS v WHERE idempotency_keys.tenant_id = v.column1 \
@@ -248,6 +253,77 @@ fn push_complete_keys(q: &mut QueryBuilder<Sqlite>, done: &[(&HeldKey, &StoredRe
          AND idempotency_keys.key_digest = v.column3 \
          AND idempotency_keys.lock_token = v.column4; ",
     );
+}
+
+/// Records the connector action requests of the actions each act applied itself, at most one
+/// per event and action (and per signal and action), and fills in which its event holds and
+/// whether this statement inserted it.
+async fn insert_requests(
+    conn: &mut SqliteConnection,
+    acts: &[&Act],
+    outcomes: &mut [ActOutcome],
+) -> Result<(), sqlx::Error> {
+    let rows: Vec<(usize, RequestRow<'_>)> = acts
+        .iter()
+        .zip(outcomes.iter())
+        .enumerate()
+        .flat_map(|(n, (act, outcome))| {
+            act.requests_for(&outcome.effects)
+                .into_iter()
+                .map(move |request| {
+                    let target = &act.target;
+                    (n, RequestRow { target, request })
+                })
+        })
+        .collect();
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let mut q = QueryBuilder::<Sqlite>::new("INSERT INTO deliveries ");
+    push_values(&mut q, &rows.iter().map(|(_, r)| r).collect::<Vec<_>>());
+    q.push(" ON CONFLICT DO NOTHING RETURNING id");
+    let inserted: HashSet<Uuid> = q
+        .build_query_scalar()
+        .fetch_all(&mut *conn)
+        .await?
+        .into_iter()
+        .collect();
+    // Those not inserted now: held by this event since an earlier attempt, or by another.
+    let mut held = QueryBuilder::<Sqlite>::new(
+        "SELECT event_id, action FROM deliveries WHERE (event_id, action) IN (VALUES ",
+    );
+    let mut list = held.separated(", ");
+    let mut any = false;
+    for (_, r) in rows
+        .iter()
+        .filter(|(_, r)| !inserted.contains(&r.request.id))
+    {
+        any = true;
+        list.push("(");
+        list.push_bind_unseparated(r.target.event_id);
+        list.push_unseparated(", ");
+        list.push_bind_unseparated(r.request.action.as_str());
+        list.push_unseparated(")");
+    }
+    held.push(")");
+    let earlier: HashSet<(Uuid, String)> = if any {
+        held.build_query_as()
+            .fetch_all(&mut *conn)
+            .await?
+            .into_iter()
+            .collect()
+    } else {
+        HashSet::new()
+    };
+    for (n, r) in &rows {
+        let fresh = inserted.contains(&r.request.id);
+        let ours =
+            fresh || earlier.contains(&(r.target.event_id, r.request.action.as_str().to_owned()));
+        if ours {
+            outcomes[*n].requests.push((r.request.action, fresh));
+        }
+    }
+    Ok(())
 }
 
 /// Looks up who holds `keys` with `select` (a statement ending in `IN `), as a map.
@@ -543,7 +619,7 @@ async fn insert_deliveries(
     let holder = holders_of(
         conn,
         "SELECT tenant_id, signal_key, event_id FROM deliveries \
-         WHERE (tenant_id, signal_key) IN ",
+         WHERE action = 'callback' AND (tenant_id, signal_key) IN ",
         &missing,
     )
     .await?;

@@ -3,6 +3,7 @@
 
 pub mod cluster;
 pub mod deliveries;
+pub mod effects;
 pub mod hostile;
 pub mod proxy;
 pub mod receiver;
