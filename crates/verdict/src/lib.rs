@@ -39,4 +39,5 @@ pub mod send;
 pub mod server;
 pub mod signal;
 pub mod store;
+pub mod subjects;
 pub mod tenant;

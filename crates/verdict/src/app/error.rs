@@ -12,6 +12,7 @@ use crate::problem::Problem;
 use crate::rate_limit::RateLimited;
 use crate::signal::SignalError;
 use crate::store::{Scope, StoreError};
+use crate::subjects::SubjectError;
 use crate::tenant::TenantError;
 
 /// Why authentication failed. The messages never repeat what the client sent.
@@ -64,6 +65,8 @@ pub enum ApiError {
     Simulation(#[from] SimulationError),
     #[error(transparent)]
     Connector(#[from] ConnectorError),
+    #[error(transparent)]
+    Subject(#[from] SubjectError),
     #[error("not found")]
     NotFound,
     #[error("{0}")]
@@ -171,6 +174,10 @@ impl ApiError {
             .detail(ConnectorError::TooMany.to_string()),
             Self::Connector(ConnectorError::NotFound(_)) => Problem::not_found(),
             Self::Connector(e) if e.is_input() => Problem::invalid_request(e.to_string()),
+            Self::Subject(SubjectError::Reason) => {
+                Problem::invalid_request(SubjectError::Reason.to_string())
+            }
+            Self::Subject(SubjectError::Store(e)) if e.is_transient() => Problem::unavailable(),
             Self::Tenant(TenantError::Store(e)) if e.is_transient() => Problem::unavailable(),
             Self::NotFound
             | Self::Tenant(TenantError::NotFound(_) | TenantError::KeyNotFound { .. }) => {
@@ -184,6 +191,7 @@ impl ApiError {
             | Self::Playbook(PlaybookStoreError::Store(_))
             | Self::Simulation(_)
             | Self::Connector(_)
+            | Self::Subject(_)
             | Self::Extraction(_) => Problem::internal(),
         }
     }

@@ -4,6 +4,7 @@ mod camara;
 mod connector;
 mod deliveries;
 mod playbook;
+mod subject;
 mod tenant;
 
 use anyhow::Context;
@@ -21,6 +22,8 @@ pub use deliveries::DeliveriesCommand;
 use deliveries::run_deliveries;
 pub use playbook::PlaybookCommand;
 use playbook::run_playbook;
+pub use subject::SubjectCommand;
+use subject::run_subject;
 use tenant::run_tenant;
 pub use tenant::{KeyCommand, Purpose, TenantCommand};
 
@@ -47,6 +50,9 @@ pub enum Command {
     /// Manage a tenant's connectors: its own systems that actions call.
     #[command(subcommand)]
     Connector(ConnectorCommand),
+    /// Find a subject by phone or account, and unlock it, lift its deny or close its case.
+    #[command(subcommand)]
+    Subject(SubjectCommand),
     /// Read or replace a tenant's playbook.
     #[command(subcommand)]
     Playbook(PlaybookCommand),
@@ -117,6 +123,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Tenant(cmd) => run_tenant(&config, &file, cmd).await,
         Command::Connector(cmd) => run_connector(&config, &file, cmd).await,
         Command::Playbook(cmd) => run_playbook(&config, cmd).await,
+        Command::Subject(cmd) => run_subject(&config, &file, cmd).await,
         Command::Worker { delivery, once } => {
             crate::server::work(&config, delivery.resolve(&file)?, once).await
         }

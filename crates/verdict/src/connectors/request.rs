@@ -17,15 +17,22 @@ pub const MAX_REQUEST_BYTES: usize = 80 * 1024;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ActionRequest {
     /// What to do: `lock_account`, `open_case`, `alert_customer`, `charge_step_up`, `deny`,
-    /// or `unlock_account` from an operator's unlock.
+    /// or an operator's way back: `unlock_account`, `lift_deny`, `close_case`.
     pub action: String,
     /// The event that asked for it; with `action`, the `Idempotency-Key`.
     pub event_id: Uuid,
     pub tenant: Uuid,
-    pub decision: Decision,
+    /// The decision that asked for it; absent for an operator's way back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision: Option<Decision>,
+    /// The rule that asked for it, or `operator` for an operator's way back.
     pub rule: String,
-    #[serde(rename = "type")]
-    pub signal_type: SignalType,
+    /// The signal's type; absent for an operator's way back.
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub signal_type: Option<SignalType>,
+    /// Why an operator asked for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
     /// The subject's identifiers as the signal gave them: the only place verdict keeps them,
     /// sealed, and only until the request's outcome is final.
     pub subject: RequestSubject,

@@ -229,7 +229,10 @@ async fn delivery_section(
     let redeliverable = matches!(d.status, DeliveryStatus::Dead | DeliveryStatus::Failed);
     Ok(html! {
         section.delivery id={ "delivery-" (d.id) } {
-            h3 { "Delivery " code { (d.webhook_id) } " " span class={ "badge " (d.status.as_str()) } { (d.status.as_str()) } }
+            h3 {
+                @if d.action == "callback" { "Callback " } @else { "Action " code { (d.action) } " to connector " code { (d.connector.as_deref().unwrap_or("")) } " " }
+                code { (d.webhook_id) } " " span class={ "badge " (d.status.as_str()) } { (d.status.as_str()) }
+            }
             @if let Some(err) = &d.last_error { p.error { "Last error: " (err) } }
             @if redeliverable && operator.can_act() {
                 form method="post" action={ "/console/deliveries/" (d.id) "/redeliver" } {

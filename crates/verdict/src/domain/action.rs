@@ -33,18 +33,40 @@ pub enum ActionKind {
     Deny,
     /// Send the signed callback webhook (recorded in the outbox, delivered by the worker).
     Callback,
+    /// An operator's unlock of a subject's account (never a rule's).
+    UnlockAccount,
+    /// An operator's lifting of a subject's standing deny (never a rule's).
+    LiftDeny,
+    /// An operator's closing of a subject's open case (never a rule's).
+    CloseCase,
 }
 
 impl ActionKind {
     /// Every action.
-    pub const ALL: [ActionKind; 6] = [
+    pub const ALL: [ActionKind; 9] = [
         Self::LockAccount,
         Self::OpenCase,
         Self::AlertCustomer,
         Self::ChargeStepUp,
         Self::Deny,
         Self::Callback,
+        Self::UnlockAccount,
+        Self::LiftDeny,
+        Self::CloseCase,
     ];
+
+    /// The way back: what an operator does to undo a rule's effect on a subject.
+    pub const OPERATOR: [ActionKind; 3] = [Self::UnlockAccount, Self::LiftDeny, Self::CloseCase];
+
+    /// The rule's effect an operator action undoes.
+    pub fn undoes(self) -> Option<ActionKind> {
+        match self {
+            Self::UnlockAccount => Some(Self::LockAccount),
+            Self::LiftDeny => Some(Self::Deny),
+            Self::CloseCase => Some(Self::OpenCase),
+            _ => None,
+        }
+    }
 
     /// The actions written to local tables, in the order a batch applies them.
     pub const LOCAL: [ActionKind; 5] = [
@@ -64,6 +86,9 @@ impl ActionKind {
             Self::ChargeStepUp => "charge_step_up",
             Self::Deny => "deny",
             Self::Callback => "callback",
+            Self::UnlockAccount => "unlock_account",
+            Self::LiftDeny => "lift_deny",
+            Self::CloseCase => "close_case",
         }
     }
 }

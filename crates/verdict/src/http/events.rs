@@ -17,7 +17,7 @@ use crate::domain::{ActionResult, Outcome};
 use crate::problem::Problem;
 use crate::secrets::hex;
 use crate::store::Scope;
-use crate::store::{DeliveryRecord, EventRecord};
+use crate::store::{DeliveryRecord, EventRecord, SubjectState};
 
 /// Largest page of events.
 const MAX_PAGE: i64 = 100;
@@ -222,6 +222,8 @@ pub struct SubjectView {
     lock: Option<Standing>,
     deny: Option<Standing>,
     open_cases: Vec<CaseView>,
+    /// Its 50 newest events, newest first.
+    events: Vec<Uuid>,
 }
 
 /// A lock or deny: the event that caused it and when.
@@ -255,14 +257,19 @@ pub async fn subject(
         .subject(tenant.id, &digest)
         .await?
         .ok_or(ApiError::NotFound)?;
+    Ok(Json(subject_view(&digest, state)))
+}
+
+/// A subject's state as the API shows it.
+pub fn subject_view(digest: &[u8], state: SubjectState) -> SubjectView {
     let standing = |s: Option<(Uuid, i64)>| {
         s.map(|(event_id, at)| Standing {
             event_id,
             since: rfc3339(at),
         })
     };
-    Ok(Json(SubjectView {
-        subject_hash,
+    SubjectView {
+        subject_hash: hex(digest),
         lock: standing(state.lock),
         deny: standing(state.deny),
         open_cases: state
@@ -274,7 +281,8 @@ pub async fn subject(
                 events,
             })
             .collect(),
-    }))
+        events: state.events,
+    }
 }
 
 fn decode_hex(text: &str) -> Option<Vec<u8>> {

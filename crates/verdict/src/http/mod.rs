@@ -11,6 +11,7 @@ mod keys;
 mod openapi;
 mod playbook;
 mod signals;
+mod subjects;
 
 use axum::Router;
 use axum::extract::State;
@@ -33,6 +34,10 @@ pub fn router() -> Router<AppState> {
         .route("/v1/events", get(events::list))
         .route("/v1/events/{id}", get(events::show))
         .route("/v1/subjects/{subject_hash}", get(events::subject))
+        .route("/v1/subjects/lookup", post(subjects::lookup))
+        .route("/v1/subjects/unlock", post(subjects::unlock))
+        .route("/v1/subjects/lift-deny", post(subjects::lift_deny))
+        .route("/v1/subjects/close-case", post(subjects::close_case))
         .route("/v1/deliveries", get(deliveries::list))
         .route("/v1/deliveries/{id}", get(deliveries::show))
         .route("/v1/deliveries/{id}/redeliver", post(deliveries::redeliver))

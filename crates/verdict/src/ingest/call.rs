@@ -50,9 +50,10 @@ pub(super) fn drafts(
                 action: action.as_str().to_owned(),
                 event_id,
                 tenant: inbound.tenant.id,
-                decision: decided.decision,
+                decision: Some(decided.decision),
                 rule: decided.rule.clone(),
-                signal_type: inbound.signal.signal_type,
+                signal_type: Some(inbound.signal.signal_type),
+                reason: None,
                 subject: subject.clone(),
                 metadata: inbound.signal.metadata.clone(),
             };

@@ -45,6 +45,12 @@ impl Playbook {
             if !names.insert(rule.name.as_str()) {
                 return Err(at("another rule has the same name".into()));
             }
+            if let Some(undo) = rule.actions.iter().find(|a| a.undoes().is_some()) {
+                return Err(at(format!(
+                    "`{}` is an operator's way back (`POST /v1/subjects/…`), not a rule's action",
+                    undo.as_str()
+                )));
+            }
             let mut seen = std::collections::HashSet::new();
             for action in &rule.actions {
                 if !seen.insert(action) {
@@ -71,6 +77,14 @@ impl Playbook {
             if w.attribute_in.as_ref().is_some_and(|a| a.values.is_empty()) {
                 return Err(at("`when.attribute_in.values` must not be empty".into()));
             }
+        }
+        if let Some(undo) = self.actions.keys().find(|a| a.undoes().is_some()) {
+            return Err(PlaybookError::Invalid(format!(
+                "`actions.{}`: an operator's way back calls the connector its action's binding \
+                 names (`actions.{}`)",
+                undo.as_str(),
+                undo.undoes().map_or("", ActionKind::as_str)
+            )));
         }
         if self.actions.contains_key(&ActionKind::Callback) {
             return Err(PlaybookError::Invalid(

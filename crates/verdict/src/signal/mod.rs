@@ -222,6 +222,17 @@ const ACCOUNT_FORM: &str =
     "`subject.account` must be a string of 1 to 256 characters with no control characters";
 
 /// E.164: a plus sign, then 2 to 15 digits, the first not zero.
+/// A subject from exactly one of `phone` (E.164) or `account`, checked as a signal's is.
+pub fn subject_of(phone: Option<String>, account: Option<String>) -> Result<Subject, SignalError> {
+    match (phone, account) {
+        (Some(phone), None) => Ok(Subject::Phone(validate_phone(phone)?)),
+        (None, Some(account)) => Ok(Subject::Account(validate_account(account)?)),
+        _ => Err(SignalError::Schema(
+            "give exactly one of `phone` (E.164) or `account`".into(),
+        )),
+    }
+}
+
 pub(crate) fn validate_phone(phone: String) -> Result<String, SignalError> {
     let digits = phone.strip_prefix('+').unwrap_or("");
     let ok = (2..=15).contains(&digits.len())

@@ -69,6 +69,8 @@ pub struct SubjectState {
     pub open_cases: Vec<(Uuid, i64, Vec<Uuid>)>,
     /// The event that issued the standing deny, and when.
     pub deny: Option<(Uuid, i64)>,
+    /// Its 50 newest events, newest first.
+    pub events: Vec<Uuid>,
 }
 
 /// Reads of the actions' state.
@@ -149,14 +151,15 @@ where
         tenant_id: uuid::Uuid,
         subject_hash: &[u8],
     ) -> Result<Option<crate::store::SubjectState>, crate::store::StoreError> {
-        let known: Option<uuid::Uuid> = sqlx::query_scalar(
-            "SELECT id FROM events WHERE tenant_id = $1 AND subject_hash = $2 LIMIT 1",
+        let events: Vec<uuid::Uuid> = sqlx::query_scalar(
+            "SELECT id FROM events WHERE tenant_id = $1 AND subject_hash = $2 \
+             ORDER BY id DESC LIMIT 50",
         )
         .bind(tenant_id)
         .bind(subject_hash)
-        .fetch_optional(self.read())
+        .fetch_all(self.read())
         .await?;
-        if known.is_none() {
+        if events.is_empty() {
             return Ok(None);
         }
         let lock = sqlx::query_as(
@@ -195,6 +198,7 @@ where
             lock,
             open_cases,
             deny,
+            events,
         }))
     }
 }

@@ -25,6 +25,7 @@
 //! - [`deliveries`]: the callback outbox and its attempts;
 //! - [`pipeline`]: the group commit that writes a batch of signals' claims and effects at once;
 //! - [`activity`]: the console's reads (filtered events, live numbers, playbook history);
+//! - [`operator`]: an operator's way back (unlock, lift a deny, close a case);
 //! - [`feeds`]: SET transmitters and CAMARA subscriptions of the standard feeds.
 
 pub mod actions;
@@ -37,6 +38,7 @@ pub mod events;
 pub(crate) mod failpoint;
 pub mod feeds;
 pub mod keys;
+pub mod operator;
 pub mod pipeline;
 pub mod playbooks;
 pub mod ports;
@@ -64,6 +66,7 @@ pub use feeds::{FeedStore, TransmitterRecord};
 pub use keys::{
     Claim, ClaimOutcome, KeyRef, KeyState, KeyStore, RecoveryPoint, StoredResponse, judge,
 };
+pub use operator::{OperatorStore, Undo};
 pub use pipeline::{
     Act, ActOutcome, Batch, BatchResult, CallbackDraft, Committed, Expected, Finished, HeldKey,
     PipelineStore, Render, RequestDraft,
@@ -189,6 +192,7 @@ pub trait Store:
     TenantStore
     + ApiKeyStore
     + ConnectorStore
+    + OperatorStore
     + KeyStore
     + PlaybookStore
     + ActionStore
@@ -205,6 +209,7 @@ pub trait Store:
     + ports::ConsoleStore
     + ports::ConnectorPort
     + ports::PlaybookPort
+    + ports::SubjectPort
     + Send
     + Sync
     + 'static

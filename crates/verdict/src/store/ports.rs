@@ -4,8 +4,8 @@
 //! `Arc<dyn Store>` converts to each because `Store` names them.
 
 use super::{
-    ActivityStore, ApiKeyStore, ConnectorStore, DeliveryStore, EventStore, FeedStore, KeyStore,
-    PipelineStore, PlaybookStore, TenantStore,
+    ActionStore, ActivityStore, ApiKeyStore, ConnectorStore, DeliveryStore, EventStore, FeedStore,
+    KeyStore, OperatorStore, PipelineStore, PlaybookStore, TenantStore,
 };
 
 /// What tenant administration and [`Credentials`] read and write: tenants, their secrets and
@@ -60,3 +60,8 @@ impl<T: ?Sized + ActivityStore + EventStore + DeliveryStore + PlaybookPort> Cons
 pub trait ConnectorPort: ConnectorStore + Send + Sync {}
 
 impl<T: ?Sized + ConnectorStore + Send + Sync> ConnectorPort for T {}
+
+/// What subjects read and write: the actions' state and the operators' undoing.
+pub trait SubjectPort: ActionStore + OperatorStore + Send + Sync {}
+
+impl<T: ?Sized + ActionStore + OperatorStore + Send + Sync> SubjectPort for T {}

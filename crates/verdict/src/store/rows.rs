@@ -7,8 +7,7 @@
 //! PostgreSQL takes such rows as one array per column (`unnest($1::uuid[], …)`, see
 //! [`super::postgres_pipeline`]); SQLite as a multi-row `VALUES` list ([`push_values`]).
 
-use sqlx::QueryBuilder;
-use sqlx::Sqlite;
+use sqlx::{Database, Encode, QueryBuilder, Type};
 use uuid::Uuid;
 
 use super::{NewDelivery, NewEvent, RequestDraft};
@@ -66,8 +65,25 @@ impl<R> Col<R> {
         }
     }
 
-    /// Binds this column's value in `row` as the next value of a SQLite `VALUES` row.
-    fn push_sqlite(&self, values: &mut sqlx::query_builder::Separated<'_, Sqlite, &str>, row: &R) {
+    /// Binds this column's value in `row` as the next value of a `VALUES` row.
+    fn push_bind<DB: Database>(
+        &self,
+        values: &mut sqlx::query_builder::Separated<'_, DB, &str>,
+        row: &R,
+    ) where
+        for<'e> Uuid: Encode<'e, DB> + Type<DB>,
+        for<'e> Option<Uuid>: Encode<'e, DB>,
+        for<'e> i64: Encode<'e, DB> + Type<DB>,
+        for<'e> i32: Encode<'e, DB> + Type<DB>,
+        for<'e> Option<i32>: Encode<'e, DB>,
+        for<'e> bool: Encode<'e, DB> + Type<DB>,
+        for<'e> String: Encode<'e, DB> + Type<DB>,
+        for<'e> Option<String>: Encode<'e, DB>,
+        for<'e> Vec<u8>: Encode<'e, DB> + Type<DB>,
+        for<'e> Option<Vec<u8>>: Encode<'e, DB>,
+        for<'e> &'e str: Encode<'e, DB> + Type<DB>,
+        for<'e> Option<&'e str>: Encode<'e, DB>,
+    {
         match self {
             Self::Uuid(_, f) => values.push_bind(f(row)),
             Self::OptUuid(_, f) => values.push_bind(f(row)),
@@ -101,13 +117,28 @@ pub(crate) trait Row: Sized {
     }
 }
 
-/// Pushes `(columns) VALUES (…), (…)` for `rows` onto a SQLite statement being built.
-pub(crate) fn push_values<R: Row>(q: &mut QueryBuilder<Sqlite>, rows: &[&R]) {
+/// Pushes `(columns) VALUES (…), (…)` for `rows` onto a statement being built (SQLite's
+/// multi-row inserts, and the few single-row ones either backend runs outside the batch).
+pub(crate) fn push_values<DB: Database, R: Row>(q: &mut QueryBuilder<DB>, rows: &[&R])
+where
+    for<'e> Uuid: Encode<'e, DB> + Type<DB>,
+    for<'e> Option<Uuid>: Encode<'e, DB>,
+    for<'e> i64: Encode<'e, DB> + Type<DB>,
+    for<'e> i32: Encode<'e, DB> + Type<DB>,
+    for<'e> Option<i32>: Encode<'e, DB>,
+    for<'e> bool: Encode<'e, DB> + Type<DB>,
+    for<'e> String: Encode<'e, DB> + Type<DB>,
+    for<'e> Option<String>: Encode<'e, DB>,
+    for<'e> Vec<u8>: Encode<'e, DB> + Type<DB>,
+    for<'e> Option<Vec<u8>>: Encode<'e, DB>,
+    for<'e> &'e str: Encode<'e, DB> + Type<DB>,
+    for<'e> Option<&'e str>: Encode<'e, DB>,
+{
     let columns = R::columns();
     q.push(format!("({}) ", R::column_list()));
     q.push_values(rows, |mut values, row| {
         for column in &columns {
-            column.push_sqlite(&mut values, row);
+            column.push_bind(&mut values, row);
         }
     });
 }

@@ -319,7 +319,197 @@ async fn a_crash_after_the_call_before_its_record_calls_once(b: Backend) {
     crash_at(b, "connector::after_call").await
 }
 
+/// A SIM swap about an account, observed `minutes_ago` minutes ago: a signal of its own.
+fn swap_of_account_at(account: &str, minutes_ago: i64) -> String {
+    let observed = time::OffsetDateTime::now_utc() - time::Duration::minutes(minutes_ago);
+    let observed = observed
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap();
+    json!({
+        "type": "sim_swap",
+        "subject": {"account": account},
+        "observed_at": observed,
+    })
+    .to_string()
+}
+
+async fn post(server: &Server, tenant: &Tenant, path: &str, body: Value) -> crate::common::Reply {
+    crate::common::Reply::from(
+        server
+            .client
+            .post(format!("{}{path}", server.base))
+            .bearer_auth(&tenant.api_key)
+            .json(&body)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await
+}
+
+async fn an_operator_finds_a_subject_and_takes_the_way_back(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = db.tenant(&["--no-inbound-signature"]);
+    let (_, reader) = db.issue_key(&tenant, "read");
+    let scim = ScimServer::start().await;
+    let http = EffectReceiver::start(Duration::ZERO).await;
+    bind_connectors(&db, &tenant, &scim, &http.url).await;
+    let frank = scim.create_user("frank", "acct-frank", true).await;
+    let server = Server::start(&db, &ENV);
+
+    let first = server
+        .send(&tenant, Some(&new_key()), &swap_of_account_at("frank", 60))
+        .await
+        .json();
+    assert_eq!(outcome(&first, "lock_account")["outcome"], "done");
+    assert_eq!(scim.user(&frank).await["active"], false);
+
+    // Found by the account an analyst holds, with a read key.
+    let found = post(
+        &server,
+        &reader,
+        "/v1/subjects/lookup",
+        json!({"account": "frank"}),
+    )
+    .await;
+    assert_eq!(found.status, 200, "{}", found.text());
+    let found = found.json();
+    assert_eq!(found["subject_hash"], first["subject_hash"]);
+    assert_eq!(found["lock"]["event_id"], first["event_id"]);
+    assert_eq!(found["events"][0], first["event_id"]);
+    let unknown = post(
+        &server,
+        &reader,
+        "/v1/subjects/lookup",
+        json!({"account": "nobody"}),
+    )
+    .await;
+    assert_eq!(unknown.status, 404);
+
+    let why = json!({"subject": {"account": "frank"}, "reason": "verified in branch"});
+    let forbidden = post(&server, &reader, "/v1/subjects/unlock", why.clone()).await;
+    assert_eq!(
+        forbidden.status, 403,
+        "only an admin key takes the way back"
+    );
+    for (body, what) in [
+        (
+            json!({"subject": {"account": "frank"}, "reason": ""}),
+            "an empty reason",
+        ),
+        (
+            json!({"subject": {"account": "frank"}, "reason": "x".repeat(501)}),
+            "a reason of 501 characters",
+        ),
+        (
+            json!({"subject": {"account": "frank", "phone": "+447700900123"}, "reason": "r"}),
+            "two identifiers",
+        ),
+        (
+            json!({"subject": {"phone": "12"}, "reason": "r"}),
+            "a phone that is not E.164",
+        ),
+    ] {
+        let refused = post(&server, &tenant, "/v1/subjects/unlock", body).await;
+        assert_eq!(refused.status, 400, "{what}: {}", refused.text());
+    }
+    assert_eq!(
+        scim.user(&frank).await["active"],
+        false,
+        "nothing unlocked yet"
+    );
+
+    // Unlocked here and in the identity provider, recorded as an event with who and why.
+    let unlocked = post(&server, &tenant, "/v1/subjects/unlock", why.clone()).await;
+    assert_eq!(unlocked.status, 200, "{}", unlocked.text());
+    let unlocked = unlocked.json();
+    assert_eq!(unlocked["outcome"], "done", "{unlocked}");
+    assert_eq!(unlocked["connector"], "idp");
+    assert_eq!(scim.user(&frank).await["active"], true);
+    let active_again = scim.version(&frank).await;
+    let event_id = unlocked["event_id"].as_str().unwrap();
+    let event = server
+        .get(&tenant, &format!("/v1/events/{event_id}"))
+        .await
+        .json();
+    assert_eq!(event["type"], "operator.unlock_account");
+    assert_eq!(event["decision"], "ignored");
+    assert_eq!(event["metadata"]["reason"], "verified in branch");
+    assert_eq!(event["actions"][0]["outcome"], "done", "{event}");
+
+    // Again: nothing to unlock, nothing recorded, nothing called.
+    let again = post(&server, &tenant, "/v1/subjects/unlock", why)
+        .await
+        .json();
+    assert_eq!(again["outcome"], "already_done", "{again}");
+    assert!(again["event_id"].is_null());
+    assert_eq!(scim.version(&frank).await, active_again);
+
+    // The next SIM swap is decided afresh: it locks the account (here and there) again.
+    let second = server
+        .send(&tenant, Some(&new_key()), &swap_of_account_at("frank", 30))
+        .await
+        .json();
+    assert_eq!(
+        outcome(&second, "lock_account")["outcome"],
+        "done",
+        "{second}"
+    );
+    assert_eq!(scim.user(&frank).await["active"], false);
+
+    // Lift the deny and close the case the same way; a repeat is already done.
+    for path in ["/v1/subjects/lift-deny", "/v1/subjects/close-case"] {
+        let body = json!({"subject": {"account": "frank"}, "reason": "false positive"});
+        let done = post(&server, &tenant, path, body.clone()).await.json();
+        assert_eq!(done["outcome"], "done", "{path}: {done}");
+        let again = post(&server, &tenant, path, body).await.json();
+        assert_eq!(again["outcome"], "already_done", "{path}: {again}");
+    }
+    let state = post(
+        &server,
+        &reader,
+        "/v1/subjects/lookup",
+        json!({"account": "frank"}),
+    )
+    .await
+    .json();
+    assert!(
+        state["deny"].is_null() && state["open_cases"] == json!([]),
+        "{state}"
+    );
+
+    // The same from the CLI.
+    let looked: Value = serde_json::from_str(&db.cli(&[
+        "subject",
+        "lookup",
+        "--tenant",
+        &tenant.id,
+        "--account",
+        "frank",
+    ]))
+    .unwrap();
+    assert_eq!(looked["lock"], second["event_id"]);
+    let unlocked: Value = serde_json::from_str(&db.cli(&[
+        "subject",
+        "unlock",
+        "--tenant",
+        &tenant.id,
+        "--account",
+        "frank",
+        "--reason",
+        "verified by phone",
+    ]))
+    .unwrap();
+    assert_eq!(unlocked["outcome"], "done", "{unlocked}");
+    assert_eq!(scim.user(&frank).await["active"], true);
+
+    let dump = String::from_utf8_lossy(&db.dump()).into_owned();
+    assert!(!dump.contains("frank"), "the account is stored");
+    assert!(!server.logs().contains("frank"), "the account was logged");
+}
+
 on_both_backends!(
+    an_operator_finds_a_subject_and_takes_the_way_back,
     bound_actions_act_on_the_tenants_systems_once,
     a_refusing_connector_fails_its_action_and_the_event_shows_it,
     a_crash_before_the_call_calls_once,

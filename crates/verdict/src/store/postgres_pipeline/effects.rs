@@ -135,7 +135,10 @@ fn effect(action: ActionKind) -> Option<Effect> {
             AND w.event_id = a.event_id)",
             outcome: "SELECT i, ours FROM alert_of",
         },
-        ActionKind::Callback => return None,
+        ActionKind::Callback
+        | ActionKind::UnlockAccount
+        | ActionKind::LiftDeny
+        | ActionKind::CloseCase => return None,
     })
 }
 

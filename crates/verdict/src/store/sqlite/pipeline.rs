@@ -83,7 +83,10 @@ async fn apply_effects(
             ActionKind::AlertCustomer => {
                 apply_alert_customer(conn, &targets, alert_window_ms).await?
             }
-            ActionKind::Callback => continue,
+            ActionKind::Callback
+            | ActionKind::UnlockAccount
+            | ActionKind::LiftDeny
+            | ActionKind::CloseCase => continue,
         };
         for (&i, applied) in which.iter().zip(applied) {
             outcomes[i].effects.push((action, applied));

@@ -1,0 +1,113 @@
+//! `verdict subject …`: find a subject by the identifier an analyst holds, and take the way
+//! back (unlock, lift a deny, close a case), as `POST /v1/subjects/…` does.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use uuid::Uuid;
+
+use crate::config::{Config, DeliveryArgs, FileConfig};
+use crate::domain::ActionKind;
+use crate::playbook::{Format, Playbook, current_source};
+use crate::signal::subject_of;
+use crate::store;
+use crate::subjects::{self, Operator};
+
+/// Who: exactly one of a phone number or an account.
+#[derive(Debug, Args)]
+pub struct Who {
+    /// The tenant's id.
+    #[arg(long)]
+    tenant: Uuid,
+    /// The subject's phone number (E.164).
+    #[arg(long, required_unless_present = "account", conflicts_with = "account")]
+    phone: Option<String>,
+    /// The subject's account.
+    #[arg(long)]
+    account: Option<String>,
+}
+
+/// `verdict subject …`.
+#[derive(Debug, Subcommand)]
+pub enum SubjectCommand {
+    /// Print the subject's lock, deny, open cases and newest events as JSON.
+    Lookup {
+        #[command(flatten)]
+        who: Who,
+    },
+    /// Remove the subject's account lock, here and through `lock_account`'s connector.
+    Unlock(WayBackArgs),
+    /// Lift the subject's standing deny.
+    LiftDeny(WayBackArgs),
+    /// Close the subject's open case.
+    CloseCase(WayBackArgs),
+}
+
+/// Who, why, and how to reach the connector.
+#[derive(Debug, Args)]
+pub struct WayBackArgs {
+    #[command(flatten)]
+    who: Who,
+    /// Why, for the record (1 to 500 characters).
+    #[arg(long)]
+    reason: String,
+    #[command(flatten)]
+    delivery: DeliveryArgs,
+}
+
+pub(super) async fn run_subject(
+    config: &Config,
+    file: &FileConfig,
+    cmd: SubjectCommand,
+) -> anyhow::Result<()> {
+    let keys = Arc::new(config.master_key()?.keyring());
+    let store = store::connect(&config.database_url)
+        .await
+        .context("connecting to the database")?;
+    let (action, args) = match cmd {
+        SubjectCommand::Lookup { who } => {
+            let subject = subject_of(who.phone, who.account)?;
+            let (digest, state) = subjects::lookup(&*store, &keys, who.tenant, &subject)
+                .await?
+                .context("the tenant has no event about this subject")?;
+            let out = serde_json::json!({
+                "subject_hash": crate::secrets::hex(&digest),
+                "lock": state.lock.map(|(event, _)| event),
+                "deny": state.deny.map(|(event, _)| event),
+                "open_cases": state.open_cases.iter().map(|c| c.0).collect::<Vec<_>>(),
+                "events": state.events,
+            });
+            println!("{}", serde_json::to_string_pretty(&out)?);
+            return Ok(());
+        }
+        SubjectCommand::Unlock(args) => (ActionKind::UnlockAccount, args),
+        SubjectCommand::LiftDeny(args) => (ActionKind::LiftDeny, args),
+        SubjectCommand::CloseCase(args) => (ActionKind::CloseCase, args),
+    };
+    let tenant = args.who.tenant;
+    let subject = subject_of(args.who.phone, args.who.account)?;
+    let stored = current_source(&*store, tenant).await?;
+    let format = Format::from_name(&stored.format).unwrap_or(Format::Toml);
+    let playbook = Playbook::parse(&stored.source, format)?;
+    let deliverer =
+        crate::delivery::Deliverer::new(store.clone(), keys.clone(), args.delivery.resolve(file)?)?;
+    // The CLI acts as the operator with no API key: recorded as the nil key.
+    let operator = Operator {
+        tenant_id: tenant,
+        key_id: Uuid::nil(),
+    };
+    let undone = subjects::undo(
+        &*store,
+        &keys,
+        &deliverer,
+        operator,
+        (&playbook, stored.version),
+        action,
+        &subject,
+        &args.reason,
+    )
+    .await?;
+    println!("{}", serde_json::to_string(&undone)?);
+    Ok(())
+}
