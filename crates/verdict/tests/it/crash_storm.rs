@@ -16,7 +16,10 @@ use crate::common::retrying::{Tally, send_until_answered, wrong_sim_swap_answer}
 use crate::common::{Backend, Server, TestDb, new_key, random_between, sim_swap};
 use serde_json::Value;
 
-on_both_backends!(crash_storm_keeps_every_signal_exactly_once);
+on_both_backends!(
+    crash_storm_keeps_every_signal_exactly_once,
+    crash_storm_acts_once_on_the_tenants_systems,
+);
 
 /// The server as every incarnation runs: callbacks to this machine allowed, no background
 /// worker (the test drives it), and a 3 s lock: a retry takes over a dead holder's key soon, while
@@ -292,4 +295,219 @@ async fn release_dead_leases(db: &TestDb) {
             pool.close().await;
         }
     }
+}
+
+/// With connectors: `lock_account` bound to a real SCIM server, `open_case` and
+/// `alert_customer` to an HTTP endpoint that deduplicates on `Idempotency-Key`. Under the same
+/// storm, every user ends inactive and never written after, the endpoint applies exactly one
+/// effect per (event, action), every request's outcome is final, and no raw identifier stays.
+async fn crash_storm_acts_once_on_the_tenants_systems(backend: Backend) {
+    use crate::common::effects::{EffectReceiver, SCIM_TOKEN, ScimServer};
+
+    let signals = env_usize("CRASH_STORM_SIGNALS", 40).max(1);
+    let kills = env_usize("CRASH_STORM_KILLS", 10);
+    let db = Arc::new(TestDb::new(backend).await);
+    let receiver = Receiver::start(Vec::new()).await;
+    let tenant = db.tenant(&["--callback-url", &receiver.url]);
+    let scim = ScimServer::start().await;
+    // Slow enough that kills meet calls in flight.
+    let http = EffectReceiver::start(Duration::from_millis(150)).await;
+    let token = db.dir().join("scim-token");
+    std::fs::write(&token, SCIM_TOKEN).unwrap();
+    let set = |args: &[&str]| {
+        let mut all = vec!["connector", "set", "--tenant", &tenant.id];
+        all.extend_from_slice(args);
+        db.cli(&all)
+    };
+    set(&[
+        "--name",
+        "idp",
+        "--kind",
+        "scim",
+        "--url",
+        &scim.base,
+        "--token-file",
+        token.to_str().unwrap(),
+    ]);
+    set(&["--name", "cases", "--kind", "http", "--url", &http.url]);
+    db.set_playbook(
+        &tenant,
+        &format!(
+            "{}\n[actions.lock_account]\nconnector = \"idp\"\n\n[actions.open_case]\n\
+             connector = \"cases\"\n\n[actions.alert_customer]\nconnector = \"cases\"\n",
+            verdict::playbook::DEFAULT_SOURCE
+        ),
+    );
+    let mut users = Vec::new();
+    for i in 0..signals {
+        users.push(
+            scim.create_user(&format!("storm-user-{i}"), &format!("x-{i}"), true)
+                .await,
+        );
+    }
+    // A short deadline, so a killed holder's lease on its calls (deadline + 10 s) ends soon.
+    let env = [
+        SERVER_ENV[0],
+        SERVER_ENV[1],
+        SERVER_ENV[2],
+        SERVER_ENV[3],
+        ("VERDICT_INLINE_DEADLINE_MS", "1000"),
+    ];
+    let server = Server::start(&db, &env);
+    let base = Arc::new(Mutex::new(server.base.clone()));
+    let tally = Arc::new(Tally::default());
+    let finished = Arc::new(AtomicUsize::new(0));
+    let spacing = Duration::from_millis((kills as u64 * 375 / signals as u64).clamp(2, 200));
+    let observed = (time::OffsetDateTime::now_utc() - time::Duration::hours(1))
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap();
+    let mut clients = Vec::new();
+    let mut sent = Vec::new();
+    for i in 0..signals {
+        let key = new_key();
+        let body = serde_json::json!({
+            "type": "sim_swap",
+            "subject": {"account": format!("storm-user-{i}")},
+            "observed_at": observed,
+        })
+        .to_string();
+        sent.push((key.clone(), body.clone()));
+        let (base, tenant, tally, finished) = (
+            base.clone(),
+            tenant.clone(),
+            tally.clone(),
+            finished.clone(),
+        );
+        clients.push(tokio::spawn(async move {
+            tokio::time::sleep(spacing * i as u32).await;
+            let client = common::retrying::client();
+            let reply = send_until_answered(
+                &client,
+                &base,
+                &tenant,
+                Some(&key),
+                &body,
+                &tally,
+                SIGNAL_DEADLINE,
+            )
+            .await;
+            finished.fetch_add(1, Ordering::SeqCst);
+            reply
+        }));
+    }
+    let storm = {
+        let (db, base, finished) = (db.clone(), base.clone(), finished.clone());
+        tokio::spawn(async move {
+            let mut server = server;
+            let mut done_kills = 0;
+            for _ in 0..kills {
+                tokio::time::sleep(Duration::from_millis(random_between(150, 600))).await;
+                if finished.load(Ordering::SeqCst) == signals {
+                    break;
+                }
+                let db = db.clone();
+                server = tokio::task::spawn_blocking(move || {
+                    common::keep_log(&format!("connector storm {backend:?}"), &server.logs());
+                    server.kill();
+                    Server::start(&db, &env)
+                })
+                .await
+                .unwrap();
+                *base.lock().unwrap() = server.base.clone();
+                done_kills += 1;
+            }
+            (server, done_kills)
+        })
+    };
+    let mut replies = Vec::new();
+    for client in clients {
+        replies.push(client.await.unwrap());
+    }
+    let (server, done_kills) = storm.await.unwrap();
+    common::keep_log(&format!("connector storm {backend:?}"), &server.logs());
+    tokio::task::spawn_blocking(move || server.kill())
+        .await
+        .unwrap();
+    assert!(
+        done_kills >= kills.min(10),
+        "only {done_kills} kills happened"
+    );
+
+    // Every signal decided as a fresh one, each bound action carried out once.
+    let mut events = BTreeSet::new();
+    for ((key, _), reply) in sent.iter().zip(&replies) {
+        assert_eq!(reply.status, 200, "{key}: {}", reply.text());
+        let json = reply.json();
+        assert_eq!(json["rule"], "recent_sim_swap", "{key}: {json}");
+        for action in json["actions"].as_array().unwrap() {
+            let outcome = action["outcome"].as_str().unwrap();
+            // A deactivation whose answer a kill lost is found done on the retry.
+            let fine = outcome == "done"
+                || (action["action"] == "lock_account" && outcome == "already_done");
+            assert!(fine, "{key}: {action} in {json}");
+        }
+        events.insert(json["event_id"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(events.len(), signals, "one event per signal");
+
+    // Whatever the storm left pending, the worker finishes with the same keys and bytes.
+    for _ in 0..10 {
+        release_dead_leases(&db).await;
+        db.worker_once(&[("VERDICT_RETRY_INTERVAL_SECS", "1")]);
+        if db
+            .scalar("SELECT COUNT(*) FROM deliveries WHERE status <> 'succeeded'")
+            .await
+            == 0
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+    }
+    assert_eq!(
+        db.scalar("SELECT COUNT(*) FROM deliveries WHERE status <> 'succeeded'")
+            .await,
+        0,
+        "every call and callback final and succeeded"
+    );
+    assert_eq!(
+        db.scalar("SELECT COUNT(*) FROM deliveries WHERE action <> 'callback'")
+            .await,
+        3 * signals as i64,
+        "one request per (event, bound action)"
+    );
+
+    // On the tenant's systems: every user inactive, one effect per (event, action).
+    // scim2-server's versions count its writes across all users: one creation and one
+    // deactivation each, and no user written a second time.
+    let mut writes = 0;
+    for id in &users {
+        let user = scim.user(id).await;
+        assert_eq!(user["active"], false, "user {id}");
+        let version = user["meta"]["version"].as_str().unwrap();
+        let n: u64 = version
+            .trim_start_matches("W/")
+            .trim_matches('"')
+            .parse()
+            .unwrap();
+        writes = writes.max(n);
+    }
+    assert_eq!(writes, 2 * users.len() as u64, "a user written twice");
+    let applied: BTreeSet<String> = http.applied().into_keys().collect();
+    let expected: BTreeSet<String> = events
+        .iter()
+        .flat_map(|e| [format!("{e}:open_case"), format!("{e}:alert_customer")])
+        .collect();
+    assert_eq!(applied, expected, "exactly one effect per (event, action)");
+    let calls = http.calls().len();
+    // And no raw identifier left once every outcome is final.
+    let dump = String::from_utf8_lossy(&db.dump()).into_owned();
+    assert!(!dump.contains("storm-user-"), "an account is stored");
+    eprintln!(
+        "connector storm ({backend:?}): {signals} signals, {done_kills} kills; {} retries with \
+         the same key; {calls} calls to the HTTP endpoint for {} effects, {} SCIM users \
+         deactivated once",
+        tally.retries(signals),
+        applied.len(),
+        users.len()
+    );
 }
