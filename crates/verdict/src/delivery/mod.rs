@@ -22,7 +22,9 @@ use crate::connectors::request;
 use crate::destination;
 use crate::secrets::Keyring;
 use crate::store::failpoint::failpoint;
-use crate::store::{AttemptRecord, DueDelivery, Redelivery, SecretPurpose, StoreError};
+use crate::store::{
+    AttemptRecord, ConnectorRecord, DueDelivery, Redelivery, SecretPurpose, StoreError,
+};
 use crate::tenant;
 use attempt::Outgoing;
 use schedule::Trigger;
@@ -119,6 +121,8 @@ pub struct Deliverer {
     store: Arc<dyn DeliveryPort>,
     /// Opens connectors' credentials and the sealed action requests.
     keys: Arc<Keyring>,
+    /// Connectors as read, for at most [`CONNECTOR_TTL`]: a signal's calls read none.
+    connectors: moka::future::Cache<(Uuid, String), Arc<ConnectorRecord>>,
     /// Webhook secrets, opened and cached for at most 5 s (a rotation applies within that).
     credentials: tenant::Credentials,
     settings: DeliverySettings,
@@ -137,6 +141,10 @@ impl Deliverer {
             client: http_client(&settings)?,
             credentials: tenant::Credentials::new(store.clone(), keys.clone()),
             keys,
+            connectors: moka::future::Cache::builder()
+                .max_capacity(10_000)
+                .time_to_live(CONNECTOR_TTL)
+                .build(),
             store,
             settings,
         })
@@ -246,13 +254,31 @@ impl Deliverer {
         })
     }
 
+    /// The tenant's connector `name`, cached.
+    async fn connector(
+        &self,
+        tenant_id: Uuid,
+        name: Option<&str>,
+    ) -> Result<Option<Arc<ConnectorRecord>>, StoreError> {
+        let Some(name) = name.and_then(|n| n.parse::<crate::domain::ConnectorName>().ok()) else {
+            return Ok(None);
+        };
+        let key = (tenant_id, name.to_string());
+        if let Some(found) = self.connectors.get(&key).await {
+            return Ok(Some(found));
+        }
+        let found = self.store.connector(tenant_id, &name).await?.map(Arc::new);
+        if let Some(found) = &found {
+            self.connectors.insert(key, found.clone()).await;
+        }
+        Ok(found)
+    }
+
     /// An action request's call: the stored request, opened, to the tenant's connector.
     async fn send_request(&self, due: &DueDelivery) -> Result<attempt::Attempt, StoreError> {
-        let name = due.connector.as_deref().and_then(|n| n.parse().ok());
-        let connector = match name {
-            Some(name) => self.store.connector(due.tenant_id, &name).await?,
-            None => None,
-        };
+        let connector = self
+            .connector(due.tenant_id, due.connector.as_deref())
+            .await?;
         let Some(connector) = connector else {
             return Ok(not_sent(
                 AttemptOutcome::Terminal,
@@ -326,6 +352,10 @@ impl Deliverer {
         }
     }
 }
+
+/// How long a connector's settings, once read, are used: a change reaches every instance's
+/// calls within this.
+pub const CONNECTOR_TTL: Duration = Duration::from_secs(5);
 
 /// The `action` of a callback delivery.
 pub const CALLBACK: &str = "callback";
