@@ -17,7 +17,7 @@ use crate::delivery::attempt::Attempt;
 use crate::delivery::schedule::{AttemptOutcome, Trigger};
 use crate::domain::{ActionKind, Outcome};
 use crate::signal::Subject;
-use crate::store::{DueDelivery, HeldKey, RequestDraft, StoreError, StoredResponse};
+use crate::store::{CallsDone, DueDelivery, HeldKey, RequestDraft, StoreError, StoredResponse};
 
 use super::Decided;
 
@@ -141,9 +141,19 @@ impl Ingest {
         let response = with_outcomes(provisional, outcomes)?;
         let body: SignalResponse = serde_json::from_slice(&response.body).map_err(corrupt)?;
         let actions = json(&body.record.actions);
-        self.store
-            .complete_dispatched(event_id, &actions, held, &response)
-            .await?;
+        if self.complete_in_batches {
+            let done = CallsDone {
+                event_id,
+                actions,
+                held: held.cloned(),
+                response: response.clone(),
+            };
+            self.commits.complete_calls(done).await?;
+        } else {
+            self.store
+                .complete_dispatched(event_id, &actions, held, &response)
+                .await?;
+        }
         Ok(response)
     }
 

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use tokio::sync::{Mutex, mpsc, oneshot};
 
 use crate::store::{
-    Act, AttemptRecord, Batch, BatchResult, Claim, Committed, PipelineStore, StoreError,
+    Act, AttemptRecord, Batch, BatchResult, CallsDone, Claim, Committed, PipelineStore, StoreError,
 };
 
 /// Most signals' work in one commit: the store's limit.
@@ -23,6 +23,7 @@ enum Job {
     Claim(Box<Claim>, oneshot::Sender<Result<bool, StoreError>>),
     Act(Box<Act>, oneshot::Sender<Result<Committed, StoreError>>),
     Attempt(Box<AttemptRecord>, oneshot::Sender<Result<(), StoreError>>),
+    CallsDone(Box<CallsDone>, oneshot::Sender<Result<(), StoreError>>),
 }
 
 /// The queue in front of the committers.
@@ -60,6 +61,13 @@ impl GroupCommit {
     pub async fn record_attempt(&self, attempt: AttemptRecord) -> Result<(), StoreError> {
         let (reply, answer) = oneshot::channel();
         self.submit(Job::Attempt(Box::new(attempt), reply)).await?;
+        answer.await.map_err(|_| stopped())?
+    }
+
+    /// Completes a dispatched signal once its calls answered.
+    pub async fn complete_calls(&self, done: CallsDone) -> Result<(), StoreError> {
+        let (reply, answer) = oneshot::channel();
+        self.submit(Job::CallsDone(Box::new(done), reply)).await?;
         answer.await.map_err(|_| stopped())?
     }
 
@@ -182,6 +190,7 @@ fn batch_of(jobs: &[Job], alert_window_ms: i64) -> Batch {
             Job::Claim(claim, _) => batch.claims.push((**claim).clone()),
             Job::Act(act, _) => batch.acts.push((**act).clone()),
             Job::Attempt(attempt, _) => batch.attempts.push((**attempt).clone()),
+            Job::CallsDone(done, _) => batch.calls_done.push((**done).clone()),
         }
     }
     batch
@@ -199,7 +208,7 @@ fn answer(jobs: Vec<Job>, result: BatchResult) {
             Job::Act(_, reply) => {
                 let _ = reply.send(acts.next().unwrap_or(Err(StoreError::LockLost)));
             }
-            Job::Attempt(_, reply) => {
+            Job::Attempt(_, reply) | Job::CallsDone(_, reply) => {
                 let _ = reply.send(Ok(()));
             }
         }
@@ -216,7 +225,7 @@ fn fail(jobs: Vec<Job>, err: Arc<StoreError>) {
             Job::Act(_, reply) => {
                 let _ = reply.send(Err(shared));
             }
-            Job::Attempt(_, reply) => {
+            Job::Attempt(_, reply) | Job::CallsDone(_, reply) => {
                 let _ = reply.send(Err(shared));
             }
         }

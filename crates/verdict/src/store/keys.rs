@@ -284,6 +284,48 @@ where
     .fetch_optional(pool)
     .await
 }
+/// Completes dispatched signals: each event's action outcomes and each key still held by the
+/// request that dispatched it (or took it over), with its final response.
+pub(crate) async fn complete_calls_in<DB, C>(
+    conn: &mut C,
+    done: &[crate::store::CallsDone],
+) -> Result<(), sqlx::Error>
+where
+    DB: SqlDb + Database<Connection = C>,
+    C: sqlx::Connection<Database = DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    for<'e> Uuid: Encode<'e, DB> + Type<DB>,
+    for<'e> i32: Encode<'e, DB> + Type<DB>,
+    for<'e> &'e str: Encode<'e, DB> + Type<DB>,
+    for<'e> &'e [u8]: Encode<'e, DB> + Type<DB>,
+{
+    for d in done {
+        sqlx::query("UPDATE events SET actions = $2 WHERE id = $1")
+            .bind(d.event_id)
+            .bind(d.actions.as_str())
+            .execute(&mut *conn)
+            .await?;
+        if let Some(held) = &d.held {
+            sqlx::query(
+                "UPDATE idempotency_keys SET state = 'completed', response_status = $5, \
+                 response_body = $6, lock_token = NULL, locked_until = 0 \
+                 WHERE tenant_id = $1 AND endpoint = $2 AND key_digest = $3 \
+                 AND lock_token = $4 AND state = 'dispatched'",
+            )
+            .bind(held.key.tenant_id)
+            .bind(held.key.endpoint)
+            .bind(&held.key.digest[..])
+            .bind(held.lock_token)
+            .bind(i32::from(d.response.status))
+            .bind(&d.response.body[..])
+            .execute(&mut *conn)
+            .await?;
+        }
+    }
+    Ok(())
+}
+
 #[async_trait]
 impl<B: Backend<Db = DB>, DB: SqlDb> KeyStore for B
 where
@@ -396,28 +438,14 @@ where
         held: Option<&crate::store::HeldKey>,
         response: &crate::store::StoredResponse,
     ) -> Result<(), crate::store::StoreError> {
+        let done = crate::store::CallsDone {
+            event_id,
+            actions: actions.to_owned(),
+            held: held.cloned(),
+            response: response.clone(),
+        };
         let mut tx = self.begin().await?;
-        sqlx::query("UPDATE events SET actions = $2 WHERE id = $1")
-            .bind(event_id)
-            .bind(actions)
-            .execute(&mut *tx)
-            .await?;
-        if let Some(held) = held {
-            sqlx::query(
-                "UPDATE idempotency_keys SET state = 'completed', response_status = $5, \
-                 response_body = $6, lock_token = NULL, locked_until = 0 \
-                 WHERE tenant_id = $1 AND endpoint = $2 AND key_digest = $3 \
-                 AND lock_token = $4 AND state = 'dispatched'",
-            )
-            .bind(held.key.tenant_id)
-            .bind(held.key.endpoint)
-            .bind(&held.key.digest)
-            .bind(held.lock_token)
-            .bind(i32::from(response.status))
-            .bind(&response.body)
-            .execute(&mut *tx)
-            .await?;
-        }
+        complete_calls_in(&mut *tx, &[done]).await?;
         tx.commit().await?;
         Ok(())
     }

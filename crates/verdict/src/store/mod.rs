@@ -68,8 +68,8 @@ pub use keys::{
 };
 pub use operator::{OperatorStore, Undo};
 pub use pipeline::{
-    Act, ActOutcome, Batch, BatchResult, CallbackDraft, Committed, Expected, Finished, HeldKey,
-    PipelineStore, Render, RequestDraft,
+    Act, ActOutcome, Batch, BatchResult, CallbackDraft, CallsDone, Committed, Expected, Finished,
+    HeldKey, PipelineStore, Render, RequestDraft,
 };
 pub use playbooks::{DecisionInputs, PlaybookStore, StoredPlaybook};
 pub use tenants::{NewTenant, SealedSecret, SecretPurpose, TenantRecord, TenantStore};

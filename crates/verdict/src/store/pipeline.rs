@@ -220,6 +220,17 @@ fn delivery_of(
     })
 }
 
+/// A dispatched signal whose connector calls answered: its event's action outcomes and, with a
+/// key still held, the key completed with its final response.
+#[derive(Clone, Debug)]
+pub struct CallsDone {
+    pub event_id: uuid::Uuid,
+    /// The event's action outcomes, JSON.
+    pub actions: String,
+    pub held: Option<HeldKey>,
+    pub response: StoredResponse,
+}
+
 /// Work for one group commit.
 #[derive(Clone, Default)]
 pub struct Batch {
@@ -227,6 +238,9 @@ pub struct Batch {
     pub acts: Vec<Act>,
     /// Inline callback attempts to record (each delivery's state moves with its attempt).
     pub attempts: Vec<AttemptRecord>,
+    /// Dispatched signals to complete (SQLite only: PostgreSQL completes each in a transaction
+    /// of its own, concurrently).
+    pub calls_done: Vec<CallsDone>,
     /// At most one customer alert per subject and signal type within this window.
     pub alert_window_ms: i64,
 }

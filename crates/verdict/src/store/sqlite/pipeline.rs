@@ -17,7 +17,7 @@ use crate::store::actions::push_keys;
 use crate::store::backend::execute_pushed;
 use crate::store::deliveries::record_attempts;
 use crate::store::failpoint::failpoint;
-use crate::store::keys::insert_claims;
+use crate::store::keys::{complete_calls_in, insert_claims};
 use crate::store::pipeline::{batch_result, live_acts};
 use crate::store::rows::{OutboxRow, RequestRow, push_values};
 use crate::store::{
@@ -178,6 +178,7 @@ impl SqliteStore {
         push_complete_keys(&mut finish, &completions);
         execute_pushed(conn, &mut finish).await?;
         record_attempts(conn, &batch.attempts.iter().collect::<Vec<_>>()).await?;
+        complete_calls_in(&mut *conn, &batch.calls_done).await?;
         if !acts.is_empty() {
             failpoint!("act::before_commit");
         }
