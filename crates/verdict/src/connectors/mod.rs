@@ -31,6 +31,11 @@ pub enum ConnectorError {
     UrlTooLong,
     #[error("the URL is refused: {0}")]
     Url(#[source] UrlError),
+    #[error(
+        "the URL may not carry a user, password, query or fragment: credentials go in the \
+         connector's sealed secret or token, never in its URL"
+    )]
+    UrlCarriesSecrets,
     #[error("a SCIM connector needs a bearer token")]
     TokenMissing,
     #[error("the token is longer than {MAX_TOKEN_BYTES} bytes")]
@@ -278,6 +283,15 @@ fn checked_url(text: &str, policy: DestinationPolicy) -> Result<String, Connecto
         return Err(ConnectorError::UrlTooLong);
     }
     let url = CallbackUrl::parse(text, policy).map_err(ConnectorError::Url)?;
+    // Stored and shown in the clear, so it may hold nothing secret.
+    let parsed = url::Url::parse(url.as_str()).map_err(|_| ConnectorError::UrlCarriesSecrets)?;
+    if !parsed.username().is_empty()
+        || parsed.password().is_some()
+        || parsed.query().is_some()
+        || parsed.fragment().is_some()
+    {
+        return Err(ConnectorError::UrlCarriesSecrets);
+    }
     Ok(url.as_str().to_owned())
 }
 

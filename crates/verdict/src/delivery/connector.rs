@@ -10,7 +10,7 @@ use reqwest::StatusCode;
 use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
 use verdict_webhooks::{Secret, signed_headers};
 
-use super::attempt::{Attempt, describe, read_excerpt, retry_after};
+use super::attempt::{Attempt, describe, retry_after};
 use super::schedule::AttemptOutcome;
 use crate::connectors::request::ActionRequest;
 use crate::destination::{DestinationPolicy, check_url};
@@ -110,16 +110,14 @@ async fn http(
         500..=599 => AttemptOutcome::Retryable { retry_after: None },
         _ => AttemptOutcome::Terminal,
     };
-    let remaining = deadline.saturating_sub(started.elapsed());
-    let excerpt = tokio::time::timeout(remaining, read_excerpt(response))
-        .await
-        .unwrap_or_default();
+    // No excerpt is kept: a connector's answer may quote the identifier it was sent.
+    drop(response);
     Attempt {
         outcome,
         status_code: Some(status.as_u16()),
         latency: started.elapsed(),
         error: (!status.is_success()).then(|| format!("HTTP {status}")),
-        excerpt: Some(excerpt),
+        excerpt: None,
         already_done: false,
         sent: true,
     }
@@ -288,7 +286,17 @@ fn first_user(body: &[u8]) -> Result<Option<ScimUser>, String> {
     }
     let list: ListResponse = serde_json::from_slice(body)
         .map_err(|e| format!("the SCIM lookup's answer is not a ListResponse: {e}"))?;
-    Ok(list.resources.into_iter().next())
+    if list.resources.len() > 1 {
+        return Err("more than one SCIM user matches the subject's account".into());
+    }
+    let user = list.resources.into_iter().next();
+    if user
+        .as_ref()
+        .is_some_and(|u| u.id.is_empty() || u.id == "." || u.id == "..")
+    {
+        return Err("the SCIM user's id is not usable in a URL".into());
+    }
+    Ok(user)
 }
 
 /// A SCIM id as one URL path segment.
@@ -377,6 +385,28 @@ mod tests {
             filter(MatchAttribute::ExternalId, r#"a" or "1" eq "1"#),
             r#"externalId eq "a\" or \"1\" eq \"1""#
         );
+    }
+
+    #[test]
+    fn a_lookup_locks_only_one_user_by_a_usable_id() {
+        let list = |ids: &[&str]| {
+            let resources: Vec<_> = ids
+                .iter()
+                .map(|id| serde_json::json!({"id": id, "active": true}))
+                .collect();
+            serde_json::json!({"totalResults": ids.len(), "Resources": resources}).to_string()
+        };
+        assert_eq!(
+            first_user(list(&["u1"]).as_bytes()).unwrap().unwrap().id,
+            "u1"
+        );
+        assert!(first_user(list(&[]).as_bytes()).unwrap().is_none());
+        let two = first_user(list(&["u1", "u2"]).as_bytes()).err().unwrap();
+        assert!(two.contains("more than one"), "{two}");
+        for bad in ["..", ".", ""] {
+            assert!(first_user(list(&[bad]).as_bytes()).is_err(), "{bad:?}");
+        }
+        assert!(first_user(b"not json").is_err());
     }
 
     #[test]

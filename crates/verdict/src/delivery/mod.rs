@@ -282,11 +282,17 @@ impl Deliverer {
         let Some(connector) = connector else {
             return Ok(not_sent(
                 AttemptOutcome::Terminal,
-                "the connector was deleted; set it again and redeliver",
+                "the connector was deleted",
             ));
         };
-        let credential = crate::connectors::credential(&self.keys, &connector)
-            .map_err(|e| StoreError::Corrupt(Box::new(e)))?;
+        // What cannot be opened never will be: a terminal failure, not a retry every round.
+        let Ok(credential) = crate::connectors::credential(&self.keys, &connector) else {
+            tracing::error!("a connector's credential does not open under this master key");
+            return Ok(not_sent(
+                AttemptOutcome::Terminal,
+                "the connector's credential does not open under this master key",
+            ));
+        };
         let body = match request::open(&self.keys, &due.payload, due.event_id, &due.action) {
             Ok(body) => body,
             Err(request::OpenError::Erased) => {
@@ -295,10 +301,20 @@ impl Deliverer {
                     "the request was erased once its outcome was final",
                 ));
             }
-            Err(err) => return Err(StoreError::Corrupt(Box::new(err))),
+            Err(err) => {
+                tracing::error!(error = ?err, "a stored action request does not open");
+                return Ok(not_sent(
+                    AttemptOutcome::Terminal,
+                    "the stored request does not open under this master key",
+                ));
+            }
         };
-        let parsed: request::ActionRequest =
-            serde_json::from_slice(&body).map_err(|e| StoreError::Corrupt(Box::new(e)))?;
+        let Ok(parsed) = serde_json::from_slice::<request::ActionRequest>(&body) else {
+            return Ok(not_sent(
+                AttemptOutcome::Terminal,
+                "the stored request is not an action request",
+            ));
+        };
         let call = connector::Call {
             connector: &connector,
             credential: &credential,

@@ -69,8 +69,10 @@ pub(super) fn drafts(
         .collect()
 }
 
-/// How long (ms) past the deadline a request's lease lasts for its call's record to land.
-const RECORD_MARGIN_MS: i64 = 10_000;
+/// How long (ms) past the deadline a request's lease lasts for its call's record to land:
+/// longer than the record is retried for (`inline::RECORD_BEFORE_LEASE_ENDS_MS`, 10 s before
+/// the lease ends), so a record after a slow call still gets its retries.
+const RECORD_MARGIN_MS: i64 = 15_000;
 
 impl Ingest {
     /// How long an action request is leased to the call this instance makes: the deadline

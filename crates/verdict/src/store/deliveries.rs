@@ -410,7 +410,8 @@ fn push_advance_deliveries<DB: SqlDb>(
         "UPDATE deliveries SET status = v.column2, attempts = attempts + 1, \
          retries_left = v.column3, next_attempt_at = v.column4, leased_until = 0, \
          last_error = v.column5, updated_at = v.column6, payload = CASE \
-         WHEN action <> 'callback' AND v.column2 <> 'pending' THEN substr(payload, 1, 0) \
+         WHEN action <> 'callback' AND v.column2 IN ('succeeded', 'failed', 'unknown') \
+         THEN substr(payload, 1, 0) \
          ELSE payload END FROM (",
     );
     q.push_values(attempts, |mut row, a| {

@@ -77,6 +77,24 @@ where
         if DB::rows_affected(&done) == 0 {
             return Ok(false);
         }
+        // A call of the undone action still waiting for a retry would undo the undoing: it is
+        // failed here (one in flight now cannot be stopped; it ends before its lease does).
+        if let Some(undone) = undo.action.undoes() {
+            sqlx::query(
+                "UPDATE deliveries SET status = 'failed', \
+                 last_error = 'superseded by an operator''s way back', \
+                 payload = substr(payload, 1, 0), updated_at = $4 \
+                 WHERE tenant_id = $1 AND action = $3 AND status = 'pending' \
+                 AND leased_until <= $4 AND event_id IN \
+                 (SELECT id FROM events WHERE tenant_id = $1 AND subject_hash = $2)",
+            )
+            .bind(undo.target.tenant_id)
+            .bind(&undo.target.subject_hash[..])
+            .bind(undone.as_str())
+            .bind(undo.target.now)
+            .execute(&mut *tx)
+            .await?;
+        }
         let mut q = QueryBuilder::<DB>::new("INSERT INTO events ");
         push_values(&mut q, &[&undo.event]);
         q.build().execute(&mut *tx).await?;

@@ -245,8 +245,8 @@ async fn crash_at(backend: Backend, failpoint: &str) {
 
     let server = Server::start(&db, &[ENV[0], lock, deadline, no_worker]);
     let mut reply = server.send(&tenant, Some(&key), &body).await;
-    // 409 until the dead holder's lock, then its calls' lease, run out.
-    for _ in 0..100 {
+    // 409 until the dead holder's lock, then its calls' lease (deadline + 15 s), run out.
+    for _ in 0..150 {
         if reply.status != 409 {
             break;
         }

@@ -221,6 +221,16 @@ async fn every_connector_input_is_bounded(backend: Backend) {
         ),
         (
             "x",
+            json!({"kind": "http", "url": "http://127.0.0.1:9/a?token=s3cret"}),
+            "a URL with a query",
+        ),
+        (
+            "x",
+            json!({"kind": "scim", "url": "http://user:pw@127.0.0.1:9/scim", "token": "t"}),
+            "a URL with a user and password",
+        ),
+        (
+            "x",
             json!({"kind": "scim", "url": "http://127.0.0.1:9/scim", "token": "t".repeat(4097)}),
             "a token over 4096 bytes",
         ),
