@@ -182,19 +182,25 @@ pub fn redact(url: &mut reqwest::Url) {
     let _ = url.set_password(None);
 }
 
-pub(super) async fn read_excerpt(mut response: reqwest::Response) -> Vec<u8> {
+async fn read_excerpt(response: reqwest::Response) -> Vec<u8> {
+    read_at_most(response, EXCERPT_BYTES).await
+}
+
+/// The first `max` bytes of a response's body (fewer if it ends or fails sooner).
+pub(super) async fn read_at_most(mut response: reqwest::Response, max: usize) -> Vec<u8> {
     let mut out = Vec::new();
-    while out.len() < EXCERPT_BYTES {
+    while out.len() < max {
         match response.chunk().await {
             Ok(Some(chunk)) => out.extend_from_slice(&chunk),
             _ => break,
         }
     }
-    out.truncate(EXCERPT_BYTES);
+    out.truncate(max);
     out
 }
 
-fn failed(outcome: AttemptOutcome, started: Instant, error: String) -> Attempt {
+/// An attempt that sent nothing, for `error`.
+pub(super) fn failed(outcome: AttemptOutcome, started: Instant, error: String) -> Attempt {
     Attempt {
         outcome,
         status_code: None,

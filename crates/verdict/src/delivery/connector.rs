@@ -10,7 +10,7 @@ use reqwest::StatusCode;
 use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
 use verdict_webhooks::{Secret, signed_headers};
 
-use super::attempt::{Attempt, describe, retry_after};
+use super::attempt::{Attempt, describe, failed, read_at_most, retry_after};
 use super::schedule::AttemptOutcome;
 use crate::connectors::request::ActionRequest;
 use crate::destination::{DestinationPolicy, check_url};
@@ -216,7 +216,7 @@ async fn scim(
         return attempt;
     }
     let remaining = deadline.saturating_sub(started.elapsed());
-    let body = tokio::time::timeout(remaining, read_bounded(found, MAX_SCIM_ANSWER_BYTES))
+    let body = tokio::time::timeout(remaining, read_at_most(found, MAX_SCIM_ANSWER_BYTES))
         .await
         .unwrap_or_default();
     let user = match first_user(&body) {
@@ -345,30 +345,6 @@ fn asked_wait(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
         .get(RETRY_AFTER)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| retry_after(v, SystemTime::now()))
-}
-
-async fn read_bounded(mut response: reqwest::Response, max: usize) -> Vec<u8> {
-    let mut out = Vec::new();
-    while out.len() < max {
-        match response.chunk().await {
-            Ok(Some(chunk)) => out.extend_from_slice(&chunk),
-            _ => break,
-        }
-    }
-    out.truncate(max);
-    out
-}
-
-fn failed(outcome: AttemptOutcome, started: Instant, error: String) -> Attempt {
-    Attempt {
-        outcome,
-        status_code: None,
-        latency: started.elapsed(),
-        error: Some(error),
-        excerpt: None,
-        already_done: false,
-        sent: false,
-    }
 }
 
 #[cfg(test)]
