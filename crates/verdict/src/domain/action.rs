@@ -1,25 +1,58 @@
 //! The side effects a decision can ask for. Each is idempotent on its own, so a client that
 //! sends no key, or sends the same signal under several keys, still causes each effect once.
 
+use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+/// Longest custom action name, in bytes.
+pub const MAX_CUSTOM_ACTION_CHARS: usize = 32;
+
+/// The name of a custom action, one the tenant defines by binding it to a connector
+/// (`[actions.notify_siem] connector = "siem"`): 1 to 32 of `a-z`, `0-9` and `_`, starting
+/// with a letter, and no built-in action's name. Held inline, so an action stays `Copy`.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct CustomAction {
+    len: u8,
+    bytes: [u8; MAX_CUSTOM_ACTION_CHARS],
+}
+
+impl CustomAction {
+    /// The name, if it is a valid custom action's.
+    pub fn new(name: &str) -> Option<Self> {
+        let valid = (1..=MAX_CUSTOM_ACTION_CHARS).contains(&name.len())
+            && name.starts_with(|c: char| c.is_ascii_lowercase())
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+            && !ActionKind::BUILT_IN.iter().any(|a| a.as_str() == name);
+        if !valid {
+            return None;
+        }
+        let mut bytes = [0; MAX_CUSTOM_ACTION_CHARS];
+        bytes[..name.len()].copy_from_slice(name.as_bytes());
+        Some(Self {
+            len: u8::try_from(name.len()).ok()?,
+            bytes,
+        })
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        // Built only from ASCII by `new`.
+        std::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or_default()
+    }
+}
+
+impl fmt::Debug for CustomAction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "CustomAction({})", self.as_str())
+    }
+}
+
 /// A side effect a rule asks for.
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    PartialEq,
-    Eq,
-    PartialOrd,
-    Ord,
-    Hash,
-    Serialize,
-    Deserialize,
-    utoipa::ToSchema,
-)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ActionKind {
     /// Lock the subject's account; a held lock is a no-op.
     LockAccount,
@@ -39,11 +72,14 @@ pub enum ActionKind {
     LiftDeny,
     /// An operator's closing of a subject's open case (never a rule's).
     CloseCase,
+    /// A tenant's own action: no local effect, only the call to the connector it is bound to,
+    /// once per signal.
+    Custom(CustomAction),
 }
 
 impl ActionKind {
-    /// Every action.
-    pub const ALL: [ActionKind; 9] = [
+    /// Every built-in action.
+    pub const BUILT_IN: [ActionKind; 9] = [
         Self::LockAccount,
         Self::OpenCase,
         Self::AlertCustomer,
@@ -77,9 +113,22 @@ impl ActionKind {
         Self::Deny,
     ];
 
+    /// Whether it is a tenant's own action.
+    pub fn is_custom(&self) -> bool {
+        matches!(self, Self::Custom(_))
+    }
+
     /// The wire name.
-    pub fn as_str(self) -> &'static str {
+    pub fn as_str(&self) -> &str {
         match self {
+            Self::Custom(name) => name.as_str(),
+            built_in => built_in.built_in_name().unwrap_or_default(),
+        }
+    }
+
+    /// A built-in action's name; none for a custom action.
+    pub fn built_in_name(self) -> Option<&'static str> {
+        Some(match self {
             Self::LockAccount => "lock_account",
             Self::OpenCase => "open_case",
             Self::AlertCustomer => "alert_customer",
@@ -89,23 +138,68 @@ impl ActionKind {
             Self::UnlockAccount => "unlock_account",
             Self::LiftDeny => "lift_deny",
             Self::CloseCase => "close_case",
-        }
+            Self::Custom(_) => return None,
+        })
     }
 }
 
 /// A name that is no action's.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("`{0}` is not an action")]
+#[error(
+    "`{0}` is not an action (a built-in one, or a custom name of 1 to 32 of a-z, 0-9 and _ \
+     starting with a letter)"
+)]
 pub struct UnknownAction(pub String);
 
 impl FromStr for ActionKind {
     type Err = UnknownAction;
 
+    /// A built-in action by its name, else a custom action.
     fn from_str(s: &str) -> Result<Self, UnknownAction> {
-        Self::ALL
+        Self::BUILT_IN
             .into_iter()
             .find(|kind| kind.as_str() == s)
+            .or_else(|| CustomAction::new(s).map(Self::Custom))
             .ok_or_else(|| UnknownAction(s.to_owned()))
+    }
+}
+
+impl fmt::Display for ActionKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for ActionKind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for ActionKind {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        name.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl utoipa::PartialSchema for ActionKind {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::schema::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .description(Some(
+                "A built-in action (lock_account, open_case, alert_customer, charge_step_up, \
+                 deny, callback; unlock_account, lift_deny and close_case are an operator's \
+                 way back) or a custom action bound to a connector in the playbook.",
+            ))
+            .pattern(Some("^[a-z][a-z0-9_]{0,31}$"))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for ActionKind {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "ActionKind".into()
     }
 }
 
@@ -201,13 +295,35 @@ mod tests {
 
     #[test]
     fn an_action_reads_back_from_its_name() {
-        for value in ActionKind::ALL {
+        let custom = ActionKind::Custom(CustomAction::new("notify_siem").unwrap());
+        for value in ActionKind::BUILT_IN.into_iter().chain([custom]) {
             assert_eq!(value.as_str().parse::<ActionKind>(), Ok(value));
             assert_eq!(
                 serde_json::to_value(value).unwrap(),
                 serde_json::Value::from(value.as_str())
             );
+            let back: ActionKind = serde_json::from_value(value.as_str().into()).unwrap();
+            assert_eq!(back, value);
         }
-        assert!("nope".parse::<ActionKind>().is_err());
+    }
+
+    #[test]
+    fn a_custom_action_name_is_short_lowercase_and_no_built_in() {
+        assert!("notify_siem".parse::<ActionKind>().unwrap().is_custom());
+        assert!(!"lock_account".parse::<ActionKind>().unwrap().is_custom());
+        let longest = format!("a{}", "b".repeat(MAX_CUSTOM_ACTION_CHARS - 1));
+        assert!(longest.parse::<ActionKind>().is_ok());
+        for bad in [
+            "",
+            "Notify",
+            "9lives",
+            "_x",
+            "notify-siem",
+            "notify siem",
+            "ünï",
+            &format!("{longest}c"),
+        ] {
+            assert!(bad.parse::<ActionKind>().is_err(), "{bad:?} was taken");
+        }
     }
 }

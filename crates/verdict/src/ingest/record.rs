@@ -78,6 +78,8 @@ impl Draft {
                         (None, None) => Outcome::Failed("not recorded".into()),
                     },
                     _ if outcome.requests.iter().any(|(a, _)| *a == action) => Outcome::Pending,
+                    // Its request is one per signal: another event of this signal holds it.
+                    ActionKind::Custom(_) => Outcome::AlreadyDone,
                     _ => match outcome.effects.iter().find(|(a, _)| *a == action) {
                         // Bound, applied, but another event holds the call: that event's.
                         Some((_, Applied::Done)) if connector.is_some() => Outcome::AlreadyDone,

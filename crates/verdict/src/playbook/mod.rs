@@ -24,8 +24,8 @@ mod validation;
 
 pub use library::{Library, PlaybookStoreError, current_source, upload};
 pub use validation::{
-    MAX_ATTRIBUTE_NAME_CHARS, MAX_ATTRIBUTE_VALUES, MAX_HOURS, MAX_PLAYBOOK_BYTES,
-    MAX_RULE_NAME_CHARS, MAX_RULES, MAX_SET_EVENTS,
+    MAX_ACTIONS_PER_RULE, MAX_ATTRIBUTE_NAME_CHARS, MAX_ATTRIBUTE_VALUES, MAX_BINDINGS, MAX_HOURS,
+    MAX_PLAYBOOK_BYTES, MAX_RULE_NAME_CHARS, MAX_RULES, MAX_SET_EVENTS,
 };
 
 /// The source of the playbook every tenant starts with.
@@ -82,8 +82,9 @@ pub struct Playbook {
     /// Which signal type each standard feed's event type becomes.
     #[serde(default)]
     pub feeds: FeedMapping,
-    /// `[actions.<action>]`: the connector each bound action calls. An action bound to none
-    /// is a record in verdict's own database, and its outcome says so.
+    /// `[actions.<action>]`: the connector each bound action calls (at most 32). A built-in
+    /// action bound to none is a record in verdict's own database, and its outcome says so; a
+    /// custom action is only its connector's call.
     #[serde(default)]
     #[schema(value_type = BTreeMap<String, ActionBinding>)]
     pub actions: BTreeMap<ActionKind, ActionBinding>,
@@ -119,7 +120,8 @@ pub struct Rule {
     #[serde(default)]
     pub when: Conditions,
     pub decision: Decision,
-    /// Each action at most once.
+    /// Each action at most once, at most 16; a custom action (any other name) only if
+    /// `[actions.<name>]` binds it to a connector.
     #[serde(default)]
     #[schema(schema_with = action_list)]
     pub actions: Vec<ActionKind>,
@@ -130,6 +132,7 @@ fn action_list() -> utoipa::openapi::schema::Array {
     utoipa::openapi::schema::ArrayBuilder::new()
         .items(utoipa::openapi::Ref::from_schema_name("ActionKind"))
         .unique_items(true)
+        .max_items(Some(MAX_ACTIONS_PER_RULE))
         .build()
 }
 
@@ -247,7 +250,7 @@ impl Playbook {
         let playbook = Self::deserialize(source, format)?;
         // Limits first: the validation messages quote rule names.
         playbook.check_limits()?;
-        playbook.validate()?;
+        playbook.validate(source)?;
         Ok(playbook)
     }
 
@@ -255,7 +258,7 @@ impl Playbook {
     /// before they existed must keep deciding, not fail every signal after an upgrade.
     fn parse_stored(source: &str, format: Format) -> Result<Self, PlaybookError> {
         let playbook = Self::deserialize(source, format)?;
-        playbook.validate()?;
+        playbook.validate(source)?;
         Ok(playbook)
     }
 

@@ -22,10 +22,15 @@ pub const MAX_HOURS: f64 = 10.0 * 365.25 * 24.0;
 /// Most SET event types `[feeds] set_events` may map, and the longest URI.
 pub const MAX_SET_EVENTS: usize = 50;
 const MAX_EVENT_TYPE_CHARS: usize = 256;
+/// Most actions one rule may ask for.
+pub const MAX_ACTIONS_PER_RULE: usize = 16;
+/// Most `[actions.*]` bindings a playbook may have.
+pub const MAX_BINDINGS: usize = 32;
 
 impl Playbook {
-    /// Whether the document is well formed: rule names, actions, windows and event type URIs.
-    pub(super) fn validate(&self) -> Result<(), PlaybookError> {
+    /// Whether the document (parsed from `source`) is well formed: rule names, actions,
+    /// windows and event type URIs.
+    pub(super) fn validate(&self, source: &str) -> Result<(), PlaybookError> {
         if self.rules.is_empty() {
             return Err(PlaybookError::Invalid(
                 "a playbook needs at least one [[rule]]".into(),
@@ -56,6 +61,18 @@ impl Playbook {
                 if !seen.insert(action) {
                     return Err(at(format!("action `{}` is listed twice", action.as_str())));
                 }
+                if action.is_custom() && !self.actions.contains_key(action) {
+                    let line = line_of(source, &format!("\"{action}\""))
+                        .map(|n| format!("line {n}: "))
+                        .unwrap_or_default();
+                    return Err(PlaybookError::Invalid(format!(
+                        "{line}rule {} (`{}`): `{action}` is not a built-in action, and a \
+                         custom action must be bound to a connector \
+                         (`[actions.{action}] connector = \"…\"`)",
+                        i + 1,
+                        rule.name
+                    )));
+                }
             }
             let w = &rule.when;
             for (field, value) in w.windows() {
@@ -83,7 +100,7 @@ impl Playbook {
                 "`actions.{}`: an operator's way back calls the connector its action's binding \
                  names (`actions.{}`)",
                 undo.as_str(),
-                undo.undoes().map_or("", ActionKind::as_str)
+                undo.undoes().map(|a| a.to_string()).unwrap_or_default()
             )));
         }
         if self.actions.contains_key(&ActionKind::Callback) {
@@ -125,7 +142,7 @@ impl Playbook {
                      `PUT /v1/connectors/{name}` first)"
                 )));
             };
-            if connector.kind == ConnectorKind::Scim && *action != ActionKind::LockAccount {
+            if connector.kind == ConnectorKind::Scim && !matches!(action, ActionKind::LockAccount) {
                 return Err(at(format!(
                     "`{name}` is a SCIM connector, which can lock accounts only"
                 )));
@@ -144,6 +161,12 @@ impl Playbook {
         }
         for (i, rule) in self.rules.iter().enumerate() {
             rule.check_limits(i + 1)?;
+        }
+        if self.actions.len() > MAX_BINDINGS {
+            return Err(PlaybookError::OverLimit(format!(
+                "`actions` binds {} actions; at most {MAX_BINDINGS} are accepted",
+                self.actions.len()
+            )));
         }
         let events = &self.feeds.set_events;
         if events.len() > MAX_SET_EVENTS
@@ -168,6 +191,12 @@ impl Rule {
         if too_long(&self.name, MAX_RULE_NAME_CHARS) {
             return Err(over(format!(
                 "`name` is longer than {MAX_RULE_NAME_CHARS} characters"
+            )));
+        }
+        if self.actions.len() > MAX_ACTIONS_PER_RULE {
+            return Err(over(format!(
+                "`actions` lists {} actions; at most {MAX_ACTIONS_PER_RULE} are accepted",
+                self.actions.len()
             )));
         }
         let w = &self.when;

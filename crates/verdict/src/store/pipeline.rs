@@ -74,7 +74,8 @@ pub struct CallbackDraft {
 }
 
 /// A call to one of the tenant's connectors, recorded in the outbox with the act, its bytes
-/// fixed: sent only if this event applied the action's local effect.
+/// fixed: sent only if this event applied the action's local effect (a custom action has
+/// none: its request is one per signal, which the outbox's uniqueness decides).
 #[derive(Clone, Debug)]
 pub struct RequestDraft {
     pub action: ActionKind,
@@ -181,11 +182,11 @@ impl Act {
     }
 
     /// The action requests to record for local effects that came out as `effects`: those of
-    /// the actions this event applied.
+    /// the actions this event applied, and every custom action's.
     pub(crate) fn requests_for(&self, effects: &[(ActionKind, Applied)]) -> Vec<&RequestDraft> {
         self.requests
             .iter()
-            .filter(|r| effects.contains(&(r.action, Applied::Done)))
+            .filter(|r| r.action.is_custom() || effects.contains(&(r.action, Applied::Done)))
             .collect()
     }
 

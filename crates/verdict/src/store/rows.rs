@@ -49,7 +49,8 @@ impl<R> Col<R> {
             | Self::OptText(name, _)
             | Self::Bytes(name, _)
             | Self::OptBytes(name, _) => name,
-            Self::Wants(action, _) => action.as_str(),
+            // Only built-in local actions have a column.
+            Self::Wants(action, _) => action.built_in_name().unwrap_or("custom"),
         }
     }
 
@@ -214,7 +215,7 @@ impl Row for RequestRow<'_> {
             Col::Int8("leased_until", |r| r.request.leased_until),
             Col::Int8("created_at", |r| r.target.now),
             Col::Int8("updated_at", |r| r.target.now),
-            Col::Str("action", |r| r.request.action.as_str()),
+            Col::Text("action", |r| r.request.action.to_string()),
             Col::Text("connector", |r| r.request.connector.to_string()),
         ]
     }

@@ -18,6 +18,7 @@ mod connector_calls;
 mod connectors;
 mod console;
 mod crash_storm;
+mod custom_actions;
 mod delivery;
 mod delivery_faults;
 mod delivery_hardening;

@@ -138,7 +138,8 @@ fn effect(action: ActionKind) -> Option<Effect> {
         ActionKind::Callback
         | ActionKind::UnlockAccount
         | ActionKind::LiftDeny
-        | ActionKind::CloseCase => return None,
+        | ActionKind::CloseCase
+        | ActionKind::Custom(_) => return None,
     })
 }
 

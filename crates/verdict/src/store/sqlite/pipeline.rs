@@ -86,7 +86,8 @@ async fn apply_effects(
             ActionKind::Callback
             | ActionKind::UnlockAccount
             | ActionKind::LiftDeny
-            | ActionKind::CloseCase => continue,
+            | ActionKind::CloseCase
+            | ActionKind::Custom(_) => continue,
         };
         for (&i, applied) in which.iter().zip(applied) {
             outcomes[i].effects.push((action, applied));
