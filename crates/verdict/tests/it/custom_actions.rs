@@ -222,7 +222,40 @@ async fn a_rule_may_ask_for_at_most_sixteen_actions(backend: Backend) {
     assert!(over.text().contains("at most 32"), "{}", over.text());
 }
 
+async fn the_largest_signal_makes_a_bounded_request_that_arrives_whole(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = db.tenant(&["--no-inbound-signature"]);
+    let siem = EffectReceiver::start(Duration::ZERO).await;
+    bind_siem(&db, &tenant, &siem.url);
+    let server = Server::start(&db, &ENV);
+
+    // Metadata that fills the signal up to its 64 KiB limit.
+    let small = swap("+447700900612");
+    let blob = "é".repeat((64 * 1024 - small.len() - 40) / 2);
+    let mut body: Value = serde_json::from_str(&small).unwrap();
+    body["metadata"]["blob"] = Value::from(blob.clone());
+    let body = body.to_string();
+    assert!(
+        body.len() <= 64 * 1024 && body.len() > 63 * 1024,
+        "{}",
+        body.len()
+    );
+    let reply = server.send(&tenant, Some(&new_key()), &body).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(outcome(&reply.json(), "notify_siem")["outcome"], "done");
+
+    let calls = siem.calls();
+    assert_eq!(calls.len(), 1);
+    assert!(
+        calls[0].body.len() <= verdict::connectors::request::MAX_REQUEST_BYTES,
+        "a request of {} bytes",
+        calls[0].body.len()
+    );
+    assert_eq!(calls[0].json()["metadata"]["blob"], blob.as_str());
+}
+
 on_both_backends!(
+    the_largest_signal_makes_a_bounded_request_that_arrives_whole,
     a_custom_action_calls_its_connector_once_per_signal,
     a_custom_action_is_refused_unbound_or_bound_to_what_is_not_there,
     a_rule_may_ask_for_at_most_sixteen_actions,
