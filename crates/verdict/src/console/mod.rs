@@ -3,8 +3,9 @@
 //! subjects: one found by the phone number or account id posted in a form, and the way back
 //! from a rule's effect on it (unlock, lift the deny, close the case).
 //!
-//! No script runs on any page: forms post, the server redirects, charts are SVG drawn on the
-//! server. The content security policy allows only the console's own stylesheet. Sign-in takes
+//! No script runs on any page: forms post, the server redirects (or, for a form that carries a
+//! subject's identifier, which must stay out of URLs, answers with the page), charts are SVG
+//! drawn on the server. The content security policy allows only the console's own stylesheet. Sign-in takes
 //! an API key (`read` to look, `admin` to act) and keeps it in an `HttpOnly`, `SameSite=Strict`
 //! cookie scoped to `/console` (`Secure` when the request came over TLS); every form that acts
 //! carries a CSRF token derived from the key.
