@@ -13,12 +13,14 @@ pub enum Section {
     Deliveries,
     Playbook,
     Live,
+    Subjects,
 }
 
 impl Section {
-    const ALL: [(Section, &'static str, &'static str); 4] = [
+    const ALL: [(Section, &'static str, &'static str); 5] = [
         (Section::Events, "Events", "/console/events"),
         (Section::Deliveries, "Deliveries", "/console/deliveries"),
+        (Section::Subjects, "Subjects", "/console/subjects"),
         (Section::Playbook, "Playbook", "/console/playbook"),
         (Section::Live, "Live", "/console/live"),
     ];

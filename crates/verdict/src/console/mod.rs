@@ -1,8 +1,11 @@
 //! The operator console at `/console/`: server-rendered pages for events, decisions, deliveries
-//! and dead letters, the playbook with its simulation before publishing, and live numbers.
+//! and dead letters, the playbook with its simulation before publishing, live numbers, and
+//! subjects: one found by the phone number or account id posted in a form, and the way back
+//! from a rule's effect on it (unlock, lift the deny, close the case).
 //!
-//! No script runs on any page: forms post, the server redirects, charts are SVG drawn on the
-//! server. The content security policy allows only the console's own stylesheet. Sign-in takes
+//! No script runs on any page: forms post, the server redirects (or, for a form that carries a
+//! subject's identifier, which must stay out of URLs, answers with the page), charts are SVG
+//! drawn on the server. The content security policy allows only the console's own stylesheet. Sign-in takes
 //! an API key (`read` to look, `admin` to act) and keeps it in an `HttpOnly`, `SameSite=Strict`
 //! cookie scoped to `/console` (`Secure` when the request came over TLS); every form that acts
 //! carries a CSRF token derived from the key.
@@ -11,6 +14,7 @@ mod events;
 mod layout;
 mod live;
 mod playbook;
+mod subjects;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, FromRequestParts, State};
@@ -58,6 +62,11 @@ pub fn router() -> Router<AppState> {
         .route("/playbook/check", post(playbook::check))
         .route("/playbook/publish", post(playbook::publish))
         .route("/live", get(live::show))
+        .route("/subjects", get(subjects::show))
+        .route("/subjects/lookup", post(subjects::lookup))
+        .route("/subjects/unlock", post(subjects::unlock))
+        .route("/subjects/lift-deny", post(subjects::lift_deny))
+        .route("/subjects/close-case", post(subjects::close_case))
         .route("/static/console.css", get(stylesheet))
         .route("/static/favicon.svg", get(favicon))
         .layer(DefaultBodyLimit::max(MAX_FORM_BYTES))

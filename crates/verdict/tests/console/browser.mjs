@@ -1,18 +1,22 @@
 // Drives the verdict console in Debian's headless Chromium, as an operator would: sign in, open
 // an event, redeliver a dead letter and see its new attempt, edit a playbook with an error and
-// see it refused at its line, simulate and publish a change. Screenshots of the main pages are
-// written to SHOTS and checked to be non-blank. Run by crates/verdict/tests/console.rs, which
-// starts the server and seeds the history; exits non-zero on the first failed expectation.
+// see it refused at its line, simulate and publish a change; then, as another tenant's admin,
+// look up a locked account on the Subjects page and unlock it. Screenshots of the main pages are
+// written to SHOTS and checked to be non-blank. Run by crates/verdict/tests/it/console.rs, which
+// starts the server and seeds the history, and checks afterwards what the unlock did in the
+// identity provider; exits non-zero on the first failed expectation.
 //
 // Environment: BASE (http://127.0.0.1:PORT), API_KEY (an admin key), DEAD_EVENT (the id of an
-// event whose delivery is dead), SHOTS (a directory), GOOD_PLAYBOOK (a file), CHROMIUM.
+// event whose delivery is dead), SHOTS (a directory), GOOD_PLAYBOOK (a file), SUBJECTS_API_KEY
+// (an admin key of the tenant whose lock_account is bound to SCIM), SUBJECT_ACCOUNT (an account
+// a SIM swap locked), LOCK_EVENT (that swap's event id), CHROMIUM.
 
 import { chromium } from "playwright-core";
 import { PNG } from "pngjs";
 import fs from "node:fs";
 import path from "node:path";
 
-const { BASE, API_KEY, DEAD_EVENT, SHOTS, GOOD_PLAYBOOK } = process.env;
+const { BASE, API_KEY, DEAD_EVENT, SHOTS, GOOD_PLAYBOOK, SUBJECTS_API_KEY, SUBJECT_ACCOUNT, LOCK_EVENT } = process.env;
 const CHROMIUM = process.env.CHROMIUM || "/usr/bin/chromium";
 
 function expect(condition, what) {
@@ -136,6 +140,34 @@ try {
     form: { csrf: "0".repeat(64), source: "[[rule]]\nname = \"x\"\ndecision = \"allow\"\n", format: "toml" },
   });
   expect(forged.status() === 403, "a forged publish is refused (403)");
+
+  // Subjects, as the other tenant's admin: find the locked account and unlock it.
+  await page.click("form.sign-out button");
+  expect(page.url().endsWith("/console/sign-in"), "signing out returns to sign-in");
+  await page.fill("#api_key", SUBJECTS_API_KEY);
+  await page.click("button[type=submit]");
+  await page.click('header nav a[href="/console/subjects"]');
+  expect((await page.textContent("h1")) === "Subjects", "the Subjects page opens from the navigation");
+  await page.selectOption("select[name=kind]", "account");
+  await page.fill("#identifier", SUBJECT_ACCOUNT);
+  await page.click("form.lookup button");
+  expect(page.url().endsWith("/console/subjects/lookup"), "the account is posted, not put in the URL");
+  const lock = (await page.textContent("dd.lock")).trim();
+  expect(lock.startsWith("locked since"), `the account is locked (${lock})`);
+  expect((await page.locator(`dd.lock a[href="/console/events/${LOCK_EVENT}"]`).count()) === 1, "the lock links to the SIM swap that caused it");
+  expect((await page.locator("form.way-back button").count()) === 3, "an admin key gets the three ways back");
+  await shot(page, "subjects");
+  await page.fill("#reason-unlock", "customer verified in branch");
+  await page.click("form#unlock button");
+  expect((await page.textContent("section.outcome code.outcome")) === "done", "the unlock's outcome is done");
+  expect((await page.textContent("section.outcome")).includes("idp"), "it went through the SCIM connector");
+  expect((await page.textContent("dd.lock")).trim() === "not locked", "the lock is gone");
+  expect(!(await page.content()).includes("/console/subjects/lookup?"), "no identifier in any link");
+  await shot(page, "subject-unlocked");
+  await page.click("section.outcome a");
+  const recorded = await page.textContent("main");
+  expect(recorded.includes("operator.unlock_account") && recorded.includes("customer verified in branch"), "the unlock is recorded as an event with its reason");
+  expect(!recorded.includes(SUBJECT_ACCOUNT), "the recorded event shows no raw account");
 
   expect(violations.length === 0, `no console errors or CSP violations (${violations.join("; ")})`);
   console.log("console browser test passed");

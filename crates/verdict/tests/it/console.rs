@@ -1,13 +1,20 @@
 //! The operator console in a real browser: Debian's headless Chromium, driven by
 //! `playwright-core` (tests/console/browser.mjs), against the real server seeded with a history
-//! that has a dead letter and a decision made on a locked subject. Screenshots of the main
-//! pages go to `target/console-screenshots/<backend>/` and are checked to be non-blank.
+//! that has a dead letter and a decision made on a locked subject, and a second tenant whose
+//! `lock_account` is bound to a real SCIM server (`scim2-server`) that a SIM swap has locked a
+//! user in. Screenshots of the main pages go to `target/console-screenshots/<backend>/` and are
+//! checked to be non-blank.
 
 use std::process::Command;
 use std::time::Duration;
 
+use serde_json::{Value, json};
+
+use crate::common::effects::ScimServer;
 use crate::common::receiver::{Receiver, Step};
-use crate::common::{Backend, MANUAL_WORKER, Server, TestDb, new_key, sim_swap};
+use crate::common::{
+    Backend, MANUAL_WORKER, Reply, Server, Tenant, TestDb, new_key, sim_swap, sim_swap_of_account,
+};
 
 /// The default playbook without `subject_already_locked`: the simulation must show exactly the
 /// one event decided by that rule changing.
@@ -22,6 +29,54 @@ name = "default_allow"
 decision = "allow"
 actions = ["callback"]
 "#;
+
+/// The subjects tenant's playbook: a SIM swap locks the account through the SCIM connector
+/// `idp`, unless it is locked already.
+const SCIM_LOCK_PLAYBOOK: &str = r#"[[rule]]
+name = "subject_already_locked"
+when = { subject_locked = true }
+decision = "deny"
+actions = ["deny"]
+
+[[rule]]
+name = "recent_sim_swap"
+when = { type = ["sim_swap"], observed_within_hours = 72 }
+decision = "deny"
+actions = ["lock_account", "open_case", "deny"]
+
+[actions.lock_account]
+connector = "idp"
+"#;
+
+/// The account the browser looks up and unlocks: the SCIM user's `userName`.
+const ACCOUNT: &str = "grace-7d41c0";
+
+/// An action's entry in a decision.
+fn outcome<'a>(decided: &'a Value, action: &str) -> &'a Value {
+    decided["actions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["action"] == action)
+        .unwrap_or_else(|| panic!("no {action} in {decided}"))
+}
+
+/// The subject's state as `POST /v1/subjects/lookup` has it.
+async fn looked_up(server: &Server, tenant: &Tenant, account: &str) -> Value {
+    let reply = Reply::from(
+        server
+            .client
+            .post(format!("{}/v1/subjects/lookup", server.base))
+            .bearer_auth(&tenant.api_key)
+            .json(&json!({ "account": account }))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    reply.json()
+}
 
 fn console_dir() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/console")
@@ -39,7 +94,7 @@ fn require_tools() {
     );
 }
 
-async fn an_operator_signs_in_redelivers_a_dead_letter_and_publishes_a_simulated_change(
+async fn an_operator_signs_in_redelivers_a_dead_letter_publishes_a_change_and_unlocks_a_subject(
     backend: Backend,
 ) {
     require_tools();
@@ -71,6 +126,25 @@ async fn an_operator_signs_in_redelivers_a_dead_letter_and_publishes_a_simulated
         .json();
     assert_eq!(event["deliveries"][0]["status"], "dead", "{event}");
 
+    // A second tenant, whose SIM swap about ACCOUNT deactivates the SCIM user.
+    let scim = ScimServer::start().await;
+    let idp_tenant = db.tenant(&[]);
+    scim.register(&db, &idp_tenant, "idp");
+    db.set_playbook(&idp_tenant, SCIM_LOCK_PLAYBOOK);
+    let user = scim.create_user(ACCOUNT, "acct-grace", true).await;
+    let swap = server
+        .send(
+            &idp_tenant,
+            Some(&new_key()),
+            &sim_swap_of_account(ACCOUNT, 90),
+        )
+        .await;
+    assert_eq!(swap.status, 200, "{}", swap.text());
+    let swap = swap.json();
+    assert_eq!(outcome(&swap, "lock_account")["outcome"], "done", "{swap}");
+    assert_eq!(outcome(&swap, "lock_account")["connector"], "idp");
+    assert_eq!(scim.user(&user).await["active"], false, "locked in the IdP");
+
     let shots = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../target/console-screenshots")
         .join(match backend {
@@ -86,6 +160,9 @@ async fn an_operator_signs_in_redelivers_a_dead_letter_and_publishes_a_simulated
         .env("DEAD_EVENT", &dead_event)
         .env("SHOTS", &shots)
         .env("GOOD_PLAYBOOK", &playbook)
+        .env("SUBJECTS_API_KEY", &idp_tenant.api_key)
+        .env("SUBJECT_ACCOUNT", ACCOUNT)
+        .env("LOCK_EVENT", swap["event_id"].as_str().unwrap())
         .output()
         .expect("node runs the browser test");
     let report = format!(
@@ -114,10 +191,36 @@ async fn an_operator_signs_in_redelivers_a_dead_letter_and_publishes_a_simulated
     assert_eq!(attempts[4]["trigger"], "redeliver");
     let playbook = server.get(&tenant, "/v1/playbook").await.json();
     assert_eq!(playbook["version"], 1);
-    assert!(
-        !server.logs().contains(&tenant.api_key),
-        "the API key reached the logs"
+
+    // The browser's unlock reached the identity provider, and the lock is gone here.
+    assert_eq!(
+        scim.user(&user).await["active"],
+        true,
+        "the unlock made the SCIM user active again"
     );
+    let state = looked_up(&server, &idp_tenant, ACCOUNT).await;
+    assert!(state["lock"].is_null(), "{state}");
+    // The next SIM swap is decided afresh: it locks the account, here and there, again.
+    let next = server
+        .send(
+            &idp_tenant,
+            Some(&new_key()),
+            &sim_swap_of_account(ACCOUNT, 30),
+        )
+        .await
+        .json();
+    assert_eq!(next["rule"], "recent_sim_swap", "{next}");
+    assert_eq!(outcome(&next, "lock_account")["outcome"], "done", "{next}");
+    assert_eq!(scim.user(&user).await["active"], false, "locked again");
+
+    let logs = server.logs();
+    assert!(
+        !logs.contains(&tenant.api_key) && !logs.contains(&idp_tenant.api_key),
+        "an API key reached the logs"
+    );
+    assert!(!logs.contains(ACCOUNT), "the account reached the logs");
 }
 
-on_both_backends!(an_operator_signs_in_redelivers_a_dead_letter_and_publishes_a_simulated_change);
+on_both_backends!(
+    an_operator_signs_in_redelivers_a_dead_letter_publishes_a_change_and_unlocks_a_subject
+);

@@ -17,6 +17,7 @@ mod actions;
 mod connector_calls;
 mod connectors;
 mod console;
+mod console_subjects;
 mod crash_storm;
 mod custom_actions;
 mod delivery;

@@ -215,6 +215,27 @@ impl ScimServer {
             .unwrap()
     }
 
+    /// Registers this server as the tenant's SCIM connector `name`, with the real CLI.
+    pub fn register(&self, db: &super::TestDb, tenant: &super::Tenant, name: &str) {
+        let token = db.dir().join(format!("scim-token-{name}"));
+        std::fs::write(&token, SCIM_TOKEN).unwrap();
+        db.cli(&[
+            "connector",
+            "set",
+            "--tenant",
+            &tenant.id,
+            "--json",
+            "--name",
+            name,
+            "--kind",
+            "scim",
+            "--url",
+            &self.base,
+            "--token-file",
+            token.to_str().unwrap(),
+        ]);
+    }
+
     /// The user's `meta.version`: the server's write counter when it last wrote the user, so
     /// an unchanged version means the user was not written since.
     pub async fn version(&self, id: &str) -> String {

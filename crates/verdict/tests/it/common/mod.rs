@@ -670,6 +670,21 @@ pub fn sim_swap(phone: &str) -> String {
     )
 }
 
+/// A SIM-swap signal about account `account`, observed `minutes_ago` minutes ago: one
+/// `minutes_ago` makes one signal.
+pub fn sim_swap_of_account(account: &str, minutes_ago: i64) -> String {
+    let observed = time::OffsetDateTime::now_utc() - time::Duration::minutes(minutes_ago);
+    let observed = observed
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap();
+    serde_json::json!({
+        "type": "sim_swap",
+        "subject": {"account": account},
+        "observed_at": observed,
+    })
+    .to_string()
+}
+
 /// A playbook whose SIM-swap rule runs every action.
 pub const ALL_ACTIONS_PLAYBOOK: &str = r#"
 [[rule]]
