@@ -16,7 +16,6 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tower_http::timeout::RequestBodyTimeoutLayer;
 
 use crate::problem::Problem;
 
@@ -26,7 +25,8 @@ pub struct InboundLimits {
     /// A client must send a request's whole header within this time, including the first
     /// request on a new connection and the next one on a kept-alive connection.
     pub header_timeout: Duration,
-    /// A client must send a request's whole body within this time.
+    /// A client must send a request's whole body within this time from its headers, however
+    /// steadily the bytes come.
     pub body_timeout: Duration,
     /// A request is answered (503, retry with the same key) if it is not done by then.
     pub request_timeout: Duration,
@@ -57,7 +57,12 @@ pub async fn serve(
             limits.request_timeout,
             request_deadline,
         ))
-        .layer(RequestBodyTimeoutLayer::new(limits.body_timeout));
+        .layer(axum::middleware::map_request_with_state(
+            limits.body_timeout,
+            |State(within): State<Duration>, req: Request| async move {
+                super::body_deadline::bound_body(req, within)
+            },
+        ));
     let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let connections = TaskTracker::new();
     loop {

@@ -2,6 +2,7 @@
 //! error every handler can fail with, how connections are accepted, and the layers every
 //! request passes through.
 
+pub mod body_deadline;
 pub mod connections;
 pub mod error;
 mod layers;

@@ -34,7 +34,7 @@ pub async fn read_limited(
             if inner.is::<http_body_util::LengthLimitError>() {
                 return ApiError::TooLarge(limit);
             }
-            if inner.is::<tower_http::timeout::TimeoutError>() {
+            if inner.is::<crate::app::body_deadline::BodyDeadlineExceeded>() {
                 return ApiError::BodyTimeout;
             }
             cause = inner.source();

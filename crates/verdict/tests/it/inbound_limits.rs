@@ -140,6 +140,46 @@ async fn a_body_sent_too_slowly_gets_408_and_claims_nothing(backend: Backend) {
     assert_eq!(db.count("idempotency_keys").await, 0);
 }
 
+async fn a_body_trickled_a_byte_at_a_time_is_cut_at_the_body_timeout(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = db.tenant(&["--no-inbound-signature"]);
+    let server = Server::start(&db, &[("VERDICT_BODY_TIMEOUT_SECS", "1")]);
+    let mut stream = TcpStream::connect(addr(&server)).await.unwrap();
+    let head = format!(
+        "POST /v1/signals HTTP/1.1\r\nHost: verdict\r\nAuthorization: Bearer {}\r\n\
+         Content-Type: application/json\r\nIdempotency-Key: {}\r\nContent-Length: 4000\r\n\r\n",
+        tenant.api_key,
+        new_key()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let started = Instant::now();
+    // A byte every 200 ms: never a second's silence, which a per-byte timer would allow for
+    // as long as the client liked.
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    while started.elapsed() < Duration::from_secs(6) {
+        if stream.write_all(b" ").await.is_err() {
+            break;
+        }
+        match tokio::time::timeout(Duration::from_millis(200), stream.read(&mut buf)).await {
+            Ok(Ok(0) | Err(_)) => break,
+            Ok(Ok(n)) => answer.extend_from_slice(&buf[..n]),
+            Err(_) => {}
+        }
+        if !answer.is_empty() {
+            break;
+        }
+    }
+    let took = started.elapsed();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 408"),
+        "after {took:?}: {answer}"
+    );
+    assert!(took < Duration::from_secs(3), "cut after {took:?}");
+    assert_eq!(db.count("idempotency_keys").await, 0);
+}
+
 async fn only_short_safe_request_ids_are_kept(backend: Backend) {
     let db = TestDb::new(backend).await;
     let server = Server::start(&db, &[]);
@@ -183,5 +223,6 @@ on_both_backends!(
     an_idle_connection_is_closed_after_the_header_timeout,
     connections_past_the_cap_wait_for_a_free_one,
     a_body_sent_too_slowly_gets_408_and_claims_nothing,
+    a_body_trickled_a_byte_at_a_time_is_cut_at_the_body_timeout,
     only_short_safe_request_ids_are_kept,
 );
