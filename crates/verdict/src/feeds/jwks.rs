@@ -6,6 +6,9 @@
 //! through the callbacks' destination guard (same client rules: no redirects, no proxies, every
 //! resolved address checked), cached, and fetched again when a SET names an unknown `kid`: at
 //! most once per refresh interval per URL, so a sender cannot make us fetch once per request.
+//! A fetch that fails is remembered too: until its backoff (the refresh interval, doubling with
+//! each failure in a row up to [`MAX_FAILURE_BACKOFF`]) passes, every SET gets the same error
+//! without a fetch, whatever the SET rate.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,6 +27,8 @@ pub const MAX_KEYS: usize = 20;
 pub const FETCHED_TTL: Duration = Duration::from_secs(60 * 60);
 /// How long one fetch may take.
 pub const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest a URL whose fetches keep failing waits before it is fetched again.
+pub const MAX_FAILURE_BACKOFF: Duration = Duration::from_secs(5 * 60);
 
 /// Why a JWKS cannot be used.
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
@@ -232,6 +237,18 @@ pub struct KeyCache {
     fetched: moka::future::Cache<String, Arc<Jwks>>,
     /// URLs fetched within the refresh interval: an unknown `kid` fetches again only after it.
     recent: moka::sync::Cache<String, ()>,
+    /// URLs whose last fetch failed, with when they may be fetched again.
+    failed: moka::sync::Cache<String, Failed>,
+    /// The first backoff after a failed fetch: the refresh interval.
+    backoff: Duration,
+}
+
+/// A URL's failed fetches in a row, and its error until the backoff passes.
+#[derive(Clone)]
+struct Failed {
+    error: KeysError,
+    in_a_row: u32,
+    until: std::time::Instant,
 }
 
 impl KeyCache {
@@ -249,6 +266,12 @@ impl KeyCache {
                 .max_capacity(10_000)
                 .time_to_live(refresh.max(Duration::from_secs(1)))
                 .build(),
+            // Kept past the longest backoff, so a failure streak survives its own wait.
+            failed: moka::sync::Cache::builder()
+                .max_capacity(10_000)
+                .time_to_live(MAX_FAILURE_BACKOFF * 2)
+                .build(),
+            backoff: refresh.clamp(Duration::from_secs(1), MAX_FAILURE_BACKOFF),
         }
     }
 
@@ -267,15 +290,49 @@ impl KeyCache {
                 self.documents.insert((tenant_id, version), jwks.clone());
                 Ok(jwks)
             }
-            KeysFrom::Url(url) => self
-                .fetched
-                .try_get_with(url.to_owned(), async {
-                    self.recent.insert(url.to_owned(), ());
-                    self.fetch(url).await.map(Arc::new)
-                })
-                .await
-                .map_err(|err| (*err).clone()),
+            KeysFrom::Url(url) => {
+                if let Some(jwks) = self.fetched.get(url).await {
+                    return Ok(jwks);
+                }
+                let failed = self.failed.get(url);
+                if let Some(failed) = failed.as_ref().filter(|f| std::time::Instant::now() < f.until) {
+                    return Err(failed.error.clone());
+                }
+                // Concurrent misses share this one fetch.
+                let fetched = self
+                    .fetched
+                    .try_get_with(url.to_owned(), async {
+                        self.recent.insert(url.to_owned(), ());
+                        self.fetch(url).await.map(Arc::new)
+                    })
+                    .await
+                    .map_err(|err| (*err).clone());
+                match &fetched {
+                    Ok(_) => self.failed.invalidate(url),
+                    Err(error) => self.remember_failure(url, error, failed),
+                }
+                fetched
+            }
         }
+    }
+
+    /// Holds `error` for `url` until its backoff passes, doubled for each failure in a row.
+    fn remember_failure(&self, url: &str, error: &KeysError, before: Option<Failed>) {
+        let in_a_row = before.map_or(1, |f| f.in_a_row.saturating_add(1));
+        let backoff = self
+            .backoff
+            .saturating_mul(2u32.saturating_pow(in_a_row.saturating_sub(1).min(16)))
+            .min(MAX_FAILURE_BACKOFF);
+        tracing::warn!(error = ?error, in_a_row, backoff_secs = backoff.as_secs(),
+            "fetching a SET transmitter's JWKS failed; not fetched again until the backoff passes");
+        self.failed.insert(
+            url.to_owned(),
+            Failed {
+                error: error.clone(),
+                in_a_row,
+                until: std::time::Instant::now() + backoff,
+            },
+        );
     }
 
     /// A fresh copy of a URL's keys after a SET named a `kid` the cached copy lacks; `None`
