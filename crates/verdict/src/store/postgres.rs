@@ -300,6 +300,10 @@ impl super::backend::Backend for PostgresStore {
     }
 
     const READ_SNAPSHOT: &'static str = READ_SNAPSHOT;
+    /// The tenant's row, locked to the transaction's end. `NO KEY UPDATE` leaves alone the
+    /// key-share locks that inserts of rows referring to the tenant take.
+    const LOCK_TENANT: Option<&'static str> =
+        Some("SELECT 1 FROM tenants WHERE id = $1 FOR NO KEY UPDATE");
     const LEASE_DUE: &'static str = LEASE_DUE;
     const COMMITS: usize = COMMITTERS;
 

@@ -178,6 +178,8 @@ impl super::backend::Backend for SqliteStore {
     }
 
     const READ_SNAPSHOT: &'static str = READ_SNAPSHOT;
+    /// A write transaction begins `IMMEDIATE`, holding the database's one write lock.
+    const LOCK_TENANT: Option<&'static str> = None;
     const LEASE_DUE: &'static str = LEASE_DUE;
     const COMMITS: usize = 1;
 
