@@ -43,6 +43,18 @@ fn assert_problem(reply: &Reply, status: u16, what: &str) -> Value {
     reply.json()
 }
 
+/// Asserts `reply` is the problem a connector over the tenant's limit gets.
+fn assert_over_limit(reply: &Reply, what: &str) {
+    let problem = assert_problem(reply, 422, what);
+    assert!(
+        problem["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("connector-limit-exceeded"),
+        "{what}: {problem}"
+    );
+}
+
 const TOKEN: &str = "scim-bearer-token-d41d8cd98f00b204e9800998ecf8427e";
 
 async fn connectors_are_managed_by_api_and_never_show_their_credentials(backend: Backend) {
@@ -267,14 +279,7 @@ async fn every_connector_input_is_bounded(backend: Backend) {
         assert_eq!(reply.status, 201, "connector {n}: {}", reply.text());
     }
     let over = put(&server, &tenant, "c32", http.clone()).await;
-    let problem = assert_problem(&over, 422, "a 33rd connector");
-    assert!(
-        problem["type"]
-            .as_str()
-            .unwrap()
-            .ends_with("connector-limit-exceeded"),
-        "{problem}"
-    );
+    assert_over_limit(&over, "a 33rd connector");
     let replaced = put(&server, &tenant, "c7", http.clone()).await;
     assert_eq!(replaced.status, 200, "{}", replaced.text());
     assert_eq!(db.scalar("SELECT COUNT(*) FROM connectors").await, 32);
@@ -324,14 +329,7 @@ async fn concurrent_creations_at_the_limit_let_exactly_one_through(backend: Back
     let created = replies.iter().filter(|r| r.status == 201).count();
     assert_eq!(created, 1, "one of eight concurrent creations goes in");
     for over in replies.iter().filter(|r| r.status != 201) {
-        let problem = assert_problem(over, 422, "a creation over the limit");
-        assert!(
-            problem["type"]
-                .as_str()
-                .unwrap()
-                .ends_with("connector-limit-exceeded"),
-            "{problem}"
-        );
+        assert_over_limit(over, "a creation over the limit");
     }
     assert_eq!(db.scalar("SELECT COUNT(*) FROM connectors").await, 32);
 }
