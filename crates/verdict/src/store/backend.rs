@@ -22,8 +22,13 @@ pub(crate) trait Backend: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Transaction<'static, Self::Db>, sqlx::Error>> + Send;
     /// How a read that must see one snapshot begins.
     const READ_SNAPSHOT: &'static str;
-    /// Leases due deliveries (the dialects differ in how they take rows atomically).
-    const LEASE_DUE: &'static str;
+    /// Makes other write transactions that run it for the same tenant (bound as `$1`) wait
+    /// for this one to end, so that a count checked before an insert cannot miss what another
+    /// inserts; `None` where every write transaction already waits for the others.
+    const LOCK_TENANT: Option<&'static str>;
+    /// Leases due deliveries, returning [`super::deliveries::DUE_COLUMNS`] (the dialects
+    /// differ in how they take rows atomically).
+    fn lease_due() -> &'static str;
     /// How many group commits may run at once.
     const COMMITS: usize;
     /// Applies the backend's pending migrations.

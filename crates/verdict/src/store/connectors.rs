@@ -141,7 +141,16 @@ where
         max: i64,
     ) -> Result<PutConnector, StoreError> {
         // One statement decides the bound: the row goes in only while the tenant is under it
-        // or already has a connector of this name (replaced in place).
+        // or already has a connector of this name (replaced in place). Two such statements
+        // at once could each count the other's row out (PostgreSQL's statements see what was
+        // committed when they began), so the tenant's puts take turns first.
+        let mut tx = self.begin().await?;
+        if let Some(lock) = B::LOCK_TENANT {
+            sqlx::query(lock)
+                .bind(c.tenant_id)
+                .execute(&mut *tx)
+                .await?;
+        }
         let sql = format!(
             "INSERT INTO connectors ({CONNECTOR_COLUMNS}) \
              SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9 \
@@ -163,8 +172,9 @@ where
             .bind(c.created_at)
             .bind(c.updated_at)
             .bind(max)
-            .execute(self.write())
+            .execute(&mut *tx)
             .await?;
+        tx.commit().await?;
         Ok(if DB::rows_affected(&done) == 0 {
             PutConnector::TooMany
         } else {

@@ -559,7 +559,7 @@ where
         // their number, that both databases can read as a set.
         let skip = serde_json::to_string(skip)
             .map_err(|e| crate::store::StoreError::Corrupt(Box::new(e)))?;
-        Ok(sqlx::query_as(B::LEASE_DUE)
+        Ok(sqlx::query_as(B::lease_due())
             .bind(now)
             .bind(lease_until)
             .bind(limit)

@@ -1,7 +1,7 @@
 //! The shared backend: PostgreSQL, for several stateless `verdict` instances and workers.
 
 use std::str::FromStr;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
@@ -256,20 +256,24 @@ fn broken_connection(err: &sqlx::Error) -> bool {
     matches!(err, sqlx::Error::Io(_) | sqlx::Error::Protocol(_))
 }
 
-/// Leases due deliveries; `SKIP LOCKED` lets several workers share the queue without waiting on
-/// or double-leasing each other's rows.
 /// How a read that must see one snapshot begins (one snapshot for every statement of a read transaction).
 const READ_SNAPSHOT: &str = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY";
 
-const LEASE_DUE: &str = "UPDATE deliveries SET leased_until = $2 WHERE id IN ( \
-     SELECT d.id FROM deliveries d JOIN tenants t ON t.id = d.tenant_id \
-     WHERE d.status = 'pending' AND d.next_attempt_at <= $1 AND d.leased_until <= $1 \
-     AND d.updated_at < $4 AND d.retries_left > 0 \
-     AND (d.action <> 'callback' OR NOT t.callback_disabled) \
-     AND d.tenant_id::text NOT IN (SELECT jsonb_array_elements_text($5::jsonb)) \
-     ORDER BY d.next_attempt_at LIMIT $3 FOR UPDATE OF d SKIP LOCKED) \
-     RETURNING id, tenant_id, event_id, webhook_id, payload, retries_left, action, connector, \
-     (SELECT callback_url FROM tenants WHERE tenants.id = deliveries.tenant_id) AS callback_url";
+/// Leases due deliveries; `SKIP LOCKED` lets several workers share the queue without waiting on
+/// or double-leasing each other's rows.
+static LEASE_DUE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE deliveries SET leased_until = $2 WHERE id IN ( \
+         SELECT d.id FROM deliveries d JOIN tenants t ON t.id = d.tenant_id \
+         WHERE d.status = 'pending' AND d.next_attempt_at <= $1 AND d.leased_until <= $1 \
+         AND d.updated_at < $4 AND d.retries_left > 0 \
+         AND (d.action <> 'callback' OR NOT t.callback_disabled) \
+         AND d.tenant_id::text NOT IN (SELECT jsonb_array_elements_text($5::jsonb)) \
+         ORDER BY d.next_attempt_at LIMIT $3 FOR UPDATE OF d SKIP LOCKED) \
+         RETURNING {}",
+        super::deliveries::DUE_COLUMNS
+    )
+});
 
 impl super::backend::SqlDb for Postgres {
     /// PostgreSQL prepares one statement per query.
@@ -300,7 +304,13 @@ impl super::backend::Backend for PostgresStore {
     }
 
     const READ_SNAPSHOT: &'static str = READ_SNAPSHOT;
-    const LEASE_DUE: &'static str = LEASE_DUE;
+    /// The tenant's row, locked to the transaction's end. `NO KEY UPDATE` leaves alone the
+    /// key-share locks that inserts of rows referring to the tenant take.
+    const LOCK_TENANT: Option<&'static str> =
+        Some("SELECT 1 FROM tenants WHERE id = $1 FOR NO KEY UPDATE");
+    fn lease_due() -> &'static str {
+        &LEASE_DUE
+    }
     const COMMITS: usize = COMMITTERS;
 
     async fn migrate_schema(&self) -> Result<(), sqlx::migrate::MigrateError> {

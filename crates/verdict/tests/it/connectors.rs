@@ -43,6 +43,18 @@ fn assert_problem(reply: &Reply, status: u16, what: &str) -> Value {
     reply.json()
 }
 
+/// Asserts `reply` is the problem a connector over the tenant's limit gets.
+fn assert_over_limit(reply: &Reply, what: &str) {
+    let problem = assert_problem(reply, 422, what);
+    assert!(
+        problem["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("connector-limit-exceeded"),
+        "{what}: {problem}"
+    );
+}
+
 const TOKEN: &str = "scim-bearer-token-d41d8cd98f00b204e9800998ecf8427e";
 
 async fn connectors_are_managed_by_api_and_never_show_their_credentials(backend: Backend) {
@@ -267,16 +279,58 @@ async fn every_connector_input_is_bounded(backend: Backend) {
         assert_eq!(reply.status, 201, "connector {n}: {}", reply.text());
     }
     let over = put(&server, &tenant, "c32", http.clone()).await;
-    let problem = assert_problem(&over, 422, "a 33rd connector");
-    assert!(
-        problem["type"]
-            .as_str()
-            .unwrap()
-            .ends_with("connector-limit-exceeded"),
-        "{problem}"
-    );
+    assert_over_limit(&over, "a 33rd connector");
     let replaced = put(&server, &tenant, "c7", http.clone()).await;
     assert_eq!(replaced.status, 200, "{}", replaced.text());
+    assert_eq!(db.scalar("SELECT COUNT(*) FROM connectors").await, 32);
+}
+
+/// Sends `requests` together, each as soon as all are ready, and returns their replies.
+async fn all_at_once(requests: impl Iterator<Item = reqwest::RequestBuilder>) -> Vec<Reply> {
+    let requests: Vec<_> = requests.collect();
+    let ready = std::sync::Arc::new(tokio::sync::Barrier::new(requests.len()));
+    let mut replies = tokio::task::JoinSet::new();
+    for req in requests {
+        let ready = ready.clone();
+        replies.spawn(async move {
+            ready.wait().await;
+            Reply::from(req.send().await.unwrap()).await
+        });
+    }
+    replies.join_all().await
+}
+
+async fn concurrent_creations_at_the_limit_let_exactly_one_through(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = db.tenant(&[]);
+    let server = Server::start(&db, &[("VERDICT_ALLOW_PRIVATE_DESTINATIONS", "1")]);
+    let http = json!({"kind": "http", "url": "http://127.0.0.1:9/a"});
+    for n in 0..31 {
+        let reply = put(&server, &tenant, &format!("c{n}"), http.clone()).await;
+        assert_eq!(reply.status, 201, "connector {n}: {}", reply.text());
+    }
+
+    // Eight new names at once for the one place left: each request checks the count and
+    // inserts, so without the two being one step several would see 31 and go in. Eight
+    // concurrent reads first leave eight open connections (the client's and the server's
+    // database pool's), so the puts arrive together rather than each behind a connect.
+    let authed = |method, path: &str| {
+        server
+            .client
+            .request(method, format!("{}{path}", server.base))
+            .bearer_auth(&tenant.api_key)
+    };
+    let reads = (0..8).map(|_| authed(reqwest::Method::GET, "/v1/connectors"));
+    for read in all_at_once(reads).await {
+        assert_eq!(read.status, 200, "{}", read.text());
+    }
+    let puts = (0..8).map(|n| authed(reqwest::Method::PUT, &format!("/v1/connectors/new{n}")));
+    let replies = all_at_once(puts.map(|req| req.json(&http))).await;
+    let created = replies.iter().filter(|r| r.status == 201).count();
+    assert_eq!(created, 1, "one of eight concurrent creations goes in");
+    for over in replies.iter().filter(|r| r.status != 201) {
+        assert_over_limit(over, "a creation over the limit");
+    }
     assert_eq!(db.scalar("SELECT COUNT(*) FROM connectors").await, 32);
 }
 
@@ -505,6 +559,7 @@ async fn a_playbook_binds_actions_only_to_connectors_the_tenant_has(backend: Bac
 
 on_both_backends!(
     a_playbook_binds_actions_only_to_connectors_the_tenant_has,
+    concurrent_creations_at_the_limit_let_exactly_one_through,
     connectors_are_managed_by_api_and_never_show_their_credentials,
     every_connector_input_is_bounded,
     only_an_admin_key_sees_its_own_tenants_connectors,

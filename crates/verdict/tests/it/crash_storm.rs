@@ -13,7 +13,7 @@ use std::time::Duration;
 use crate::common;
 use crate::common::receiver::Receiver;
 use crate::common::retrying::{Tally, send_until_answered, wrong_sim_swap_answer};
-use crate::common::{Backend, Server, TestDb, new_key, random_between, sim_swap};
+use crate::common::{Backend, Reply, Server, Tenant, TestDb, new_key, random_between, sim_swap};
 use serde_json::Value;
 
 on_both_backends!(
@@ -48,76 +48,15 @@ async fn crash_storm_keeps_every_signal_exactly_once(backend: Backend) {
     let receiver = Receiver::start(Vec::new()).await;
     let tenant = db.tenant(&["--callback-url", &receiver.url]);
 
-    let server = Server::start(&db, &SERVER_ENV);
-    let base = Arc::new(Mutex::new(server.base.clone()));
-    let tally = Arc::new(Tally::default());
-    let finished = Arc::new(AtomicUsize::new(0));
-
-    // Signals are released evenly over about the time the kills take (a mean gap of 375 ms
-    // each), so the storm hits requests in every phase rather than an idle server.
-    let spacing = Duration::from_millis((kills as u64 * 375 / signals as u64).clamp(2, 200));
-    let mut clients = Vec::new();
-    let mut sent = Vec::new();
-    for i in 0..signals {
-        let key = new_key();
-        let body = sim_swap(&format!("+4477009{i:05}"));
-        sent.push((key.clone(), body.clone()));
-        let (base, tenant, tally, finished) = (
-            base.clone(),
-            tenant.clone(),
-            tally.clone(),
-            finished.clone(),
-        );
-        clients.push(tokio::spawn(async move {
-            tokio::time::sleep(spacing * i as u32).await;
-            let client = common::retrying::client();
-            let reply = send_until_answered(
-                &client,
-                &base,
-                &tenant,
-                Some(&key),
-                &body,
-                &tally,
-                SIGNAL_DEADLINE,
-            )
-            .await;
-            finished.fetch_add(1, Ordering::SeqCst);
-            reply
-        }));
-    }
-
-    // The storm: SIGKILL at a random moment, restart on the same database, publish the new
-    // address; a bounded number of times, and not once everything has been answered.
-    let storm = {
-        let (db, base, finished) = (db.clone(), base.clone(), finished.clone());
-        tokio::spawn(async move {
-            let mut server = server;
-            let mut done_kills = 0;
-            for _ in 0..kills {
-                tokio::time::sleep(Duration::from_millis(random_between(150, 600))).await;
-                if finished.load(Ordering::SeqCst) == signals {
-                    break;
-                }
-                let db = db.clone();
-                server = tokio::task::spawn_blocking(move || {
-                    common::keep_log(&format!("crash storm {backend:?}"), &server.logs());
-                    server.kill();
-                    Server::start(&db, &SERVER_ENV)
-                })
-                .await
-                .unwrap();
-                *base.lock().unwrap() = server.base.clone();
-                done_kills += 1;
-            }
-            (server, done_kills)
-        })
-    };
-
-    let mut replies = Vec::new();
-    for client in clients {
-        replies.push(client.await.unwrap());
-    }
-    let (server, done_kills) = storm.await.unwrap();
+    let sent: Vec<(String, String)> = (0..signals)
+        .map(|i| (new_key(), sim_swap(&format!("+4477009{i:05}"))))
+        .collect();
+    let Storm {
+        replies,
+        server,
+        kills: done_kills,
+        tally,
+    } = storm(&db, &tenant, &SERVER_ENV, &sent, kills, "crash storm").await;
 
     // A deliberate duplicate of every signal after the storm: answered from the record.
     let mut final_replays = 0;
@@ -229,18 +168,7 @@ async fn crash_storm_keeps_every_signal_exactly_once(backend: Backend) {
 
     // Every pending delivery sent by the worker. No process is alive now, so a lease taken by an
     // inline attempt that a kill interrupted is released as the 60 s lease expiry would.
-    for _ in 0..10 {
-        release_dead_leases(&db).await;
-        db.worker_once(&[("VERDICT_RETRY_INTERVAL_SECS", "1")]);
-        if db
-            .scalar("SELECT COUNT(*) FROM deliveries WHERE status <> 'succeeded'")
-            .await
-            == 0
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(1100)).await;
-    }
+    run_worker_until_delivered(&db).await;
     assert_eq!(
         db.scalar("SELECT COUNT(*) FROM deliveries WHERE status = 'succeeded'")
             .await,
@@ -277,6 +205,120 @@ async fn crash_storm_keeps_every_signal_exactly_once(backend: Backend) {
          nothing lost: {signals} of {signals} signals decided once, acted on once, called back once",
         by_webhook.len()
     );
+}
+
+/// What a storm left: each signal's last reply, in the order sent, the server running at the
+/// end, how many times it was killed, and the clients' retries.
+struct Storm {
+    replies: Vec<Reply>,
+    server: Server,
+    kills: usize,
+    tally: Arc<Tally>,
+}
+
+/// Starts the server with `env` and sends each `(key, body)` of `sent`, retried with the same
+/// key and bytes until answered, while the server is SIGKILLed at random moments and restarted
+/// on the same database (each incarnation's log kept under `scenario`): at most `kills` times,
+/// and not once every signal has been answered.
+async fn storm(
+    db: &Arc<TestDb>,
+    tenant: &Tenant,
+    env: &[(&'static str, &'static str)],
+    sent: &[(String, String)],
+    kills: usize,
+    scenario: &str,
+) -> Storm {
+    let signals = sent.len();
+    let server = Server::start(db, env);
+    let base = Arc::new(Mutex::new(server.base.clone()));
+    let tally = Arc::new(Tally::default());
+    let finished = Arc::new(AtomicUsize::new(0));
+
+    // Signals are released evenly over about the time the kills take (a mean gap of 375 ms
+    // each), so the storm hits requests in every phase rather than an idle server.
+    let spacing = Duration::from_millis((kills as u64 * 375 / signals as u64).clamp(2, 200));
+    let mut clients = Vec::new();
+    for (i, (key, body)) in sent.iter().cloned().enumerate() {
+        let (base, tenant, tally, finished) = (
+            base.clone(),
+            tenant.clone(),
+            tally.clone(),
+            finished.clone(),
+        );
+        clients.push(tokio::spawn(async move {
+            tokio::time::sleep(spacing * i as u32).await;
+            let client = common::retrying::client();
+            let reply = send_until_answered(
+                &client,
+                &base,
+                &tenant,
+                Some(&key),
+                &body,
+                &tally,
+                SIGNAL_DEADLINE,
+            )
+            .await;
+            finished.fetch_add(1, Ordering::SeqCst);
+            reply
+        }));
+    }
+
+    // The storm: SIGKILL at a random moment, restart on the same database, publish the new
+    // address; a bounded number of times, and not once everything has been answered.
+    let storm = {
+        let (db, base, finished) = (db.clone(), base.clone(), finished.clone());
+        let (env, scenario) = (env.to_vec(), scenario.to_owned());
+        tokio::spawn(async move {
+            let mut server = server;
+            let mut done_kills = 0;
+            for _ in 0..kills {
+                tokio::time::sleep(Duration::from_millis(random_between(150, 600))).await;
+                if finished.load(Ordering::SeqCst) == signals {
+                    break;
+                }
+                let (db, env, scenario) = (db.clone(), env.clone(), scenario.clone());
+                server = tokio::task::spawn_blocking(move || {
+                    common::keep_log(&format!("{scenario} {:?}", db.backend), &server.logs());
+                    server.kill();
+                    Server::start(&db, &env)
+                })
+                .await
+                .unwrap();
+                *base.lock().unwrap() = server.base.clone();
+                done_kills += 1;
+            }
+            (server, done_kills)
+        })
+    };
+
+    let mut replies = Vec::new();
+    for client in clients {
+        replies.push(client.await.unwrap());
+    }
+    let (server, kills) = storm.await.unwrap();
+    Storm {
+        replies,
+        server,
+        kills,
+        tally,
+    }
+}
+
+/// Runs the worker once a round, for at most ten rounds, until every delivery has succeeded,
+/// releasing before each round the leases that killed processes left.
+async fn run_worker_until_delivered(db: &TestDb) {
+    for _ in 0..10 {
+        release_dead_leases(db).await;
+        db.worker_once(&[("VERDICT_RETRY_INTERVAL_SECS", "1")]);
+        if db
+            .scalar("SELECT COUNT(*) FROM deliveries WHERE status <> 'succeeded'")
+            .await
+            == 0
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+    }
 }
 
 /// Releases the delivery leases of inline attempts that a kill interrupted (every process is
@@ -353,77 +395,25 @@ async fn crash_storm_acts_once_on_the_tenants_systems(backend: Backend) {
         SERVER_ENV[3],
         ("VERDICT_INLINE_DEADLINE_MS", "1000"),
     ];
-    let server = Server::start(&db, &env);
-    let base = Arc::new(Mutex::new(server.base.clone()));
-    let tally = Arc::new(Tally::default());
-    let finished = Arc::new(AtomicUsize::new(0));
-    let spacing = Duration::from_millis((kills as u64 * 375 / signals as u64).clamp(2, 200));
     let observed = (time::OffsetDateTime::now_utc() - time::Duration::hours(1))
         .format(&time::format_description::well_known::Rfc3339)
         .unwrap();
-    let mut clients = Vec::new();
-    let mut sent = Vec::new();
-    for i in 0..signals {
-        let key = new_key();
-        let body = serde_json::json!({
-            "type": "sim_swap",
-            "subject": {"account": format!("storm-user-{i}")},
-            "observed_at": observed,
+    let sent: Vec<(String, String)> = (0..signals)
+        .map(|i| {
+            let body = serde_json::json!({
+                "type": "sim_swap",
+                "subject": {"account": format!("storm-user-{i}")},
+                "observed_at": observed,
+            });
+            (new_key(), body.to_string())
         })
-        .to_string();
-        sent.push((key.clone(), body.clone()));
-        let (base, tenant, tally, finished) = (
-            base.clone(),
-            tenant.clone(),
-            tally.clone(),
-            finished.clone(),
-        );
-        clients.push(tokio::spawn(async move {
-            tokio::time::sleep(spacing * i as u32).await;
-            let client = common::retrying::client();
-            let reply = send_until_answered(
-                &client,
-                &base,
-                &tenant,
-                Some(&key),
-                &body,
-                &tally,
-                SIGNAL_DEADLINE,
-            )
-            .await;
-            finished.fetch_add(1, Ordering::SeqCst);
-            reply
-        }));
-    }
-    let storm = {
-        let (db, base, finished) = (db.clone(), base.clone(), finished.clone());
-        tokio::spawn(async move {
-            let mut server = server;
-            let mut done_kills = 0;
-            for _ in 0..kills {
-                tokio::time::sleep(Duration::from_millis(random_between(150, 600))).await;
-                if finished.load(Ordering::SeqCst) == signals {
-                    break;
-                }
-                let db = db.clone();
-                server = tokio::task::spawn_blocking(move || {
-                    common::keep_log(&format!("connector storm {backend:?}"), &server.logs());
-                    server.kill();
-                    Server::start(&db, &env)
-                })
-                .await
-                .unwrap();
-                *base.lock().unwrap() = server.base.clone();
-                done_kills += 1;
-            }
-            (server, done_kills)
-        })
-    };
-    let mut replies = Vec::new();
-    for client in clients {
-        replies.push(client.await.unwrap());
-    }
-    let (server, done_kills) = storm.await.unwrap();
+        .collect();
+    let Storm {
+        replies,
+        server,
+        kills: done_kills,
+        tally,
+    } = storm(&db, &tenant, &env, &sent, kills, "connector storm").await;
     common::keep_log(&format!("connector storm {backend:?}"), &server.logs());
     tokio::task::spawn_blocking(move || server.kill())
         .await
@@ -452,18 +442,7 @@ async fn crash_storm_acts_once_on_the_tenants_systems(backend: Backend) {
     assert_eq!(events.len(), signals, "one event per signal");
 
     // Whatever the storm left pending, the worker finishes with the same keys and bytes.
-    for _ in 0..10 {
-        release_dead_leases(&db).await;
-        db.worker_once(&[("VERDICT_RETRY_INTERVAL_SECS", "1")]);
-        if db
-            .scalar("SELECT COUNT(*) FROM deliveries WHERE status <> 'succeeded'")
-            .await
-            == 0
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(1100)).await;
-    }
+    run_worker_until_delivered(&db).await;
     assert_eq!(
         db.scalar("SELECT COUNT(*) FROM deliveries WHERE status <> 'succeeded'")
             .await,

@@ -11,7 +11,7 @@
 //! The checkpointer also makes the log start over once it passes a bound.
 
 use std::str::FromStr;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use sqlx::sqlite::{
@@ -135,19 +135,23 @@ impl SqliteStore {
     }
 }
 
-/// Leases due deliveries; SQLite's single writer makes the `UPDATE` atomic across workers.
 /// How a read that must see one snapshot begins (a read transaction in WAL mode keeps one snapshot until it ends).
 const READ_SNAPSHOT: &str = "BEGIN";
 
-const LEASE_DUE: &str = "UPDATE deliveries SET leased_until = $2 WHERE id IN ( \
-     SELECT d.id FROM deliveries d JOIN tenants t ON t.id = d.tenant_id \
-     WHERE d.status = 'pending' AND d.next_attempt_at <= $1 AND d.leased_until <= $1 \
-     AND d.updated_at < $4 AND d.retries_left > 0 \
-     AND (d.action <> 'callback' OR NOT t.callback_disabled) \
-     AND lower(hex(d.tenant_id)) NOT IN (SELECT replace(value, '-', '') FROM json_each($5)) \
-     ORDER BY d.next_attempt_at LIMIT $3) \
-     RETURNING id, tenant_id, event_id, webhook_id, payload, retries_left, action, connector, \
-     (SELECT callback_url FROM tenants WHERE tenants.id = deliveries.tenant_id) AS callback_url";
+/// Leases due deliveries; SQLite's single writer makes the `UPDATE` atomic across workers.
+static LEASE_DUE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE deliveries SET leased_until = $2 WHERE id IN ( \
+         SELECT d.id FROM deliveries d JOIN tenants t ON t.id = d.tenant_id \
+         WHERE d.status = 'pending' AND d.next_attempt_at <= $1 AND d.leased_until <= $1 \
+         AND d.updated_at < $4 AND d.retries_left > 0 \
+         AND (d.action <> 'callback' OR NOT t.callback_disabled) \
+         AND lower(hex(d.tenant_id)) NOT IN (SELECT replace(value, '-', '') FROM json_each($5)) \
+         ORDER BY d.next_attempt_at LIMIT $3) \
+         RETURNING {}",
+        super::deliveries::DUE_COLUMNS
+    )
+});
 
 impl super::backend::SqlDb for Sqlite {
     /// SQLite runs several statements of a query in turn, in one hop to its connection thread.
@@ -178,7 +182,11 @@ impl super::backend::Backend for SqliteStore {
     }
 
     const READ_SNAPSHOT: &'static str = READ_SNAPSHOT;
-    const LEASE_DUE: &'static str = LEASE_DUE;
+    /// A write transaction begins `IMMEDIATE`, holding the database's one write lock.
+    const LOCK_TENANT: Option<&'static str> = None;
+    fn lease_due() -> &'static str {
+        &LEASE_DUE
+    }
     const COMMITS: usize = 1;
 
     async fn migrate_schema(&self) -> Result<(), sqlx::migrate::MigrateError> {
