@@ -295,7 +295,10 @@ impl KeyCache {
                     return Ok(jwks);
                 }
                 let failed = self.failed.get(url);
-                if let Some(failed) = failed.as_ref().filter(|f| std::time::Instant::now() < f.until) {
+                if let Some(failed) = failed
+                    .as_ref()
+                    .filter(|f| std::time::Instant::now() < f.until)
+                {
                     return Err(failed.error.clone());
                 }
                 // Concurrent misses share this one fetch.

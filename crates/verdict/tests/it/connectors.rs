@@ -539,9 +539,14 @@ async fn a_playbook_binds_actions_only_to_connectors_the_tenant_has(backend: Bac
             "binds to no connector",
         ),
         (
-            "[actions.suspend_okta_user]\nconnector = \"cases\"",
-            "an action verdict does not know",
-            "suspend_okta_user",
+            "[actions.suspend_okta_user]\nconnector = \"idp\"",
+            "a custom action through a SCIM connector",
+            "can lock accounts only",
+        ),
+        (
+            "[actions.Suspend-Okta]\nconnector = \"cases\"",
+            "a name that is no action's",
+            "Suspend-Okta",
         ),
         (
             "[actions.open_case]\nconnector = \"Cases!\"",

@@ -656,6 +656,75 @@ async fn a_jwks_url_is_fetched_through_the_guard_and_refreshed_for_an_unknown_ki
     assert_eq!(claimed(&db).await, (3, 3));
 }
 
+async fn a_failing_jwks_url_is_fetched_once_per_backoff_whatever_the_set_rate(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = db.tenant(&[]);
+    let transmitter = Transmitter::new(db.dir());
+    // Not a JWKS: every fetch of it fails.
+    let jwks = JwksServer::start(json!({"not": "a jwks"})).await;
+    db.cli(&[
+        "tenant",
+        "set-transmitter",
+        "--tenant",
+        &tenant.id,
+        "--issuer",
+        ISSUER,
+        "--audience",
+        AUDIENCE,
+        "--jwks-url",
+        &jwks.url,
+    ]);
+    let tokens: Vec<String> = (0..40)
+        .map(|i| {
+            transmitter.sign(
+                "rsa-1",
+                &claims(CREDENTIAL_COMPROMISE, email(&format!("u{i}@example.com"))),
+            )
+        })
+        .collect();
+    let server = Server::start(
+        &db,
+        &[
+            ("VERDICT_ALLOW_PRIVATE_DESTINATIONS", "1"),
+            ("VERDICT_SET_JWKS_REFRESH_SECS", "2"),
+            ("VERDICT_SET_MAX_AGE_SECS", "60"),
+        ],
+    );
+    let started = std::time::Instant::now();
+    for token in &tokens[..30] {
+        let reply = push(&server, &tenant.api_key, token).await;
+        assert_refused(&reply, 400, "invalid_key", "a failing JWKS", &[]);
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "too slow to test"
+    );
+    assert_eq!(jwks.fetches(), 1, "30 SETs within the backoff fetched once");
+
+    // Fixed, but the backoff doubled after a second failure: one fetch per wait.
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let reply = push(&server, &tenant.api_key, &tokens[30]).await;
+    assert_refused(&reply, 400, "invalid_key", "still failing", &[]);
+    assert_eq!(jwks.fetches(), 2);
+    jwks.replace(transmitter.jwks_of(&["rsa-1"]));
+    let reply = push(&server, &tenant.api_key, &tokens[31]).await;
+    assert_refused(
+        &reply,
+        400,
+        "invalid_key",
+        "within the doubled backoff",
+        &[],
+    );
+    assert_eq!(jwks.fetches(), 2);
+    tokio::time::sleep(Duration::from_millis(4100)).await;
+    assert_accepted(
+        &push(&server, &tenant.api_key, &tokens[32]).await,
+        "fetched again",
+    );
+    assert_accepted(&push(&server, &tenant.api_key, &tokens[33]).await, "cached");
+    assert_eq!(jwks.fetches(), 3);
+}
+
 async fn a_tenant_without_a_transmitter_refuses_sets_as_invalid_issuer(backend: Backend) {
     let db = TestDb::new(backend).await;
     let tenant = db.tenant(&[]);
@@ -697,6 +766,7 @@ on_both_backends!(
     a_jti_reused_with_another_token_is_refused,
     an_unmapped_event_type_is_recorded_as_ignored_until_the_playbook_maps_it,
     a_jwks_url_is_fetched_through_the_guard_and_refreshed_for_an_unknown_kid,
+    a_failing_jwks_url_is_fetched_once_per_backoff_whatever_the_set_rate,
     a_tenant_without_a_transmitter_refuses_sets_as_invalid_issuer,
     a_set_retried_after_a_crash_stays_the_signal_it_was_decided_as_when_its_type_is_no_longer_mapped,
     a_set_retried_after_a_crash_stays_the_signal_it_was_decided_as_when_its_type_maps_elsewhere,
