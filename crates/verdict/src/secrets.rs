@@ -31,6 +31,13 @@ pub enum SecretsError {
     #[error("a sealed secret could not be opened: wrong master key or corrupted row")]
     Unseal,
     #[error(
+        "this master key is not the one the database was set up with (its sentinel does not \
+         open): every signing secret and connector credential would fail to open. Start with \
+         the original key (VERDICT_MASTER_KEY, --master-key-file or the file beside the SQLite \
+         database; see the README on backing it up)"
+    )]
+    WrongMasterKey,
+    #[error(
         "the master key file {path} can be read by other users (mode {mode:o}); \
          run `chmod 600 {path}` and start again"
     )]
@@ -137,6 +144,10 @@ fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
     std::fs::write(path, text)
 }
 
+/// What a master-key sentinel holds, and its associated data.
+const SENTINEL: &[u8] = b"verdict master key sentinel v1";
+const SENTINEL_CONTEXT: &[u8] = b"master-key-sentinel";
+
 /// Keys derived from the master key; cheap to clone behind an `Arc`.
 pub struct Keyring {
     digest: SecretBox<[u8; 32]>,
@@ -196,6 +207,20 @@ impl Keyring {
             .map_err(|_| SecretsError::Unseal)
     }
 
+    /// A new sentinel: a value sealed under this key, stored once per database so that a
+    /// process started with another key finds out before it serves anything.
+    pub fn sentinel(&self) -> Vec<u8> {
+        self.seal(SENTINEL, SENTINEL_CONTEXT)
+    }
+
+    /// Whether the database's stored sentinel opens under this key.
+    pub fn check_sentinel(&self, stored: &[u8]) -> Result<(), SecretsError> {
+        match self.open(stored, SENTINEL_CONTEXT) {
+            Ok(plain) if plain == SENTINEL => Ok(()),
+            _ => Err(SecretsError::WrongMasterKey),
+        }
+    }
+
     fn cipher(&self) -> Aes256Gcm {
         Aes256Gcm::new(self.sealing.expose_secret().into())
     }
@@ -237,6 +262,19 @@ mod tests {
             b"whsec_abc"
         );
         assert!(keys.open(&sealed, b"tenant-2/inbound").is_err());
+    }
+
+    #[test]
+    fn a_sentinel_opens_only_under_the_key_that_made_it() {
+        let first = MasterKey::from_base64(&MasterKey::generate_base64()).unwrap();
+        let other = MasterKey::from_base64(&MasterKey::generate_base64()).unwrap();
+        let sentinel = first.keyring().sentinel();
+        assert!(first.keyring().check_sentinel(&sentinel).is_ok());
+        assert!(matches!(
+            other.keyring().check_sentinel(&sentinel),
+            Err(SecretsError::WrongMasterKey)
+        ));
+        assert!(first.keyring().check_sentinel(b"short").is_err());
     }
 
     #[test]

@@ -22,7 +22,8 @@ use crate::http;
 use crate::ingest::Ingest;
 use crate::rate_limit::RateLimits;
 use crate::retention::{self, RetentionSettings, RetentionStore};
-use crate::store;
+use crate::secrets::Keyring;
+use crate::store::{self, Store};
 use crate::tenant::Credentials;
 
 /// Histogram buckets (seconds) for request and delivery latencies.
@@ -30,12 +31,26 @@ const LATENCY_BUCKETS: [f64; 12] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
 ];
 
-/// Runs the API until SIGINT or SIGTERM.
-pub async fn serve(config: &Config, serve: ServeConfig) -> anyhow::Result<()> {
-    let keys = Arc::new(config.master_key()?.keyring());
+/// Opens the master key and the database (migrated), refusing a key other than the one the
+/// database was set up with: each process that seals or opens secrets starts here, so a wrong
+/// key stops it at once instead of failing every signal it would serve.
+pub async fn open(config: &Config) -> anyhow::Result<(Keyring, Arc<dyn Store>)> {
+    let keys = config.master_key()?.keyring();
     let store = store::connect(&config.database_url)
         .await
         .context("connecting to the database")?;
+    let stored = store
+        .master_key_sentinel(&keys.sentinel(), now_ms())
+        .await
+        .context("reading the master key's sentinel")?;
+    keys.check_sentinel(&stored)?;
+    Ok((keys, store))
+}
+
+/// Runs the API until SIGINT or SIGTERM.
+pub async fn serve(config: &Config, serve: ServeConfig) -> anyhow::Result<()> {
+    let (keys, store) = open(config).await?;
+    let keys = Arc::new(keys);
     let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
         .set_buckets(&LATENCY_BUCKETS)
         .and_then(|b| b.install_recorder())
@@ -115,10 +130,8 @@ pub fn router(state: AppState) -> Router {
 
 /// `verdict worker`: the delivery worker on its own, every `interval`, or one round.
 pub async fn work(config: &Config, delivery: DeliverySettings, once: bool) -> anyhow::Result<()> {
-    let keys = Arc::new(config.master_key()?.keyring());
-    let store = store::connect(&config.database_url)
-        .await
-        .context("connecting to the database")?;
+    let (keys, store) = open(config).await?;
+    let keys = Arc::new(keys);
     let deliverer = Arc::new(Deliverer::new(store, keys, delivery)?);
     let stop = CancellationToken::new();
     if once {

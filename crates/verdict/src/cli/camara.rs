@@ -1,11 +1,9 @@
 //! `verdict camara …`: the tenant's CAMARA SIM Swap subscriptions.
 
-use anyhow::Context;
 use clap::Subcommand;
 use uuid::Uuid;
 
 use crate::config::Config;
-use crate::store;
 
 /// `verdict camara …`.
 #[derive(Debug, Subcommand)]
@@ -46,10 +44,7 @@ pub(super) async fn run_camara(
     config: &Config,
     cmd: CamaraSubscriptionCommand,
 ) -> anyhow::Result<()> {
-    let keys = config.master_key()?.keyring();
-    let store = store::connect(&config.database_url)
-        .await
-        .context("connecting to the database")?;
+    let (keys, store) = crate::server::open(config).await?;
     match cmd {
         CamaraSubscriptionCommand::Add {
             tenant,

@@ -8,7 +8,6 @@ use uuid::Uuid;
 use crate::config::{Config, DestinationArgs, FileConfig};
 use crate::connectors::{self, ConnectorSpec};
 use crate::domain::{ConnectorKind, ConnectorName, Guarantee, MatchAttribute};
-use crate::store;
 
 /// `verdict connector …`.
 #[derive(Debug, Subcommand)]
@@ -77,10 +76,7 @@ pub(super) async fn run_connector(
     file: &FileConfig,
     cmd: ConnectorCommand,
 ) -> anyhow::Result<()> {
-    let keys = config.master_key()?.keyring();
-    let store = store::connect(&config.database_url)
-        .await
-        .context("connecting to the database")?;
+    let (keys, store) = crate::server::open(config).await?;
     match cmd {
         ConnectorCommand::Set {
             tenant,

@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use crate::config::{Config, DestinationArgs};
 use crate::destination::CallbackUrl;
-use crate::store::{self, Scope, SecretPurpose};
+use crate::store::{Scope, SecretPurpose};
 use crate::tenant::{self, TenantSpec};
 
 /// `verdict tenant …`.
@@ -164,10 +164,8 @@ pub(super) async fn run_tenant(
     file: &crate::config::FileConfig,
     cmd: TenantCommand,
 ) -> anyhow::Result<()> {
-    let keys = Arc::new(config.master_key()?.keyring());
-    let store = store::connect(&config.database_url)
-        .await
-        .context("connecting to the database")?;
+    let (keys, store) = crate::server::open(config).await?;
+    let keys = Arc::new(keys);
     match cmd {
         TenantCommand::Create {
             name,

@@ -218,6 +218,9 @@ pub trait Store:
     async fn migrate(&self) -> Result<(), StoreError>;
     /// One round trip, for readiness.
     async fn ping(&self) -> Result<(), StoreError>;
+    /// The database's master-key sentinel: `fresh` stored (at `now`) if the database has none
+    /// yet, else the one stored first.
+    async fn master_key_sentinel(&self, fresh: &[u8], now: i64) -> Result<Vec<u8>, StoreError>;
     /// How many group commits may run at once: one on SQLite (one writer), several on
     /// PostgreSQL.
     fn concurrent_commits(&self) -> usize;
@@ -276,6 +279,22 @@ where
     async fn ping(&self) -> Result<(), StoreError> {
         sqlx::query("SELECT 1").execute(self.read()).await?;
         Ok(())
+    }
+
+    async fn master_key_sentinel(&self, fresh: &[u8], now: i64) -> Result<Vec<u8>, StoreError> {
+        sqlx::query(
+            "INSERT INTO master_key_sentinel (id, sealed, created_at) VALUES (1, $1, $2) \
+             ON CONFLICT (id) DO NOTHING",
+        )
+        .bind(fresh)
+        .bind(now)
+        .execute(self.write())
+        .await?;
+        Ok(
+            sqlx::query_scalar("SELECT sealed FROM master_key_sentinel WHERE id = 1")
+                .fetch_one(self.write())
+                .await?,
+        )
     }
 
     fn concurrent_commits(&self) -> usize {

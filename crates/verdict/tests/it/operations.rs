@@ -62,4 +62,40 @@ async fn logs_to_a_pipe_carry_no_colour_codes(backend: Backend) {
     );
 }
 
-on_both_backends!(logs_to_a_pipe_carry_no_colour_codes);
+async fn a_master_key_the_database_was_not_set_up_with_is_refused_at_start(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    // Set up under the test's key: a tenant with sealed secrets.
+    let tenant = db.tenant(&[]);
+    let other = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, [7u8; 32]);
+    let wrong = [("VERDICT_MASTER_KEY", other.as_str())];
+    for args in [
+        &["serve", "--listen", "127.0.0.1:0"][..],
+        &["worker", "--once"][..],
+        &["tenant", "create", "--name", "another", "--json"][..],
+        &["connector", "list", "--tenant", &tenant.id][..],
+    ] {
+        let out = db.cli_output(args, &wrong);
+        assert!(!out.status.success(), "{args:?} started with the wrong key");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("not the one the database was set up with"),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains(&other), "the key is printed: {err}");
+    }
+    // The right key still starts, and the tenant's secrets still open.
+    let server = Server::start(&db, &[]);
+    let reply = server
+        .send(
+            &tenant,
+            Some(&crate::common::new_key()),
+            &crate::common::sim_swap("+447700900777"),
+        )
+        .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+}
+
+on_both_backends!(
+    logs_to_a_pipe_carry_no_colour_codes,
+    a_master_key_the_database_was_not_set_up_with_is_refused_at_start,
+);
