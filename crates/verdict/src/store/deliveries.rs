@@ -158,8 +158,9 @@ pub trait DeliveryStore {
     ) -> Result<Option<(DeliveryRecord, Vec<AttemptRow>)>, StoreError>;
     /// Deliveries waiting for an attempt.
     async fn queue_depth(&self, now: i64) -> Result<i64, StoreError>;
-    /// Leases the pending action requests of one of the tenant's events whose lease ended,
-    /// until `lease_until`.
+    /// Leases the pending action requests of one of the tenant's events until `lease_until`:
+    /// all of them or none, none while any is leased to another call or waits for the time
+    /// its schedule or its connector's `Retry-After` put it off to (`next_attempt_at`).
     async fn lease_requests(
         &self,
         tenant_id: Uuid,
@@ -708,10 +709,17 @@ where
         now: i64,
         lease_until: i64,
     ) -> Result<Vec<DueDelivery>, StoreError> {
+        // One statement, so that no request is leased (and then left uncalled) when another
+        // is not to be called yet.
         let sql = format!(
             "UPDATE deliveries SET leased_until = $4 \
              WHERE tenant_id = $1 AND event_id = $2 AND action <> 'callback' \
-             AND status = 'pending' AND leased_until <= $3 RETURNING {DUE_COLUMNS}"
+             AND status = 'pending' AND leased_until <= $3 AND next_attempt_at <= $3 \
+             AND NOT EXISTS (SELECT 1 FROM deliveries later WHERE later.tenant_id = $1 \
+                AND later.event_id = $2 AND later.action <> 'callback' \
+                AND later.status = 'pending' \
+                AND (later.leased_until > $3 OR later.next_attempt_at > $3)) \
+             RETURNING {DUE_COLUMNS}"
         );
         Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
             .bind(tenant_id)

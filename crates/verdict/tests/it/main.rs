@@ -14,6 +14,7 @@
 mod common;
 
 mod actions;
+mod ambiguous_calls;
 mod connector_calls;
 mod connectors;
 mod console;
