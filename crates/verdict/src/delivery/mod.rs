@@ -20,6 +20,7 @@ use uuid::Uuid;
 use crate::clock::now_ms;
 use crate::connectors::request;
 use crate::destination;
+use crate::domain::Guarantee;
 use crate::secrets::Keyring;
 use crate::store::failpoint::failpoint;
 use crate::store::{
@@ -325,6 +326,18 @@ impl Deliverer {
         // The three points a crash can meet a call at: before it, during it (the receiver
         // has it, the answer never comes back), and after it before its record.
         failpoint!("connector::before_call");
+        // An at-most-once connector's request is marked sent, durably, before the first byte
+        // leaves. Found marked, a call was sent and its outcome never recorded (a crash
+        // between them): it may have acted, so it is not made again.
+        if connector.guarantee == Guarantee::AtMostOnce
+            && !self.store.mark_sent(due.id, now_ms()).await?
+        {
+            tracing::warn!(
+                "an at-most-once call was sent before and its outcome never recorded; \
+                 not calling again, the outcome is unknown"
+            );
+            return Ok(not_sent(AttemptOutcome::Unknown, SENT_BEFORE));
+        }
         let attempt = connector::call(
             &self.client,
             &call,
@@ -372,6 +385,10 @@ impl Deliverer {
 /// How long a connector's settings, once read, are used: a change reaches every instance's
 /// calls within this.
 pub const CONNECTOR_TTL: Duration = Duration::from_secs(5);
+
+/// Why an at-most-once connector's request was not called again.
+pub const SENT_BEFORE: &str = "not called again: an earlier call was sent and its outcome \
+     never recorded (it may have acted); an operator resolves it";
 
 /// The `action` of a callback delivery.
 pub const CALLBACK: &str = "callback";

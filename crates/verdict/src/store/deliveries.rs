@@ -168,6 +168,11 @@ pub trait DeliveryStore {
         now: i64,
         lease_until: i64,
     ) -> Result<Vec<DueDelivery>, StoreError>;
+    /// Marks an action request sent (at `now`, unix ms), durably, before a call to an
+    /// at-most-once connector; returns whether this marked it. `false`: a call was sent before
+    /// and no attempt has been recorded since (the mark is cleared with each record), so that
+    /// call may have acted and this one must not be made.
+    async fn mark_sent(&self, id: Uuid, now: i64) -> Result<bool, StoreError>;
     /// Where each action request of one of the tenant's events stands, with its last error.
     async fn request_statuses(
         &self,
@@ -409,7 +414,7 @@ fn push_advance_deliveries<DB: SqlDb>(
     }
     q.push(
         "UPDATE deliveries SET status = v.column2, attempts = attempts + 1, \
-         retries_left = v.column3, next_attempt_at = v.column4, leased_until = 0, \
+         retries_left = v.column3, next_attempt_at = v.column4, leased_until = 0, sent_at = NULL, \
          last_error = v.column5, updated_at = v.column6, payload = CASE \
          WHEN action <> 'callback' AND v.column2 IN ('succeeded', 'failed', 'unknown') \
          THEN substr(payload, 1, 0) \
@@ -728,6 +733,16 @@ where
             .bind(lease_until)
             .fetch_all(self.write())
             .await?)
+    }
+
+    async fn mark_sent(&self, id: Uuid, now: i64) -> Result<bool, StoreError> {
+        let done =
+            sqlx::query("UPDATE deliveries SET sent_at = $2 WHERE id = $1 AND sent_at IS NULL")
+                .bind(id)
+                .bind(now)
+                .execute(self.write())
+                .await?;
+        Ok(DB::rows_affected(&done) == 1)
     }
 
     async fn request_statuses(

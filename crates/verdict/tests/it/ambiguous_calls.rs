@@ -1,5 +1,7 @@
-//! Calls whose outcome is open: a retry that takes a key over waits for the retry a connector
-//! asked for. Counted on the receiving endpoint itself.
+//! Calls whose outcome is open: an at-most-once connector is never called again for a request a
+//! crash left sent with no recorded outcome (it is `unknown`, for an operator to resolve), and a
+//! retry that takes a key over waits for the retry a connector asked for. Each counted on the
+//! receiving endpoint itself.
 
 use std::time::Duration;
 
@@ -13,8 +15,9 @@ use crate::common::{
 const ALLOW_LOCAL: (&str, &str) = ("VERDICT_ALLOW_PRIVATE_DESTINATIONS", "1");
 /// A dead holder's lock runs out at once.
 const LOCK: (&str, &str) = ("VERDICT_LOCK_TIMEOUT_SECS", "1");
-/// No worker: the retry of the signal finishes the calls.
+/// No worker: the retry of the signal, or a test's `worker --once`, finishes the calls.
 const NO_WORKER: (&str, &str) = ("VERDICT_NO_WORKER", "1");
+const DEADLINE: (&str, &str) = ("VERDICT_INLINE_DEADLINE_MS", "1000");
 
 /// A SIM swap about `account`, observed `minutes_ago` minutes ago.
 fn swap(account: &str, minutes_ago: i64) -> String {
@@ -68,6 +71,149 @@ async fn the_request(server: &Server, tenant: &Tenant) -> Value {
         .collect();
     assert_eq!(requests.len(), 1, "{page}");
     requests[0].clone()
+}
+
+/// The tenant's only action request once an attempt settled it (its record lands in the
+/// background, a moment after the answer it made goes out).
+async fn the_settled_request(server: &Server, tenant: &Tenant) -> Value {
+    for _ in 0..100 {
+        let request = the_request(server, tenant).await;
+        if request["status"] != "pending" {
+            return request;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the request is still pending");
+}
+
+/// How a crashed signal's calls are finished.
+#[derive(Clone, Copy, Debug)]
+enum Finisher {
+    /// The client's retry with the same key, which takes the key over.
+    Retry,
+    /// The delivery worker.
+    Worker,
+}
+
+/// Aborts the real binary at `failpoint` on an at-most-once connector's call, then finishes
+/// the signal with `finisher` once the dead holder's lease is over: the endpoint is called at
+/// most once, and the outcome is what a crash at that point allows. Returns the request's
+/// delivery and the calls the endpoint got.
+async fn crash_at_most_once(
+    backend: Backend,
+    failpoint: &str,
+    finisher: Finisher,
+) -> (Value, usize) {
+    let db = TestDb::new(backend).await;
+    let tenant = db.tenant(&["--no-inbound-signature"]);
+    // Slow enough that a crash 100 ms into the call meets it in flight.
+    let endpoint = Receiver::start(vec![Step::slow(204, Duration::from_millis(400))]).await;
+    bind_cases(&db, &tenant, &endpoint.url, "at_most_once");
+    let key = new_key();
+    let body = swap("erin", 60);
+    let failpoints = format!("{failpoint}=1*return(abort)");
+    let doomed = Server::start(
+        &db,
+        &[
+            ALLOW_LOCAL,
+            LOCK,
+            NO_WORKER,
+            DEADLINE,
+            ("FAILPOINTS", &failpoints),
+        ],
+    );
+    doomed.send_raw_expecting_crash(&tenant, &key, &body).await;
+    assert!(
+        doomed.wait_for_crash(),
+        "the process aborted at {failpoint}"
+    );
+    // The dead holder's lease on its call (the deadline and 15 s) is over.
+    assert_eq!(
+        db.exec("UPDATE deliveries SET leased_until = 0 WHERE action <> 'callback'")
+            .await,
+        1
+    );
+
+    let server = Server::start(&db, &[ALLOW_LOCAL, LOCK, NO_WORKER, DEADLINE]);
+    match finisher {
+        Finisher::Retry => {
+            let reply = until_not_in_progress(|| server.send(&tenant, Some(&key), &body)).await;
+            assert_eq!(reply.status, 200, "{}", reply.text());
+            let request = the_settled_request(&server, &tenant).await;
+            let expected = if request["status"] == "unknown" {
+                "unknown"
+            } else {
+                "done"
+            };
+            assert_eq!(
+                action_outcome(&reply.json(), "open_case")["outcome"],
+                expected,
+                "the retry's answer says where the request stands: {request}"
+            );
+        }
+        Finisher::Worker => {
+            let round = db.worker_once(&[ALLOW_LOCAL]);
+            assert_eq!(round["attempted"], 1, "{round}");
+        }
+    }
+    let request = the_settled_request(&server, &tenant).await;
+    // Nothing is left to call: neither the worker nor a retry calls it again.
+    let round = db.worker_once(&[ALLOW_LOCAL]);
+    assert_eq!(round["attempted"], 0, "{round}");
+    let again = until_not_in_progress(|| server.send(&tenant, Some(&key), &body)).await;
+    assert_eq!(again.status, 200, "{}\n{}", again.text(), server.logs());
+    let event = server
+        .get(
+            &tenant,
+            &format!("/v1/events/{}", request["event_id"].as_str().unwrap()),
+        )
+        .await
+        .json();
+    let status = request["status"].as_str().unwrap();
+    assert_eq!(
+        action_outcome(&event, "open_case")["outcome"],
+        if status == "unknown" {
+            "unknown"
+        } else {
+            "done"
+        },
+        "the event shows where the request stands: {event}"
+    );
+    let dump = String::from_utf8_lossy(&db.dump()).into_owned();
+    assert!(!dump.contains("erin"), "the account is stored");
+    (request, endpoint.received().len())
+}
+
+async fn a_crash_during_an_at_most_once_call_leaves_it_unknown_never_called_again(b: Backend) {
+    let (request, calls) = crash_at_most_once(b, "connector::during_call", Finisher::Retry).await;
+    assert_eq!(calls, 1, "called once, by the process that crashed");
+    assert_eq!(request["status"], "unknown", "{request}");
+    let (request, calls) = crash_at_most_once(b, "connector::during_call", Finisher::Worker).await;
+    assert_eq!(calls, 1, "called once, by the process that crashed");
+    assert_eq!(request["status"], "unknown", "{request}");
+}
+
+async fn a_crash_after_an_at_most_once_call_before_its_record_leaves_it_unknown(b: Backend) {
+    let (request, calls) = crash_at_most_once(b, "connector::after_call", Finisher::Worker).await;
+    assert_eq!(calls, 1, "called once, by the process that crashed");
+    assert_eq!(request["status"], "unknown", "{request}");
+    assert!(
+        request["last_error"]
+            .as_str()
+            .unwrap()
+            .starts_with("not called again"),
+        "{request}"
+    );
+    let (request, calls) = crash_at_most_once(b, "connector::after_call", Finisher::Retry).await;
+    assert_eq!(calls, 1, "called once, by the process that crashed");
+    assert_eq!(request["status"], "unknown", "{request}");
+}
+
+async fn a_crash_before_an_at_most_once_call_is_sent_calls_it_once(b: Backend) {
+    // Nothing left the process: the call is made once, by whoever finishes the signal.
+    let (request, calls) = crash_at_most_once(b, "connector::before_call", Finisher::Retry).await;
+    assert_eq!(calls, 1);
+    assert_eq!(request["status"], "succeeded", "{request}");
 }
 
 /// A connector asked for its retry an hour from now (429, `Retry-After: 3600`); the signal's
@@ -134,4 +280,9 @@ async fn a_takeover_waits_for_the_retry_a_connector_asked_for(backend: Backend) 
     );
 }
 
-on_both_backends!(a_takeover_waits_for_the_retry_a_connector_asked_for,);
+on_both_backends!(
+    a_crash_during_an_at_most_once_call_leaves_it_unknown_never_called_again,
+    a_crash_after_an_at_most_once_call_before_its_record_leaves_it_unknown,
+    a_crash_before_an_at_most_once_call_is_sent_calls_it_once,
+    a_takeover_waits_for_the_retry_a_connector_asked_for,
+);
