@@ -4,6 +4,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
 use crate::connectors::ConnectorError;
+use crate::delivery::resolve::ResolveError;
 use crate::idempotency::KeyError;
 use crate::ingest::IngestError;
 use crate::playbook::simulation::SimulationError;
@@ -67,6 +68,8 @@ pub enum ApiError {
     Connector(#[from] ConnectorError),
     #[error(transparent)]
     Subject(#[from] SubjectError),
+    #[error(transparent)]
+    Resolve(#[from] ResolveError),
     #[error("not found")]
     NotFound,
     #[error("{0}")]
@@ -178,6 +181,15 @@ impl ApiError {
                 Problem::invalid_request(SubjectError::Reason.to_string())
             }
             Self::Subject(SubjectError::Store(e)) if e.is_transient() => Problem::unavailable(),
+            Self::Resolve(ResolveError::Reason(e)) => Problem::invalid_request(e.to_string()),
+            Self::Resolve(ResolveError::NotFound) => Problem::not_found(),
+            Self::Resolve(e @ ResolveError::NotUnknown(_)) => Problem::new(
+                "delivery-not-unknown",
+                "Only an action request whose outcome is unknown can be resolved",
+                StatusCode::CONFLICT,
+            )
+            .detail(e.to_string()),
+            Self::Resolve(ResolveError::Store(e)) if e.is_transient() => Problem::unavailable(),
             Self::Tenant(TenantError::Store(e)) if e.is_transient() => Problem::unavailable(),
             Self::NotFound
             | Self::Tenant(TenantError::NotFound(_) | TenantError::KeyNotFound { .. }) => {
@@ -192,6 +204,7 @@ impl ApiError {
             | Self::Simulation(_)
             | Self::Connector(_)
             | Self::Subject(_)
+            | Self::Resolve(_)
             | Self::Extraction(_) => Problem::internal(),
         }
     }

@@ -6,9 +6,11 @@
 //! - [`attempt`]: one signed POST and its classification.
 //! - [`schedule`]: the state a delivery moves to after an attempt.
 //! - [`worker`]: leases due deliveries and attempts them.
+//! - [`resolve`]: an operator settles an action request whose outcome is `unknown`.
 
 pub mod attempt;
 pub mod connector;
+pub mod resolve;
 pub mod schedule;
 pub mod worker;
 
@@ -20,7 +22,7 @@ use uuid::Uuid;
 use crate::clock::now_ms;
 use crate::connectors::request;
 use crate::destination;
-use crate::domain::Guarantee;
+use crate::domain::{ActionResult, Guarantee, Outcome};
 use crate::secrets::Keyring;
 use crate::store::failpoint::failpoint;
 use crate::store::{
@@ -380,6 +382,30 @@ impl Deliverer {
             Redelivery::Unavailable => Ok(Redelivered::Unavailable),
         }
     }
+}
+
+/// An event's action outcomes as stored with it, with each connector call that was still open
+/// then (`pending`, or `unknown` until an operator resolves it) replaced by where its request
+/// (among `deliveries`, the event's) stands now: the final state once the worker or an operator
+/// settled it.
+pub fn current_outcomes(
+    mut results: Vec<ActionResult>,
+    deliveries: &[crate::store::DeliveryRecord],
+) -> Vec<ActionResult> {
+    for result in &mut results {
+        if result.connector.is_none()
+            || !matches!(result.outcome, Outcome::Pending | Outcome::Unknown)
+        {
+            continue;
+        }
+        if let Some(d) = deliveries
+            .iter()
+            .find(|d| d.action == result.action.as_str())
+        {
+            result.outcome = Outcome::of_request(d.status, d.last_error.as_deref());
+        }
+    }
+    results
 }
 
 /// How long a connector's settings, once read, are used: a change reaches every instance's

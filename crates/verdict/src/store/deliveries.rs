@@ -78,6 +78,37 @@ pub struct AttemptRow {
     pub latency_ms: i64,
     pub error: Option<String>,
     pub response_excerpt: Option<Vec<u8>>,
+    /// A resolution's API key (the nil key for the CLI).
+    pub resolved_by: Option<Uuid>,
+    /// A resolution's reason.
+    pub reason: Option<String>,
+}
+
+/// An operator's settling of an action request whose outcome is `unknown`.
+#[derive(Clone, Debug)]
+pub struct Resolution {
+    pub tenant_id: Uuid,
+    pub delivery_id: Uuid,
+    /// `Succeeded` or `Failed`.
+    pub status: DeliveryStatus,
+    /// The request's `last_error` from now on.
+    pub last_error: Option<String>,
+    /// The attempt that records it.
+    pub attempt_id: Uuid,
+    pub resolved_by: Uuid,
+    pub reason: String,
+    pub now: i64,
+}
+
+/// What a resolution found.
+#[derive(Clone, Debug)]
+pub enum Resolved {
+    /// Settled: the request as it now stands.
+    Settled(DeliveryRecord),
+    /// The delivery is not an action request whose outcome is unknown; it stands at this.
+    NotUnknown(DeliveryStatus),
+    /// The tenant has no such delivery.
+    NotFound,
 }
 
 /// A callback delivery as read back.
@@ -173,6 +204,10 @@ pub trait DeliveryStore {
     /// and no attempt has been recorded since (the mark is cleared with each record), so that
     /// call may have acted and this one must not be made.
     async fn mark_sent(&self, id: Uuid, now: i64) -> Result<bool, StoreError>;
+    /// Settles an action request whose outcome is `unknown` as an operator says, with an
+    /// attempt of trigger `resolve` recording who and why, in one transaction (a
+    /// compare-and-set on the status, so two resolutions cannot both settle it).
+    async fn resolve(&self, resolution: &Resolution) -> Result<Resolved, StoreError>;
     /// Where each action request of one of the tenant's events stands, with its last error.
     async fn request_statuses(
         &self,
@@ -482,7 +517,7 @@ fn delivery_by_id() -> String {
 
 /// A delivery's attempts, oldest first (`$1` the delivery).
 const ATTEMPTS_OF: &str = "SELECT attempted_at, trigger_kind, status_code, latency_ms, \
-    error, response_excerpt FROM delivery_attempts WHERE delivery_id = $1 \
+    error, response_excerpt, resolved_by, reason FROM delivery_attempts WHERE delivery_id = $1 \
     ORDER BY attempted_at, id";
 
 fn attempt_rows<DB: SqlDb>(
@@ -743,6 +778,46 @@ where
                 .execute(self.write())
                 .await?;
         Ok(DB::rows_affected(&done) == 1)
+    }
+
+    async fn resolve(&self, r: &Resolution) -> Result<Resolved, StoreError> {
+        let mut tx = self.begin().await?;
+        let sql = format!(
+            "UPDATE deliveries SET status = $3, last_error = $4, updated_at = $5, \
+             leased_until = 0, sent_at = NULL \
+             WHERE tenant_id = $1 AND id = $2 AND status = 'unknown' AND action <> 'callback' \
+             RETURNING {DELIVERY_COLUMNS}"
+        );
+        let settled: Option<DeliveryRecord> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(r.tenant_id)
+            .bind(r.delivery_id)
+            .bind(r.status.as_str())
+            .bind(r.last_error.as_deref())
+            .bind(r.now)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let Some(settled) = settled else {
+            drop(tx);
+            return Ok(match self.delivery(r.tenant_id, r.delivery_id).await? {
+                Some(d) => Resolved::NotUnknown(d.status),
+                None => Resolved::NotFound,
+            });
+        };
+        sqlx::query(
+            "INSERT INTO delivery_attempts (id, delivery_id, attempted_at, trigger_kind, \
+             status_code, latency_ms, error, response_excerpt, resolved_by, reason) \
+             VALUES ($1, $2, $3, 'resolve', NULL, 0, $4, NULL, $5, $6)",
+        )
+        .bind(r.attempt_id)
+        .bind(r.delivery_id)
+        .bind(r.now)
+        .bind(r.last_error.as_deref())
+        .bind(r.resolved_by)
+        .bind(r.reason.as_str())
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(Resolved::Settled(settled))
     }
 
     async fn request_statuses(

@@ -60,6 +60,7 @@ pub use api_keys::{ApiKeyRecord, ApiKeyStore, KeyGrant, NewApiKey, Scope, Unknow
 pub use connectors::{ConnectorRecord, ConnectorStore, PutConnector};
 pub use deliveries::{
     AttemptRecord, AttemptRow, DeliveryRecord, DeliveryStore, DueDelivery, NewDelivery, Redelivery,
+    Resolution, Resolved,
 };
 pub use events::{EventRecord, EventStore, NewEvent, PrunedEvents};
 pub use feeds::{FeedStore, TransmitterRecord};
