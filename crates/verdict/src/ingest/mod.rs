@@ -265,6 +265,11 @@ impl Ingest {
         }
     }
 
+    /// The lifetimes of keys and their locks in force.
+    pub fn settings(&self) -> IngestSettings {
+        self.settings
+    }
+
     /// The subject's keyed digest, scoped to the tenant so digests do not correlate across
     /// tenants.
     pub fn subject_hash(&self, tenant_id: Uuid, signal: &Signal) -> [u8; 32] {

@@ -67,7 +67,7 @@ pub use feeds::{FeedStore, TransmitterRecord};
 pub use keys::{
     Claim, ClaimOutcome, KeyRef, KeyState, KeyStore, RecoveryPoint, StoredResponse, judge,
 };
-pub use operator::{OperatorStore, Undo};
+pub use operator::{KeyedUndo, OperatorStore, Undo};
 pub use pipeline::{
     Act, ActOutcome, Batch, BatchResult, CallbackDraft, CallsDone, Committed, Expected, Finished,
     HeldKey, PipelineStore, Render, RequestDraft,

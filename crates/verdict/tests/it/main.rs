@@ -45,3 +45,4 @@ mod retention;
 mod robustness;
 mod scopes;
 mod simulation;
+mod way_back;
