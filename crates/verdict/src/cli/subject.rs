@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
+use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 use crate::config::{Config, DeliveryArgs, FileConfig, KeyLifetimeArgs};
@@ -111,10 +112,12 @@ pub(super) async fn run_subject(
         args.delivery.resolve(file)?,
     )?);
     let (key_ttl_ms, lock_timeout_ms) = args.keys.resolve(file)?;
+    let background = TaskTracker::new();
     let means = Means {
         store: store.clone(),
         keys: &keys,
         deliverer,
+        background: &background,
         keying: Keying {
             key_ttl_ms,
             lock_timeout_ms,
@@ -132,7 +135,10 @@ pub(super) async fn run_subject(
         reason: &args.reason,
         key: Some(&key),
     };
-    match subjects::undo(&means, &asked).await? {
+    let answer = subjects::undo(&means, &asked).await;
+    background.close();
+    background.wait().await;
+    match answer? {
         Answer::Fresh(undone) => println!("{}", serde_json::to_string(&undone)?),
         Answer::Replayed(stored) if stored.status == 200 => {
             println!("{}", String::from_utf8_lossy(&stored.body));

@@ -73,6 +73,7 @@ async fn way_back(
         store: app.store.clone(),
         keys: &app.keys,
         deliverer: app.deliverer.clone(),
+        background: app.ingest.background(),
         keying: Keying {
             key_ttl_ms: settings.key_ttl_ms,
             lock_timeout_ms: settings.lock_timeout_ms,

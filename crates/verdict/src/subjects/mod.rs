@@ -7,11 +7,16 @@
 //! A way back may carry an `Idempotency-Key`, with the signals' contract: claimed in the key
 //! table under the way back's own endpoint, moved on in the undo's own transaction
 //! (`completed`, or `dispatched` while its connector call is out), and replayed with the same
-//! body; another body under it is refused.
+//! body; another body under it is refused. The connector call runs on the background tracker,
+//! not in the request's future: a client that goes away does not cancel it, and the call's
+//! outcome still completes the key.
 
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
+use tokio::sync::oneshot;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::clock::now_ms;
@@ -83,6 +88,8 @@ pub struct Means<'a> {
     pub store: Arc<dyn SubjectPort>,
     pub keys: &'a Keyring,
     pub deliverer: Arc<Deliverer>,
+    /// Where the connector call runs, off the request's future; shutdown waits for it.
+    pub background: &'a TaskTracker,
     pub keying: Keying,
 }
 
@@ -421,31 +428,43 @@ async fn resume(
     Ok(undone)
 }
 
-/// Calls the connector for `due` and completes the event (and `held`, the key) with its
-/// outcome.
+/// Calls the connector for `due` on the background tracker and waits for its outcome: the
+/// call, its record and the completion of the event (and of `held`, the key) go on if the
+/// request's future is dropped (a client that disconnects, a request deadline).
 async fn call(
     means: &Means<'_>,
     due: DueDelivery,
     provisional: Undone,
     held: Option<HeldKey>,
 ) -> Undone {
-    // Recorded with the delivery; `GET /v1/events/{id}` shows where it stands.
-    let outcome = match means.deliverer.attempt(&due, Trigger::Inline).await {
-        Ok(attempt) => outcome_of(&attempt),
-        Err(err) => {
-            tracing::warn!(error = ?err, "could not call the connector; the worker will");
-            Outcome::Pending
+    let (store, deliverer) = (means.store.clone(), means.deliverer.clone());
+    let (answered, answer) = oneshot::channel();
+    let span = tracing::info_span!("way_back", delivery_id = %due.id, action = %due.action);
+    let pending = provisional.clone();
+    means.background.spawn(
+        async move {
+            // Recorded with the delivery; `GET /v1/events/{id}` shows where it stands.
+            let outcome = match deliverer.attempt(&due, Trigger::Inline).await {
+                Ok(attempt) => outcome_of(&attempt),
+                Err(err) => {
+                    tracing::warn!(error = ?err, "could not call the connector; the worker will");
+                    Outcome::Pending
+                }
+            };
+            let undone = Undone {
+                outcome,
+                ..provisional
+            };
+            if let Err(err) = complete(&*store, &undone, held.as_ref()).await {
+                tracing::warn!(error = ?err,
+                    "could not record a way back's outcome; a retry with its key finishes it");
+            }
+            let _ = answered.send(undone);
         }
-    };
-    let undone = Undone {
-        outcome,
-        ..provisional
-    };
-    if let Err(err) = complete(&*means.store, &undone, held.as_ref()).await {
-        tracing::warn!(error = ?err,
-            "could not record a way back's outcome; a retry with its key finishes it");
-    }
-    undone
+        .instrument(span),
+    );
+    // Only a panic in the task drops the sender: the call's outcome is then unknown here.
+    answer.await.unwrap_or(pending)
 }
 
 /// Stores a way back's outcome on its event and, with `held`, completes its key with it.

@@ -1,6 +1,9 @@
 //! The way back (unlock, lift a deny, close a case) under an `Idempotency-Key`: the same key and
-//! body answer as the first request did and do nothing again, and another body is 422. Counted
-//! on the connector's endpoint itself.
+//! body answer as the first request did and do nothing again, another body is 422, and the
+//! connector call it makes is not cancelled by a client that goes away. Counted on the
+//! connector's endpoint itself.
+
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
@@ -271,4 +274,90 @@ async fn a_way_back_under_an_idempotency_key_is_taken_once(backend: Backend) {
     );
 }
 
-on_both_backends!(a_way_back_under_an_idempotency_key_is_taken_once,);
+/// The connector answers the unlock slowly; the client gives up (its connection closes) before
+/// it does. The call goes on: it is recorded, the key is completed with its outcome, and the
+/// client's retry with the key gets that answer. A retry while the call is out is 409.
+async fn a_client_that_goes_away_does_not_cancel_the_way_backs_call(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = db.tenant(&["--no-inbound-signature"]);
+    // The lock at once; the unlock after 1.5 s.
+    let endpoint = Receiver::start(vec![
+        Step::status(204),
+        Step::slow(204, Duration::from_millis(1500)),
+    ])
+    .await;
+    bind_idp(&db, &tenant, &endpoint.url);
+    let server = Server::start(&db, &[ALLOW_LOCAL, ("VERDICT_NO_WORKER", "1")]);
+    let locked = server.send(&tenant, Some(&new_key()), &swap("mila")).await;
+    assert_eq!(
+        action_outcome(&locked.json(), "lock_account")["outcome"],
+        "done"
+    );
+
+    let key = new_key();
+    let body = r#"{"subject": {"account": "mila"}, "reason": "verified in branch"}"#;
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(400))
+        .build()
+        .unwrap();
+    let gave_up = impatient
+        .post(format!("{}/v1/subjects/unlock", server.base))
+        .bearer_auth(&tenant.api_key)
+        .header("content-type", "application/json")
+        .header("idempotency-key", &key)
+        .body(body)
+        .send()
+        .await;
+    assert!(gave_up.is_err(), "the client gave up before the answer");
+    let busy = way_back(&server, &tenant, "unlock", Some(&key), body).await;
+    assert_problem(&busy, 409, "the same key while its call is out");
+    assert!(busy.header("retry-after").is_some());
+
+    // The call ends and is recorded although no one waits for it.
+    let mut request = Value::Null;
+    for _ in 0..100 {
+        let page = server.get(&tenant, "/v1/deliveries").await.json();
+        request = page["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["action"] == "unlock_account")
+            .cloned()
+            .unwrap_or(Value::Null);
+        if request["status"] != "pending" && !request.is_null() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(request["status"], "succeeded", "{request}");
+    assert_eq!(request["attempts"], 1, "{request}");
+    assert_eq!(unlocks(&endpoint), 1);
+
+    // The retry gets the call's outcome, stored on the key.
+    let mut retry = way_back(&server, &tenant, "unlock", Some(&key), body).await;
+    for _ in 0..50 {
+        if retry.status != 409 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        retry = way_back(&server, &tenant, "unlock", Some(&key), body).await;
+    }
+    assert_eq!(retry.status, 200, "{}", retry.text());
+    assert!(retry.replayed());
+    let undone = retry.json();
+    assert_eq!(undone["outcome"], "done", "{undone}");
+    let event = server
+        .get(
+            &tenant,
+            &format!("/v1/events/{}", undone["event_id"].as_str().unwrap()),
+        )
+        .await
+        .json();
+    assert_eq!(action_outcome(&event, "unlock_account")["outcome"], "done");
+    assert_eq!(unlocks(&endpoint), 1, "called once");
+}
+
+on_both_backends!(
+    a_way_back_under_an_idempotency_key_is_taken_once,
+    a_client_that_goes_away_does_not_cancel_the_way_backs_call,
+);
