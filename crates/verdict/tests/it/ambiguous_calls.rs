@@ -583,6 +583,43 @@ async fn the_console_resolves_an_unknown_outcome(backend: Backend) {
     .await
     .unwrap();
     assert_eq!(blank.status(), 400, "a blank reason");
+    let long = "x".repeat(501);
+    for (form, what) in [
+        (
+            [
+                ("csrf", csrf.as_str()),
+                ("outcome", "done"),
+                ("reason", long.as_str()),
+            ],
+            "a reason of 501 characters",
+        ),
+        (
+            [
+                ("csrf", csrf.as_str()),
+                ("outcome", "maybe"),
+                ("reason", "r"),
+            ],
+            "an outcome not done or failed",
+        ),
+    ] {
+        let refused = post(&tenant.api_key, &form).await.unwrap();
+        assert_eq!(refused.status(), 400, "{what}");
+    }
+    let read = post(
+        &reader.api_key,
+        &[
+            ("csrf", csrf.as_str()),
+            ("outcome", "done"),
+            ("reason", "r"),
+        ],
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        read.status(),
+        403,
+        "a read key (with another session's token)"
+    );
     let done = post(
         &tenant.api_key,
         &[
