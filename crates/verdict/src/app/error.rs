@@ -4,6 +4,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
 use crate::connectors::ConnectorError;
+use crate::delivery::resolve::ResolveError;
 use crate::idempotency::KeyError;
 use crate::ingest::IngestError;
 use crate::playbook::simulation::SimulationError;
@@ -67,6 +68,8 @@ pub enum ApiError {
     Connector(#[from] ConnectorError),
     #[error(transparent)]
     Subject(#[from] SubjectError),
+    #[error(transparent)]
+    Resolve(#[from] ResolveError),
     #[error("not found")]
     NotFound,
     #[error("{0}")]
@@ -126,19 +129,8 @@ impl ApiError {
             )
             .detail("The tenant's rate limit is exceeded; retry after the Retry-After interval.")
             .retry_after(limited.retry_after_secs),
-            Self::Ingest(IngestError::InProgress) => Problem::new(
-                "request-in-progress",
-                "A request with this Idempotency-Key is in progress",
-                StatusCode::CONFLICT,
-            )
-            .detail("Retry after the Retry-After interval to get its result.")
-            .retry_after(2),
-            Self::Ingest(IngestError::KeyReused) => Problem::new(
-                "idempotency-key-reused",
-                "This Idempotency-Key was used with a different payload",
-                StatusCode::UNPROCESSABLE_ENTITY,
-            )
-            .detail("Each distinct signal needs its own key; a retry must send the same payload."),
+            Self::Ingest(IngestError::InProgress) => in_progress(),
+            Self::Ingest(IngestError::KeyReused) => key_reused("signal"),
             Self::Playbook(PlaybookStoreError::Invalid(e)) => match e {
                 PlaybookError::Invalid(_) => Problem::new(
                     "invalid-playbook",
@@ -174,10 +166,19 @@ impl ApiError {
             .detail(ConnectorError::TooMany.to_string()),
             Self::Connector(ConnectorError::NotFound(_)) => Problem::not_found(),
             Self::Connector(e) if e.is_input() => Problem::invalid_request(e.to_string()),
-            Self::Subject(SubjectError::Reason) => {
-                Problem::invalid_request(SubjectError::Reason.to_string())
-            }
+            Self::Subject(SubjectError::Reason(e)) => Problem::invalid_request(e.to_string()),
+            Self::Subject(SubjectError::InProgress) => in_progress(),
+            Self::Subject(SubjectError::KeyReused) => key_reused("way back"),
             Self::Subject(SubjectError::Store(e)) if e.is_transient() => Problem::unavailable(),
+            Self::Resolve(ResolveError::Reason(e)) => Problem::invalid_request(e.to_string()),
+            Self::Resolve(ResolveError::NotFound) => Problem::not_found(),
+            Self::Resolve(e @ ResolveError::NotUnknown(_)) => Problem::new(
+                "delivery-not-unknown",
+                "Only an action request whose outcome is unknown can be resolved",
+                StatusCode::CONFLICT,
+            )
+            .detail(e.to_string()),
+            Self::Resolve(ResolveError::Store(e)) if e.is_transient() => Problem::unavailable(),
             Self::Tenant(TenantError::Store(e)) if e.is_transient() => Problem::unavailable(),
             Self::NotFound
             | Self::Tenant(TenantError::NotFound(_) | TenantError::KeyNotFound { .. }) => {
@@ -192,9 +193,33 @@ impl ApiError {
             | Self::Simulation(_)
             | Self::Connector(_)
             | Self::Subject(_)
+            | Self::Resolve(_)
             | Self::Extraction(_) => Problem::internal(),
         }
     }
+}
+
+/// 409: a request with the same `Idempotency-Key` is being processed.
+fn in_progress() -> Problem {
+    Problem::new(
+        "request-in-progress",
+        "A request with this Idempotency-Key is in progress",
+        StatusCode::CONFLICT,
+    )
+    .detail("Retry after the Retry-After interval to get its result.")
+    .retry_after(2)
+}
+
+/// 422: the `Idempotency-Key` was used with another body; each distinct `what` needs its own.
+fn key_reused(what: &str) -> Problem {
+    Problem::new(
+        "idempotency-key-reused",
+        "This Idempotency-Key was used with a different payload",
+        StatusCode::UNPROCESSABLE_ENTITY,
+    )
+    .detail(format!(
+        "Each distinct {what} needs its own key; a retry must send the same payload."
+    ))
 }
 
 impl IntoResponse for ApiError {

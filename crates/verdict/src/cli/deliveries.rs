@@ -1,4 +1,5 @@
-//! `verdict deliveries …`: list, show and redeliver a tenant's callbacks and connector calls.
+//! `verdict deliveries …`: list, show, redeliver and resolve a tenant's callbacks and connector
+//! calls.
 
 use std::sync::Arc;
 
@@ -7,6 +8,7 @@ use clap::Subcommand;
 use uuid::Uuid;
 
 use crate::config::{Config, DeliveryArgs};
+use crate::delivery::resolve::{self, Settled};
 use crate::delivery::{REDELIVER_INTERVAL, Redelivered};
 use crate::store;
 
@@ -36,6 +38,19 @@ pub enum DeliveriesCommand {
         id: Uuid,
         #[command(flatten)]
         delivery: DeliveryArgs,
+    },
+    /// Settle an action request whose outcome is unknown (an at-most-once connector's call
+    /// that may or may not have acted) as done or failed, once the tenant's system says which.
+    Resolve {
+        #[arg(long)]
+        tenant: Uuid,
+        id: Uuid,
+        /// What the request did: done or failed.
+        #[arg(long)]
+        outcome: Settled,
+        /// Why, for the record (1 to 500 characters).
+        #[arg(long)]
+        reason: String,
     },
 }
 
@@ -114,6 +129,16 @@ pub(super) async fn run_deliveries(
                      progress, or the endpoint is disabled"
                 ),
             }
+        }
+        DeliveriesCommand::Resolve {
+            tenant,
+            id,
+            outcome,
+            reason,
+        } => {
+            // The CLI acts as the operator with no API key: recorded as the nil key.
+            let d = resolve::resolve(&*store, tenant, id, outcome, &reason, Uuid::nil()).await?;
+            println!("{}", show(d));
         }
     }
     Ok(())

@@ -1,18 +1,21 @@
 //! `verdict subject …`: find a subject by the identifier an analyst holds, and take the way
-//! back (unlock, lift a deny, close a case), as `POST /v1/subjects/…` does.
+//! back (unlock, lift a deny, close a case), as `POST /v1/subjects/…` does, always under an
+//! idempotency key (`--idempotency-key`, a fresh one by default).
 
 use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
+use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
-use crate::config::{Config, DeliveryArgs, FileConfig};
+use crate::config::{Config, DeliveryArgs, FileConfig, KeyLifetimeArgs};
 use crate::domain::ActionKind;
+use crate::idempotency::IdempotencyKey;
 use crate::playbook::{Format, Playbook, current_source};
 use crate::signal::subject_of;
 use crate::store;
-use crate::subjects::{self, Operator};
+use crate::subjects::{self, Answer, Asked, Keying, Means, Operator};
 
 /// Who: exactly one of a phone number or an account.
 #[derive(Debug, Args)]
@@ -52,6 +55,13 @@ pub struct WayBackArgs {
     /// Why, for the record (1 to 500 characters).
     #[arg(long)]
     reason: String,
+    /// The way back's idempotency key (1 to 255 visible ASCII characters): run again with the
+    /// same key and reason, it answers as the first run did and does nothing again. Default: a
+    /// fresh UUIDv4.
+    #[arg(long)]
+    idempotency_key: Option<String>,
+    #[command(flatten)]
+    keys: KeyLifetimeArgs,
     #[command(flatten)]
     delivery: DeliveryArgs,
 }
@@ -90,24 +100,54 @@ pub(super) async fn run_subject(
     let stored = current_source(&*store, tenant).await?;
     let format = Format::from_name(&stored.format).unwrap_or(Format::Toml);
     let playbook = Playbook::parse(&stored.source, format)?;
-    let deliverer =
-        crate::delivery::Deliverer::new(store.clone(), keys.clone(), args.delivery.resolve(file)?)?;
-    // The CLI acts as the operator with no API key: recorded as the nil key.
-    let operator = Operator {
-        tenant_id: tenant,
-        key_id: Uuid::nil(),
-    };
-    let undone = subjects::undo(
-        &*store,
-        &keys,
-        &deliverer,
-        operator,
-        (&playbook, stored.version),
-        action,
-        &subject,
-        &args.reason,
+    let key = IdempotencyKey::try_from(
+        args.idempotency_key
+            .unwrap_or_else(|| Uuid::new_v4().to_string())
+            .as_str(),
     )
-    .await?;
-    println!("{}", serde_json::to_string(&undone)?);
+    .context("--idempotency-key")?;
+    let deliverer = Arc::new(crate::delivery::Deliverer::new(
+        store.clone(),
+        keys.clone(),
+        args.delivery.resolve(file)?,
+    )?);
+    let (key_ttl_ms, lock_timeout_ms) = args.keys.resolve(file)?;
+    let background = TaskTracker::new();
+    let means = Means {
+        store: store.clone(),
+        keys: &keys,
+        deliverer,
+        background: &background,
+        keying: Keying {
+            key_ttl_ms,
+            lock_timeout_ms,
+        },
+    };
+    let asked = Asked {
+        // The CLI acts as the operator with no API key: recorded as the nil key.
+        operator: Operator {
+            tenant_id: tenant,
+            key_id: Uuid::nil(),
+        },
+        playbook: (&playbook, stored.version),
+        action,
+        subject: &subject,
+        reason: &args.reason,
+        key: Some(&key),
+    };
+    let answer = subjects::undo(&means, &asked).await;
+    background.close();
+    background.wait().await;
+    match answer? {
+        Answer::Fresh(undone) => println!("{}", serde_json::to_string(&undone)?),
+        Answer::Replayed(stored) if stored.status == 200 => {
+            println!("{}", String::from_utf8_lossy(&stored.body));
+        }
+        Answer::Replayed(stored) => anyhow::bail!(
+            "the way back under this key failed earlier (HTTP {}): {}",
+            stored.status,
+            String::from_utf8_lossy(&stored.body)
+        ),
+    }
     Ok(())
 }

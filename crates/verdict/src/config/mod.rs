@@ -297,6 +297,37 @@ pub struct ServeArgs {
     pub sets: SetArgs,
 }
 
+/// The lifetimes of an idempotency key and its lock, for a command that claims keys outside
+/// `verdict serve` (the way back): the same settings, variables and defaults as `serve`'s.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct KeyLifetimeArgs {
+    /// How long an idempotency key is remembered, in seconds.
+    #[arg(long, env = "VERDICT_KEY_TTL_SECS")]
+    pub key_ttl_secs: Option<u64>,
+    /// How long a crashed holder's lock blocks its key, in seconds.
+    #[arg(long, env = "VERDICT_LOCK_TIMEOUT_SECS")]
+    pub lock_timeout_secs: Option<u64>,
+}
+
+impl KeyLifetimeArgs {
+    /// (key lifetime, lock timeout) in ms: flags and environment, then the file, then defaults.
+    pub fn resolve(&self, file: &FileConfig) -> Result<(i64, i64), ConfigError> {
+        let ms = |s: u64| i64::try_from(s.saturating_mul(1000)).unwrap_or(i64::MAX);
+        let lock = self
+            .lock_timeout_secs
+            .or(file.lock_timeout_secs)
+            .unwrap_or(DEFAULT_LOCK_TIMEOUT_SECS);
+        if lock < 1 {
+            return Err(ConfigError::LockTimeoutTooShort(lock));
+        }
+        let ttl = self
+            .key_ttl_secs
+            .or(file.key_ttl_secs)
+            .unwrap_or(DEFAULT_KEY_TTL_SECS);
+        Ok((ms(ttl), ms(lock)))
+    }
+}
+
 /// The resolved settings for database access and secrets.
 #[derive(Debug, Clone)]
 pub struct Config {

@@ -1,4 +1,5 @@
-//! Events, one event with its deliveries and attempts, the deliveries list, and redelivery.
+//! Events, one event with its deliveries and attempts, the deliveries list, redelivery, and the
+//! resolution of an unknown outcome.
 
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
@@ -11,7 +12,9 @@ use uuid::Uuid;
 use super::layout::{self, Section};
 use super::{CsrfOnly, Operator};
 use crate::app::AppState;
-use crate::delivery::{DeliveryStatus, Redelivered};
+use crate::delivery::resolve::{self, ResolveError, Settled};
+use crate::delivery::{DeliveryStatus, Redelivered, current_outcomes};
+use crate::domain::{ActionResult, MAX_REASON_CHARS};
 use crate::secrets::hex;
 use crate::store::{DeliveryRecord, EventFilter, EventRecord, Scope};
 
@@ -157,9 +160,10 @@ pub async fn show(
             Err(err) => return unavailable(&err),
         }
     }
+    let actions = current_actions(&event.actions, &deliveries);
     let body = html! {
         (layout::notice(done.done.as_deref()))
-        (event_summary(&event))
+        (event_summary(&event, &actions))
         h2 { "Deliveries" }
         @if deliveries.is_empty() { p { "This decision sent no callback." } }
         @for section in delivery_sections { (section) }
@@ -174,8 +178,18 @@ fn pretty(json: &str) -> String {
         .unwrap_or_else(|| json.to_owned())
 }
 
-fn event_summary(e: &EventRecord) -> Markup {
-    let actions: Vec<Value> = serde_json::from_str(&e.actions).unwrap_or_default();
+/// The event's action outcomes, each connector call's as its request stands now.
+fn current_actions(stored: &str, deliveries: &[DeliveryRecord]) -> Vec<Value> {
+    let current = serde_json::from_str::<Vec<ActionResult>>(stored)
+        .ok()
+        .and_then(|results| serde_json::to_value(current_outcomes(results, deliveries)).ok());
+    match current {
+        Some(Value::Array(actions)) => actions,
+        _ => serde_json::from_str(stored).unwrap_or_default(),
+    }
+}
+
+fn event_summary(e: &EventRecord, actions: &[Value]) -> Markup {
     html! {
         dl.event {
             dt { "Event" } dd { code { (e.id) } }
@@ -193,7 +207,7 @@ fn event_summary(e: &EventRecord) -> Markup {
         table.actions {
             thead { tr { th { "Action" } th { "Outcome" } } }
             tbody {
-                @for a in &actions {
+                @for a in actions {
                     tr {
                         td { (a["action"].as_str().unwrap_or("?")) }
                         td { (a["outcome"].as_str().unwrap_or("?")) }
@@ -227,6 +241,7 @@ async fn delivery_section(
     };
     let d = &d;
     let redeliverable = matches!(d.status, DeliveryStatus::Dead | DeliveryStatus::Failed);
+    let resolvable = d.status == DeliveryStatus::Unknown && d.action != crate::delivery::CALLBACK;
     Ok(html! {
         section.delivery id={ "delivery-" (d.id) } {
             h3 {
@@ -238,6 +253,16 @@ async fn delivery_section(
                 form method="post" action={ "/console/deliveries/" (d.id) "/redeliver" } {
                     (layout::csrf(operator))
                     button type="submit" { "Redeliver" }
+                }
+            }
+            @if resolvable && operator.can_act() {
+                form.resolve method="post" action={ "/console/deliveries/" (d.id) "/resolve" } {
+                    (layout::csrf(operator))
+                    p.hint { "The connector may or may not have acted: ask the tenant's system, then say what it did." }
+                    label { "Reason " input type="text" name="reason" required minlength="1" maxlength=(MAX_REASON_CHARS); }
+                    button type="submit" name="outcome" value="done" { "Resolve done" }
+                    " "
+                    button type="submit" name="outcome" value="failed" { "Resolve failed" }
                 }
             }
             table.attempts {
@@ -354,6 +379,65 @@ pub async fn redeliver(
         }
         Err(err) => return unavailable(&err),
     };
+    let done: String = url::form_urlencoded::byte_serialize(message.as_bytes()).collect();
+    Redirect::to(&format!(
+        "/console/events/{}?done={done}#delivery-{id}",
+        delivery.event_id
+    ))
+    .into_response()
+}
+
+/// The resolution form: the session's CSRF token, what the request did, and why.
+#[derive(Debug, Deserialize)]
+pub struct ResolveForm {
+    csrf: String,
+    #[serde(default)]
+    outcome: String,
+    #[serde(default)]
+    reason: String,
+}
+
+/// `POST /console/deliveries/{id}/resolve`: settles an action request whose outcome is
+/// `unknown` as done or failed (admin), as `POST /v1/deliveries/{id}/resolve` does.
+pub async fn resolve(
+    State(app): State<AppState>,
+    operator: Operator,
+    Path(id): Path<String>,
+    axum::Form(form): axum::Form<ResolveForm>,
+) -> Response {
+    let tenant = match operator.acting(&form.csrf, Scope::Admin) {
+        Ok(t) => t,
+        Err(refused) => return refused.into_response(),
+    };
+    let Ok(id) = Uuid::parse_str(&id) else {
+        return layout::refusal(StatusCode::NOT_FOUND, "No such delivery.");
+    };
+    let Ok(settled) = form.outcome.parse::<Settled>() else {
+        return layout::refusal(StatusCode::BAD_REQUEST, "Resolve as done or failed.");
+    };
+    let resolved = resolve::resolve(
+        &*app.store,
+        tenant.id,
+        id,
+        settled,
+        &form.reason,
+        operator.key_id(),
+    )
+    .await;
+    let delivery = match resolved {
+        Ok(d) => d,
+        Err(ResolveError::NotFound) => {
+            return layout::refusal(StatusCode::NOT_FOUND, "No such delivery.");
+        }
+        Err(ResolveError::Store(err)) => return unavailable(&err),
+        Err(err @ ResolveError::Reason(_)) => {
+            return layout::refusal(StatusCode::BAD_REQUEST, &format!("Not resolved: {err}."));
+        }
+        Err(err @ ResolveError::NotUnknown(_)) => {
+            return layout::refusal(StatusCode::CONFLICT, &format!("Not resolved: {err}."));
+        }
+    };
+    let message = format!("Resolved {}: recorded with your reason.", settled.as_str());
     let done: String = url::form_urlencoded::byte_serialize(message.as_bytes()).collect();
     Redirect::to(&format!(
         "/console/events/{}?done={done}#delivery-{id}",

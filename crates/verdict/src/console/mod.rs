@@ -58,6 +58,7 @@ pub fn router() -> Router<AppState> {
         .route("/events/{id}", get(events::show))
         .route("/deliveries", get(events::deliveries))
         .route("/deliveries/{id}/redeliver", post(events::redeliver))
+        .route("/deliveries/{id}/resolve", post(events::resolve))
         .route("/playbook", get(playbook::show))
         .route("/playbook/check", post(playbook::check))
         .route("/playbook/publish", post(playbook::publish))
@@ -148,6 +149,11 @@ impl Operator {
 
     fn can_act(&self) -> bool {
         self.grant.scope.allows(Scope::Admin)
+    }
+
+    /// The signed-in API key, for the record of what it did.
+    fn key_id(&self) -> uuid::Uuid {
+        self.grant.key_id
     }
 }
 

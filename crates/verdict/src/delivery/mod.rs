@@ -6,9 +6,11 @@
 //! - [`attempt`]: one signed POST and its classification.
 //! - [`schedule`]: the state a delivery moves to after an attempt.
 //! - [`worker`]: leases due deliveries and attempts them.
+//! - [`resolve`]: an operator settles an action request whose outcome is `unknown`.
 
 pub mod attempt;
 pub mod connector;
+pub mod resolve;
 pub mod schedule;
 pub mod worker;
 
@@ -20,6 +22,7 @@ use uuid::Uuid;
 use crate::clock::now_ms;
 use crate::connectors::request;
 use crate::destination;
+use crate::domain::{ActionResult, Guarantee, Outcome};
 use crate::secrets::Keyring;
 use crate::store::failpoint::failpoint;
 use crate::store::{
@@ -325,6 +328,18 @@ impl Deliverer {
         // The three points a crash can meet a call at: before it, during it (the receiver
         // has it, the answer never comes back), and after it before its record.
         failpoint!("connector::before_call");
+        // An at-most-once connector's request is marked sent, durably, before the first byte
+        // leaves. Found marked, a call was sent and its outcome never recorded (a crash
+        // between them): it may have acted, so it is not made again.
+        if connector.guarantee == Guarantee::AtMostOnce
+            && !self.store.mark_sent(due.id, now_ms()).await?
+        {
+            tracing::warn!(
+                "an at-most-once call was sent before and its outcome never recorded; \
+                 not calling again, the outcome is unknown"
+            );
+            return Ok(not_sent(AttemptOutcome::Unknown, SENT_BEFORE));
+        }
         let attempt = connector::call(
             &self.client,
             &call,
@@ -369,9 +384,37 @@ impl Deliverer {
     }
 }
 
+/// An event's action outcomes as stored with it, with each connector call that was still open
+/// then (`pending`, or `unknown` until an operator resolves it) replaced by where its request
+/// (among `deliveries`, the event's) stands now: the final state once the worker or an operator
+/// settled it.
+pub fn current_outcomes(
+    mut results: Vec<ActionResult>,
+    deliveries: &[crate::store::DeliveryRecord],
+) -> Vec<ActionResult> {
+    for result in &mut results {
+        if result.connector.is_none()
+            || !matches!(result.outcome, Outcome::Pending | Outcome::Unknown)
+        {
+            continue;
+        }
+        if let Some(d) = deliveries
+            .iter()
+            .find(|d| d.action == result.action.as_str())
+        {
+            result.outcome = Outcome::of_request(d.status, d.last_error.as_deref());
+        }
+    }
+    results
+}
+
 /// How long a connector's settings, once read, are used: a change reaches every instance's
 /// calls within this.
 pub const CONNECTOR_TTL: Duration = Duration::from_secs(5);
+
+/// Why an at-most-once connector's request was not called again.
+pub const SENT_BEFORE: &str = "not called again: an earlier call was sent and its outcome \
+     never recorded (it may have acted); an operator resolves it";
 
 /// The `action` of a callback delivery.
 pub const CALLBACK: &str = "callback";

@@ -7,6 +7,7 @@ pub mod decision;
 pub mod delivery;
 pub mod feed;
 pub mod key;
+pub mod reason;
 pub mod signal;
 pub mod time;
 
@@ -19,5 +20,6 @@ pub use decision::{Decision, UnknownDecision};
 pub use delivery::{DeliveryStatus, Next, UnknownStatus};
 pub use feed::{Feed, IGNORED_DECISION, RISC_CREDENTIAL_COMPROMISE, UNMAPPED_TYPE, UnknownFeed};
 pub use key::{KeyState, UnknownKeyState};
+pub use reason::{InvalidReason, MAX_REASON_CHARS, Reason};
 pub use signal::{SignalType, UnknownSignalType};
 pub use time::UnixMillis;

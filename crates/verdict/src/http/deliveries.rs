@@ -1,6 +1,8 @@
-//! `GET /v1/deliveries`, `GET /v1/deliveries/{id}` and `POST /v1/deliveries/{id}/redeliver`.
+//! `GET /v1/deliveries`, `GET /v1/deliveries/{id}`, `POST /v1/deliveries/{id}/redeliver` and
+//! `POST /v1/deliveries/{id}/resolve`.
 
 use axum::Json;
+use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -12,6 +14,7 @@ use super::events::{DeliveryState, DeliveryView, rfc3339};
 use super::extract::{Path, Query};
 use crate::app::AppState;
 use crate::app::error::ApiError;
+use crate::delivery::resolve::{self, Resolve};
 use crate::delivery::{DeliveryStatus, REDELIVER_INTERVAL, Redelivered};
 use crate::problem::Problem;
 use crate::store::AttemptRow;
@@ -80,6 +83,12 @@ pub struct AttemptView {
     error: Option<String>,
     /// The first 1 KiB of the response, as text where it is UTF-8.
     response: Option<String>,
+    /// A resolution's API key (`trigger` `resolve`; the nil key when the CLI resolved it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    resolved_by: Option<Uuid>,
+    /// A resolution's reason.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
 }
 
 impl From<AttemptRow> for AttemptView {
@@ -93,6 +102,8 @@ impl From<AttemptRow> for AttemptView {
             response: a
                 .response_excerpt
                 .map(|b| String::from_utf8_lossy(&b).into_owned()),
+            resolved_by: a.resolved_by,
+            reason: a.reason,
         }
     }
 }
@@ -184,4 +195,32 @@ pub async fn redeliver(
             ),
         )),
     }
+}
+
+/// `POST /v1/deliveries/{id}/resolve`: settles an action request whose outcome is `unknown` (an
+/// at-most-once connector's call that may or may not have acted) as `done` or `failed`, once
+/// someone has asked the tenant's system; records the API key and the reason as an attempt
+/// (trigger `resolve`), and the event's action outcome follows. Nothing is called.
+#[utoipa::path(post, path = "/v1/deliveries/{id}/resolve", operation_id = "resolve_delivery", tag = "deliveries",
+    params(("id" = Uuid, Path, description = "The delivery id")),
+    request_body(content = Resolve, content_type = "application/json"),
+    responses((status = 200, body = DeliveryDetail, description = "Resolved: the request with its attempts, the resolution last"),
+        (status = 400, body = Problem, description = "Not `done` or `failed`, or no reason of 1 to 500 characters"),
+        (status = 404, body = Problem, description = "Not found"),
+        (status = 409, body = Problem, description = "Not an action request whose outcome is `unknown`")))]
+pub async fn resolve(
+    State(app): State<AppState>,
+    auth: Authenticated,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Json<DeliveryDetail>, ApiError> {
+    let tenant = auth.require(Scope::Admin)?;
+    let id = Uuid::parse_str(&id).map_err(|_| ApiError::NotFound)?;
+    let Resolve { outcome, reason } = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::Invalid(format!(
+            "the body must be {{\"outcome\": \"done\"|\"failed\", \"reason\": \"…\"}}: {e}"
+        ))
+    })?;
+    resolve::resolve(&*app.store, tenant.id, id, outcome, &reason, auth.key_id()).await?;
+    Ok(Json(detail(&app, tenant.id, id).await?))
 }

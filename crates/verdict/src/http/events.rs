@@ -13,7 +13,7 @@ use crate::app::AppState;
 use crate::app::error::ApiError;
 pub use crate::clock::rfc3339;
 use crate::delivery::DeliveryStatus;
-use crate::domain::{ActionResult, Outcome};
+use crate::domain::ActionResult;
 use crate::problem::Problem;
 use crate::secrets::hex;
 use crate::store::Scope;
@@ -195,24 +195,12 @@ pub async fn show(
     Ok(Json(view))
 }
 
-/// The event's action outcomes with each connector call still `pending` when they were stored
-/// replaced by where its request stands now: the final state once the worker finished it.
+/// The event's action outcomes, each connector call's as its request stands now.
 fn with_request_outcomes(actions: Value, deliveries: &[DeliveryRecord]) -> Value {
-    let Ok(mut results) = serde_json::from_value::<Vec<ActionResult>>(actions.clone()) else {
+    let Ok(results) = serde_json::from_value::<Vec<ActionResult>>(actions.clone()) else {
         return actions;
     };
-    for result in &mut results {
-        if result.connector.is_none() || result.outcome != Outcome::Pending {
-            continue;
-        }
-        if let Some(d) = deliveries
-            .iter()
-            .find(|d| d.action == result.action.as_str())
-        {
-            result.outcome = Outcome::of_request(d.status, d.last_error.as_deref());
-        }
-    }
-    serde_json::to_value(results).unwrap_or(actions)
+    serde_json::to_value(crate::delivery::current_outcomes(results, deliveries)).unwrap_or(actions)
 }
 
 /// What stands against a subject.

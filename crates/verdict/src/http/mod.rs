@@ -41,6 +41,7 @@ pub fn router() -> Router<AppState> {
         .route("/v1/deliveries", get(deliveries::list))
         .route("/v1/deliveries/{id}", get(deliveries::show))
         .route("/v1/deliveries/{id}/redeliver", post(deliveries::redeliver))
+        .route("/v1/deliveries/{id}/resolve", post(deliveries::resolve))
         .route("/v1/playbook", get(playbook::show).put(playbook::replace))
         .route("/v1/playbook/simulate", post(playbook::simulate))
         .route("/v1/keys", get(keys::list).post(keys::create))

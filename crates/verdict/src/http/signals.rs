@@ -135,7 +135,8 @@ async fn replay_same_bytes(
     Some(stored_response(stored, true))
 }
 
-fn idempotency_key(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, KeyError> {
+/// The request's `Idempotency-Key`, if it has one, checked (sent at most once).
+pub(super) fn idempotency_key(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, KeyError> {
     let mut values = headers.get_all("idempotency-key").iter();
     let Some(first) = values.next() else {
         return Ok(None);
@@ -235,7 +236,8 @@ impl<'a> Signed<'a> {
     }
 }
 
-fn stored_response(stored: StoredResponse, replayed: bool) -> Response {
+/// A stored response as sent (marked `Idempotent-Replayed: true` when `replayed`).
+pub(super) fn stored_response(stored: StoredResponse, replayed: bool) -> Response {
     let status = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let content_type = if status.is_success() {
         "application/json"

@@ -1,10 +1,13 @@
 //! `POST /v1/subjects/lookup` (a subject by the identifier an analyst holds) and the way back:
-//! `POST /v1/subjects/unlock`, `/lift-deny` and `/close-case` (admin scope). The identifier
-//! comes in the body, so it never reaches a path, a log line or the database.
+//! `POST /v1/subjects/unlock`, `/lift-deny` and `/close-case` (admin scope), each with an
+//! optional `Idempotency-Key`. The identifier comes in the body, so it never reaches a path, a
+//! log line or the database.
 
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
 
 use super::auth::Authenticated;
 use super::events::{SubjectView, subject_view};
@@ -14,7 +17,7 @@ use crate::domain::ActionKind;
 use crate::problem::Problem;
 use crate::signal::{Subject, subject_of};
 use crate::store::Scope;
-use crate::subjects::{self, Operator, Undone, WayBack, WhoIs};
+use crate::subjects::{self, Answer, Asked, Keying, Means, Operator, Undone, WayBack, WhoIs};
 
 /// The subject a body names, checked as a signal's is.
 fn subject(who: WhoIs) -> Result<Subject, ApiError> {
@@ -49,9 +52,11 @@ pub async fn lookup(
 async fn way_back(
     app: &AppState,
     auth: &Authenticated,
+    headers: &HeaderMap,
     action: ActionKind,
     body: &[u8],
-) -> Result<Json<Undone>, ApiError> {
+) -> Result<Response, ApiError> {
+    let key = super::signals::idempotency_key(headers)?;
     let tenant = auth.require(Scope::Admin)?;
     let WayBack {
         subject: who,
@@ -63,22 +68,32 @@ async fn way_back(
     })?;
     let subject = subject(who)?;
     let (playbook, version) = app.ingest.playbook_in_force(tenant.id).await?;
-    let operator = Operator {
-        tenant_id: tenant.id,
-        key_id: auth.key_id(),
+    let settings = app.ingest.settings();
+    let means = Means {
+        store: app.store.clone(),
+        keys: &app.keys,
+        deliverer: app.deliverer.clone(),
+        background: app.ingest.background(),
+        keying: Keying {
+            key_ttl_ms: settings.key_ttl_ms,
+            lock_timeout_ms: settings.lock_timeout_ms,
+        },
     };
-    let undone = subjects::undo(
-        &*app.store,
-        &app.keys,
-        &app.deliverer,
-        operator,
-        (&playbook, version),
+    let asked = Asked {
+        operator: Operator {
+            tenant_id: tenant.id,
+            key_id: auth.key_id(),
+        },
+        playbook: (&playbook, version),
         action,
-        &subject,
-        &reason,
-    )
-    .await?;
-    Ok(Json(undone))
+        subject: &subject,
+        reason: &reason,
+        key: key.as_ref(),
+    };
+    Ok(match subjects::undo(&means, &asked).await? {
+        Answer::Fresh(undone) => Json(undone).into_response(),
+        Answer::Replayed(stored) => super::signals::stored_response(stored, true),
+    })
 }
 
 /// `POST /v1/subjects/unlock`: removes the subject's account lock and re-activates the account
@@ -86,14 +101,19 @@ async fn way_back(
 #[utoipa::path(post, path = "/v1/subjects/unlock", operation_id = "unlock_subject",
     tag = "subjects",
     request_body(content = WayBack, content_type = "application/json"),
-    responses((status = 200, body = Undone, description = "Unlocked, or nothing to unlock"),
-        (status = 400, body = Problem, description = "Invalid subject or reason")))]
+    params(("Idempotency-Key" = Option<String>, Header, description = "1 to 255 visible ASCII characters, bare or as a quoted Structured Field string: a retry with the same key and body gets the stored answer, with `Idempotent-Replayed: true`",
+        pattern = r#"^(?:[!#-~][!-~]{0,254}|"(?:[!#-\[\]-~]|\\["\\]){1,255}")$"#)),
+    responses((status = 200, body = Undone, description = "Unlocked, or nothing to unlock; with `Idempotent-Replayed: true` when replayed"),
+        (status = 400, body = Problem, description = "Invalid subject, reason or Idempotency-Key"),
+        (status = 409, body = Problem, description = "In progress under this Idempotency-Key; retry after `Retry-After`"),
+        (status = 422, body = Problem, description = "The Idempotency-Key was used with another subject or reason")))]
 pub async fn unlock(
     State(app): State<AppState>,
     auth: Authenticated,
+    headers: HeaderMap,
     body: Bytes,
-) -> Result<Json<Undone>, ApiError> {
-    way_back(&app, &auth, ActionKind::UnlockAccount, &body).await
+) -> Result<Response, ApiError> {
+    way_back(&app, &auth, &headers, ActionKind::UnlockAccount, &body).await
 }
 
 /// `POST /v1/subjects/lift-deny`: lifts the subject's standing deny (through the connector
@@ -101,14 +121,19 @@ pub async fn unlock(
 #[utoipa::path(post, path = "/v1/subjects/lift-deny", operation_id = "lift_deny",
     tag = "subjects",
     request_body(content = WayBack, content_type = "application/json"),
-    responses((status = 200, body = Undone, description = "Lifted, or nothing to lift"),
-        (status = 400, body = Problem, description = "Invalid subject or reason")))]
+    params(("Idempotency-Key" = Option<String>, Header, description = "1 to 255 visible ASCII characters, bare or as a quoted Structured Field string: a retry with the same key and body gets the stored answer, with `Idempotent-Replayed: true`",
+        pattern = r#"^(?:[!#-~][!-~]{0,254}|"(?:[!#-\[\]-~]|\\["\\]){1,255}")$"#)),
+    responses((status = 200, body = Undone, description = "Lifted, or nothing to lift; with `Idempotent-Replayed: true` when replayed"),
+        (status = 400, body = Problem, description = "Invalid subject, reason or Idempotency-Key"),
+        (status = 409, body = Problem, description = "In progress under this Idempotency-Key; retry after `Retry-After`"),
+        (status = 422, body = Problem, description = "The Idempotency-Key was used with another subject or reason")))]
 pub async fn lift_deny(
     State(app): State<AppState>,
     auth: Authenticated,
+    headers: HeaderMap,
     body: Bytes,
-) -> Result<Json<Undone>, ApiError> {
-    way_back(&app, &auth, ActionKind::LiftDeny, &body).await
+) -> Result<Response, ApiError> {
+    way_back(&app, &auth, &headers, ActionKind::LiftDeny, &body).await
 }
 
 /// `POST /v1/subjects/close-case`: closes the subject's open case (through the connector
@@ -116,12 +141,17 @@ pub async fn lift_deny(
 #[utoipa::path(post, path = "/v1/subjects/close-case", operation_id = "close_case",
     tag = "subjects",
     request_body(content = WayBack, content_type = "application/json"),
-    responses((status = 200, body = Undone, description = "Closed, or nothing to close"),
-        (status = 400, body = Problem, description = "Invalid subject or reason")))]
+    params(("Idempotency-Key" = Option<String>, Header, description = "1 to 255 visible ASCII characters, bare or as a quoted Structured Field string: a retry with the same key and body gets the stored answer, with `Idempotent-Replayed: true`",
+        pattern = r#"^(?:[!#-~][!-~]{0,254}|"(?:[!#-\[\]-~]|\\["\\]){1,255}")$"#)),
+    responses((status = 200, body = Undone, description = "Closed, or nothing to close; with `Idempotent-Replayed: true` when replayed"),
+        (status = 400, body = Problem, description = "Invalid subject, reason or Idempotency-Key"),
+        (status = 409, body = Problem, description = "In progress under this Idempotency-Key; retry after `Retry-After`"),
+        (status = 422, body = Problem, description = "The Idempotency-Key was used with another subject or reason")))]
 pub async fn close_case(
     State(app): State<AppState>,
     auth: Authenticated,
+    headers: HeaderMap,
     body: Bytes,
-) -> Result<Json<Undone>, ApiError> {
-    way_back(&app, &auth, ActionKind::CloseCase, &body).await
+) -> Result<Response, ApiError> {
+    way_back(&app, &auth, &headers, ActionKind::CloseCase, &body).await
 }

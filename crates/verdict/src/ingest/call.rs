@@ -17,6 +17,7 @@ use crate::delivery::attempt::Attempt;
 use crate::delivery::schedule::{AttemptOutcome, Trigger};
 use crate::domain::{ActionKind, Outcome};
 use crate::signal::Subject;
+use crate::store::failpoint::failpoint;
 use crate::store::{CallsDone, DueDelivery, HeldKey, RequestDraft, StoreError, StoredResponse};
 
 use super::Decided;
@@ -140,6 +141,8 @@ impl Ingest {
         outcomes: &[(ActionKind, Outcome)],
         held: Option<&HeldKey>,
     ) -> Result<StoredResponse, IngestError> {
+        // A failure here leaves the key `dispatched` with its calls made (and recorded).
+        failpoint!("ingest::before_complete_calls");
         let response = with_outcomes(provisional, outcomes)?;
         let body: SignalResponse = serde_json::from_slice(&response.body).map_err(corrupt)?;
         let actions = json(&body.record.actions);
@@ -160,8 +163,8 @@ impl Ingest {
     }
 
     /// Finishes a key a dead holder left `dispatched`: calls again each of its event's action
-    /// requests still pending whose lease ended (the same bytes, the same key), then completes
-    /// it with the outcomes as they stand.
+    /// requests still pending whose lease ended and whose retry is due (the same bytes, the
+    /// same key), then completes it with the outcomes as they stand; 409 while one is not.
     pub(super) async fn resume_calls(
         &self,
         held: &HeldKey,
@@ -175,7 +178,8 @@ impl Ingest {
             .lease_requests(held.key.tenant_id, event_id, now, leased_until)
             .await?;
         // What the earlier attempts settled, for the requests not called now. One still
-        // pending and not leased by us is another instance's call in flight: wait for it.
+        // pending and not leased by us is another instance's call in flight, or a retry not
+        // due yet (the schedule's, or a `Retry-After` the connector asked for): wait for it.
         let mut outcomes: Vec<(ActionKind, Outcome)> = Vec::new();
         for (action, status, error) in self
             .store

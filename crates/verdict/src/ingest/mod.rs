@@ -265,6 +265,17 @@ impl Ingest {
         }
     }
 
+    /// The lifetimes of keys and their locks in force.
+    pub fn settings(&self) -> IngestSettings {
+        self.settings
+    }
+
+    /// The tracker of work that outlives the request that started it (inline attempts and
+    /// calls, an operator's connector call); [`Self::drain`] waits for it at shutdown.
+    pub fn background(&self) -> &TaskTracker {
+        &self.background
+    }
+
     /// The subject's keyed digest, scoped to the tenant so digests do not correlate across
     /// tenants.
     pub fn subject_hash(&self, tenant_id: Uuid, signal: &Signal) -> [u8; 32] {

@@ -78,6 +78,37 @@ pub struct AttemptRow {
     pub latency_ms: i64,
     pub error: Option<String>,
     pub response_excerpt: Option<Vec<u8>>,
+    /// A resolution's API key (the nil key for the CLI).
+    pub resolved_by: Option<Uuid>,
+    /// A resolution's reason.
+    pub reason: Option<String>,
+}
+
+/// An operator's settling of an action request whose outcome is `unknown`.
+#[derive(Clone, Debug)]
+pub struct Resolution {
+    pub tenant_id: Uuid,
+    pub delivery_id: Uuid,
+    /// `Succeeded` or `Failed`.
+    pub status: DeliveryStatus,
+    /// The request's `last_error` from now on.
+    pub last_error: Option<String>,
+    /// The attempt that records it.
+    pub attempt_id: Uuid,
+    pub resolved_by: Uuid,
+    pub reason: String,
+    pub now: i64,
+}
+
+/// What a resolution found.
+#[derive(Clone, Debug)]
+pub enum Resolved {
+    /// Settled: the request as it now stands.
+    Settled(DeliveryRecord),
+    /// The delivery is not an action request whose outcome is unknown; it stands at this.
+    NotUnknown(DeliveryStatus),
+    /// The tenant has no such delivery.
+    NotFound,
 }
 
 /// A callback delivery as read back.
@@ -158,8 +189,9 @@ pub trait DeliveryStore {
     ) -> Result<Option<(DeliveryRecord, Vec<AttemptRow>)>, StoreError>;
     /// Deliveries waiting for an attempt.
     async fn queue_depth(&self, now: i64) -> Result<i64, StoreError>;
-    /// Leases the pending action requests of one of the tenant's events whose lease ended,
-    /// until `lease_until`.
+    /// Leases the pending action requests of one of the tenant's events until `lease_until`:
+    /// all of them or none, none while any is leased to another call or waits for the time
+    /// its schedule or its connector's `Retry-After` put it off to (`next_attempt_at`).
     async fn lease_requests(
         &self,
         tenant_id: Uuid,
@@ -167,6 +199,15 @@ pub trait DeliveryStore {
         now: i64,
         lease_until: i64,
     ) -> Result<Vec<DueDelivery>, StoreError>;
+    /// Marks an action request sent (at `now`, unix ms), durably, before a call to an
+    /// at-most-once connector; returns whether this marked it. `false`: a call was sent before
+    /// and no attempt has been recorded since (the mark is cleared with each record), so that
+    /// call may have acted and this one must not be made.
+    async fn mark_sent(&self, id: Uuid, now: i64) -> Result<bool, StoreError>;
+    /// Settles an action request whose outcome is `unknown` as an operator says, with an
+    /// attempt of trigger `resolve` recording who and why, in one transaction (a
+    /// compare-and-set on the status, so two resolutions cannot both settle it).
+    async fn resolve(&self, resolution: &Resolution) -> Result<Resolved, StoreError>;
     /// Where each action request of one of the tenant's events stands, with its last error.
     async fn request_statuses(
         &self,
@@ -408,7 +449,7 @@ fn push_advance_deliveries<DB: SqlDb>(
     }
     q.push(
         "UPDATE deliveries SET status = v.column2, attempts = attempts + 1, \
-         retries_left = v.column3, next_attempt_at = v.column4, leased_until = 0, \
+         retries_left = v.column3, next_attempt_at = v.column4, leased_until = 0, sent_at = NULL, \
          last_error = v.column5, updated_at = v.column6, payload = CASE \
          WHEN action <> 'callback' AND v.column2 IN ('succeeded', 'failed', 'unknown') \
          THEN substr(payload, 1, 0) \
@@ -476,7 +517,7 @@ fn delivery_by_id() -> String {
 
 /// A delivery's attempts, oldest first (`$1` the delivery).
 const ATTEMPTS_OF: &str = "SELECT attempted_at, trigger_kind, status_code, latency_ms, \
-    error, response_excerpt FROM delivery_attempts WHERE delivery_id = $1 \
+    error, response_excerpt, resolved_by, reason FROM delivery_attempts WHERE delivery_id = $1 \
     ORDER BY attempted_at, id";
 
 fn attempt_rows<DB: SqlDb>(
@@ -708,10 +749,17 @@ where
         now: i64,
         lease_until: i64,
     ) -> Result<Vec<DueDelivery>, StoreError> {
+        // One statement, so that no request is leased (and then left uncalled) when another
+        // is not to be called yet.
         let sql = format!(
             "UPDATE deliveries SET leased_until = $4 \
              WHERE tenant_id = $1 AND event_id = $2 AND action <> 'callback' \
-             AND status = 'pending' AND leased_until <= $3 RETURNING {DUE_COLUMNS}"
+             AND status = 'pending' AND leased_until <= $3 AND next_attempt_at <= $3 \
+             AND NOT EXISTS (SELECT 1 FROM deliveries later WHERE later.tenant_id = $1 \
+                AND later.event_id = $2 AND later.action <> 'callback' \
+                AND later.status = 'pending' \
+                AND (later.leased_until > $3 OR later.next_attempt_at > $3)) \
+             RETURNING {DUE_COLUMNS}"
         );
         Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
             .bind(tenant_id)
@@ -720,6 +768,56 @@ where
             .bind(lease_until)
             .fetch_all(self.write())
             .await?)
+    }
+
+    async fn mark_sent(&self, id: Uuid, now: i64) -> Result<bool, StoreError> {
+        let done =
+            sqlx::query("UPDATE deliveries SET sent_at = $2 WHERE id = $1 AND sent_at IS NULL")
+                .bind(id)
+                .bind(now)
+                .execute(self.write())
+                .await?;
+        Ok(DB::rows_affected(&done) == 1)
+    }
+
+    async fn resolve(&self, r: &Resolution) -> Result<Resolved, StoreError> {
+        let mut tx = self.begin().await?;
+        let sql = format!(
+            "UPDATE deliveries SET status = $3, last_error = $4, updated_at = $5, \
+             leased_until = 0, sent_at = NULL \
+             WHERE tenant_id = $1 AND id = $2 AND status = 'unknown' AND action <> 'callback' \
+             RETURNING {DELIVERY_COLUMNS}"
+        );
+        let settled: Option<DeliveryRecord> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(r.tenant_id)
+            .bind(r.delivery_id)
+            .bind(r.status.as_str())
+            .bind(r.last_error.as_deref())
+            .bind(r.now)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let Some(settled) = settled else {
+            drop(tx);
+            return Ok(match self.delivery(r.tenant_id, r.delivery_id).await? {
+                Some(d) => Resolved::NotUnknown(d.status),
+                None => Resolved::NotFound,
+            });
+        };
+        sqlx::query(
+            "INSERT INTO delivery_attempts (id, delivery_id, attempted_at, trigger_kind, \
+             status_code, latency_ms, error, response_excerpt, resolved_by, reason) \
+             VALUES ($1, $2, $3, 'resolve', NULL, 0, $4, NULL, $5, $6)",
+        )
+        .bind(r.attempt_id)
+        .bind(r.delivery_id)
+        .bind(r.now)
+        .bind(r.last_error.as_deref())
+        .bind(r.resolved_by)
+        .bind(r.reason.as_str())
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(Resolved::Settled(settled))
     }
 
     async fn request_statuses(

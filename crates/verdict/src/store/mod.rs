@@ -60,13 +60,14 @@ pub use api_keys::{ApiKeyRecord, ApiKeyStore, KeyGrant, NewApiKey, Scope, Unknow
 pub use connectors::{ConnectorRecord, ConnectorStore, PutConnector};
 pub use deliveries::{
     AttemptRecord, AttemptRow, DeliveryRecord, DeliveryStore, DueDelivery, NewDelivery, Redelivery,
+    Resolution, Resolved,
 };
 pub use events::{EventRecord, EventStore, NewEvent, PrunedEvents};
 pub use feeds::{FeedStore, TransmitterRecord};
 pub use keys::{
     Claim, ClaimOutcome, KeyRef, KeyState, KeyStore, RecoveryPoint, StoredResponse, judge,
 };
-pub use operator::{OperatorStore, Undo};
+pub use operator::{KeyedUndo, OperatorStore, Undo};
 pub use pipeline::{
     Act, ActOutcome, Batch, BatchResult, CallbackDraft, CallsDone, Committed, Expected, Finished,
     HeldKey, PipelineStore, Render, RequestDraft,

@@ -1,5 +1,6 @@
 //! The way back: an operator's undoing of a rule's effect on a subject (unlock, lift a deny,
-//! close a case), recorded as an event with its connector request, in one transaction.
+//! close a case), recorded as an event with its connector request, in one transaction; with an
+//! `Idempotency-Key`, the key's row moves on in that same transaction.
 
 use async_trait::async_trait;
 use sqlx::{ColumnIndex, Decode, Encode, Executor, IntoArguments, QueryBuilder, Type};
@@ -7,8 +8,8 @@ use uuid::Uuid;
 
 use super::backend::{Backend, SqlDb};
 use super::rows::{RequestRow, push_values};
-use super::{ActionTarget, NewEvent, RequestDraft, StoreError};
-use crate::domain::ActionKind;
+use super::{ActionTarget, HeldKey, NewEvent, RequestDraft, StoreError, StoredResponse};
+use crate::domain::{ActionKind, KeyState};
 
 /// An operator's undoing of one effect on one subject.
 #[derive(Clone, Debug)]
@@ -20,13 +21,29 @@ pub struct Undo {
     pub event: NewEvent,
     /// The request to the connector the undone action is bound to, if any.
     pub request: Option<RequestDraft>,
+    /// The `Idempotency-Key` this request holds, if it has one.
+    pub keyed: Option<KeyedUndo>,
+}
+
+/// What a keyed way back stores on its key, in the undo's own transaction.
+#[derive(Clone, Debug)]
+pub struct KeyedUndo {
+    pub held: HeldKey,
+    /// If there was something to undo: the final response (the key `completed`) when no
+    /// connector is called, else the response with the call `pending` (the key `dispatched`,
+    /// still held, until the call's outcome completes it).
+    pub undone: StoredResponse,
+    /// If there was nothing to undo: the final response (the key `completed`).
+    pub nothing: StoredResponse,
 }
 
 /// Operators' undoing of effects.
 #[async_trait]
 pub trait OperatorStore {
     /// Undoes the effect, and if there was one to undo, stores its event and connector request;
-    /// returns whether there was. A repeat finds nothing to undo and stores nothing.
+    /// returns whether there was. A repeat finds nothing to undo and stores nothing. A keyed
+    /// undo moves its key on in the same transaction, or fails with
+    /// [`StoreError::LockLost`] (storing nothing) if the key is no longer its to move.
     async fn undo(&self, undo: &Undo) -> Result<bool, StoreError>;
 }
 
@@ -75,6 +92,10 @@ where
             .execute(&mut *tx)
             .await?;
         if DB::rows_affected(&done) == 0 {
+            if let Some(keyed) = &undo.keyed {
+                settle_key(&mut tx, &keyed.held, &keyed.nothing, KeyState::Completed).await?;
+                tx.commit().await?;
+            }
             return Ok(false);
         }
         // A call of the undone action still waiting for a retry would undo the undoing: it is
@@ -107,7 +128,58 @@ where
             push_values(&mut q, &[&row]);
             q.build().execute(&mut *tx).await?;
         }
+        if let Some(keyed) = &undo.keyed {
+            let state = if undo.request.is_some() {
+                KeyState::Dispatched
+            } else {
+                KeyState::Completed
+            };
+            settle_key(&mut tx, &keyed.held, &keyed.undone, state).await?;
+        }
         tx.commit().await?;
         Ok(true)
     }
+}
+
+/// Moves a held key from `in_flight` to `state` with `response` (a completed key's lock is
+/// released; a dispatched one's is kept for the call); [`StoreError::LockLost`] if it is no
+/// longer held by this request or no longer in flight.
+async fn settle_key<DB: SqlDb>(
+    tx: &mut sqlx::Transaction<'static, DB>,
+    held: &HeldKey,
+    response: &StoredResponse,
+    state: KeyState,
+) -> Result<(), StoreError>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    for<'e> Uuid: Encode<'e, DB> + Type<DB>,
+    for<'e> i32: Encode<'e, DB> + Type<DB>,
+    for<'e> &'e str: Encode<'e, DB> + Type<DB>,
+    for<'e> &'e [u8]: Encode<'e, DB> + Type<DB>,
+{
+    let release = if state == KeyState::Completed {
+        ", lock_token = NULL, locked_until = 0"
+    } else {
+        ""
+    };
+    let sql = format!(
+        "UPDATE idempotency_keys SET state = $5, response_status = $6, response_body = $7{release} \
+         WHERE tenant_id = $1 AND endpoint = $2 AND key_digest = $3 AND lock_token = $4 \
+         AND state = 'in_flight'"
+    );
+    let done = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(held.key.tenant_id)
+        .bind(held.key.endpoint)
+        .bind(&held.key.digest[..])
+        .bind(held.lock_token)
+        .bind(state.as_str())
+        .bind(i32::from(response.status))
+        .bind(&response.body[..])
+        .execute(&mut **tx)
+        .await?;
+    if DB::rows_affected(&done) != 1 {
+        return Err(StoreError::LockLost);
+    }
+    Ok(())
 }

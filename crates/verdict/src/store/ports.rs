@@ -61,7 +61,14 @@ pub trait ConnectorPort: ConnectorStore + Send + Sync {}
 
 impl<T: ?Sized + ConnectorStore + Send + Sync> ConnectorPort for T {}
 
-/// What subjects read and write: the actions' state and the operators' undoing.
-pub trait SubjectPort: ActionStore + OperatorStore + Send + Sync {}
+/// What subjects read and write: the actions' state and the operators' undoing, with the
+/// idempotency keys a way back may carry and the action requests a keyed retry finishes.
+pub trait SubjectPort:
+    ActionStore + OperatorStore + KeyStore + DeliveryStore + Send + Sync
+{
+}
 
-impl<T: ?Sized + ActionStore + OperatorStore + Send + Sync> SubjectPort for T {}
+impl<T: ?Sized + ActionStore + OperatorStore + KeyStore + DeliveryStore + Send + Sync> SubjectPort
+    for T
+{
+}

@@ -7,7 +7,9 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::common::effects::{EffectReceiver, SCIM_TOKEN, ScimServer};
-use crate::common::{Backend, Server, Tenant, TestDb, new_key, now};
+use crate::common::{
+    Backend, Server, Tenant, TestDb, action_outcome as outcome, new_key, now, post_json as post,
+};
 
 /// A SIM swap about an account, observed an hour ago.
 fn swap_of_account(account: &str) -> String {
@@ -67,15 +69,6 @@ connector = "cases"
 "#,
     );
     cases["secret"].as_str().unwrap().to_owned()
-}
-
-fn outcome<'a>(reply: &'a Value, action: &str) -> &'a Value {
-    reply["actions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|a| a["action"] == action)
-        .unwrap_or_else(|| panic!("no {action} in {reply}"))
 }
 
 const ENV: [(&str, &str); 1] = [("VERDICT_ALLOW_PRIVATE_DESTINATIONS", "1")];
@@ -331,20 +324,6 @@ fn swap_of_account_at(account: &str, minutes_ago: i64) -> String {
         "observed_at": observed,
     })
     .to_string()
-}
-
-async fn post(server: &Server, tenant: &Tenant, path: &str, body: Value) -> crate::common::Reply {
-    crate::common::Reply::from(
-        server
-            .client
-            .post(format!("{}{path}", server.base))
-            .bearer_auth(&tenant.api_key)
-            .json(&body)
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await
 }
 
 async fn an_operator_finds_a_subject_and_takes_the_way_back(backend: Backend) {

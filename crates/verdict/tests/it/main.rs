@@ -14,6 +14,7 @@
 mod common;
 
 mod actions;
+mod ambiguous_calls;
 mod connector_calls;
 mod connectors;
 mod console;
@@ -46,3 +47,4 @@ mod retention;
 mod robustness;
 mod scopes;
 mod simulation;
+mod way_back;

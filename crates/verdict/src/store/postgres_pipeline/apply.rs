@@ -69,7 +69,7 @@ WITH claim_in AS (
     -- Each delivery moves on with its attempt.
     UPDATE deliveries d SET status = t.status, attempts = d.attempts + 1,
         retries_left = t.retries_left, next_attempt_at = t.next_attempt_at, leased_until = 0,
-        last_error = t.error, updated_at = t.attempted_at,
+        sent_at = NULL, last_error = t.error, updated_at = t.attempted_at,
         payload = CASE WHEN d.action <> 'callback'
             AND t.status IN ('succeeded', 'failed', 'unknown')
             THEN substr(d.payload, 1, 0) ELSE d.payload END

@@ -731,6 +731,31 @@ pub fn random_between(lo: u64, hi: u64) -> u64 {
     lo + (Uuid::new_v4().as_u128() % u128::from(hi - lo + 1)) as u64
 }
 
+/// Posts `body` as JSON to `path` with the tenant's API key.
+pub async fn post_json(server: &Server, tenant: &Tenant, path: &str, body: Value) -> Reply {
+    Reply::from(
+        server
+            .client
+            .post(format!("{}{path}", server.base))
+            .bearer_auth(&tenant.api_key)
+            .json(&body)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await
+}
+
+/// The result of `action` among a decision's (or an event's) `actions`.
+pub fn action_outcome<'a>(reply: &'a Value, action: &str) -> &'a Value {
+    reply["actions"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no actions in {reply}"))
+        .iter()
+        .find(|a| a["action"] == action)
+        .unwrap_or_else(|| panic!("no {action} in {reply}"))
+}
+
 /// A fresh random UUIDv4 idempotency key.
 pub fn new_key() -> String {
     Uuid::new_v4().to_string()
