@@ -31,6 +31,21 @@ impl AppState {
     pub fn new(shared: Shared) -> Self {
         Self(Arc::new(shared))
     }
+
+    /// What an operator's way back runs on, from the API or the console.
+    pub fn way_back_means(&self) -> crate::subjects::Means<'_> {
+        let settings = self.ingest.settings();
+        crate::subjects::Means {
+            store: self.store.clone(),
+            keys: &self.keys,
+            deliverer: self.deliverer.clone(),
+            background: self.ingest.background(),
+            keying: crate::subjects::Keying {
+                key_ttl_ms: settings.key_ttl_ms,
+                lock_timeout_ms: settings.lock_timeout_ms,
+            },
+        }
+    }
 }
 
 impl std::ops::Deref for AppState {

@@ -10,7 +10,6 @@ use uuid::Uuid;
 use crate::config::{Config, DeliveryArgs};
 use crate::delivery::resolve::{self, Settled};
 use crate::delivery::{REDELIVER_INTERVAL, Redelivered};
-use crate::store;
 
 /// `verdict deliveries …`.
 #[derive(Debug, Subcommand)]
@@ -59,10 +58,8 @@ pub(super) async fn run_deliveries(
     file: &crate::config::FileConfig,
     cmd: DeliveriesCommand,
 ) -> anyhow::Result<()> {
-    let keys = Arc::new(config.master_key()?.keyring());
-    let store = store::connect(&config.database_url)
-        .await
-        .context("connecting to the database")?;
+    let (keys, store) = crate::server::open(config).await?;
+    let keys = Arc::new(keys);
     let show = |d: crate::store::DeliveryRecord| {
         serde_json::json!({
             "id": d.id, "event_id": d.event_id, "webhook_id": d.webhook_id,

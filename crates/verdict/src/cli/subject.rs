@@ -14,7 +14,6 @@ use crate::domain::ActionKind;
 use crate::idempotency::IdempotencyKey;
 use crate::playbook::{Format, Playbook, current_source};
 use crate::signal::subject_of;
-use crate::store;
 use crate::subjects::{self, Answer, Asked, Keying, Means, Operator};
 
 /// Who: exactly one of a phone number or an account.
@@ -71,10 +70,8 @@ pub(super) async fn run_subject(
     file: &FileConfig,
     cmd: SubjectCommand,
 ) -> anyhow::Result<()> {
-    let keys = Arc::new(config.master_key()?.keyring());
-    let store = store::connect(&config.database_url)
-        .await
-        .context("connecting to the database")?;
+    let (keys, store) = crate::server::open(config).await?;
+    let keys = Arc::new(keys);
     let (action, args) = match cmd {
         SubjectCommand::Lookup { who } => {
             let subject = subject_of(who.phone, who.account)?;

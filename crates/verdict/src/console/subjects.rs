@@ -180,27 +180,35 @@ async fn way_back(
         tenant_id: tenant.id,
         key_id: operator.grant.key_id,
     };
-    let undone = subjects::undo(
-        &*app.store,
-        &app.keys,
-        &app.deliverer,
-        asker,
-        (&playbook, version),
+    let asked = subjects::Asked {
+        operator: asker,
+        playbook: (&playbook, version),
         action,
-        &named.subject,
-        &form.reason,
-    )
-    .await;
-    match undone {
-        Ok(undone) => {
+        subject: &named.subject,
+        reason: &form.reason,
+        // A form posted again (a reload) finds nothing left to undo: `already_done`.
+        key: None,
+    };
+    match subjects::undo(&app.way_back_means(), &asked).await {
+        Ok(subjects::Answer::Fresh(undone)) => {
             let above = outcome(&undone);
             subject_page(app, operator, tenant.id, &named, above).await
         }
-        Err(SubjectError::Reason) => {
-            let above = html! { p.error role="alert" { (SubjectError::Reason) } };
+        // Only a request with a key is replayed, and this one has none.
+        Ok(subjects::Answer::Replayed(_)) => {
+            let above = html! { p.notice { "This was already done." } };
+            subject_page(app, operator, tenant.id, &named, above).await
+        }
+        Err(err @ SubjectError::Reason(_)) => {
+            let above = html! { p.error role="alert" { (err) } };
             let page = subject_page(app, operator, tenant.id, &named, above).await;
             (StatusCode::BAD_REQUEST, page).into_response()
         }
+        // Only a request with a key can meet these, and this one has none.
+        Err(SubjectError::InProgress | SubjectError::KeyReused) => layout::refusal(
+            StatusCode::CONFLICT,
+            "Another way back for this subject is in progress; try again in a moment.",
+        ),
         Err(SubjectError::Store(err)) => unavailable(&err),
     }
 }

@@ -17,7 +17,7 @@ use crate::domain::ActionKind;
 use crate::problem::Problem;
 use crate::signal::{Subject, subject_of};
 use crate::store::Scope;
-use crate::subjects::{self, Answer, Asked, Keying, Means, Operator, Undone, WayBack, WhoIs};
+use crate::subjects::{self, Answer, Asked, Operator, Undone, WayBack, WhoIs};
 
 /// The subject a body names, checked as a signal's is.
 fn subject(who: WhoIs) -> Result<Subject, ApiError> {
@@ -68,17 +68,7 @@ async fn way_back(
     })?;
     let subject = subject(who)?;
     let (playbook, version) = app.ingest.playbook_in_force(tenant.id).await?;
-    let settings = app.ingest.settings();
-    let means = Means {
-        store: app.store.clone(),
-        keys: &app.keys,
-        deliverer: app.deliverer.clone(),
-        background: app.ingest.background(),
-        keying: Keying {
-            key_ttl_ms: settings.key_ttl_ms,
-            lock_timeout_ms: settings.lock_timeout_ms,
-        },
-    };
+    let means = app.way_back_means();
     let asked = Asked {
         operator: Operator {
             tenant_id: tenant.id,
