@@ -62,7 +62,11 @@ pub struct UnknownSettled;
 pub struct Resolve {
     pub outcome: Settled,
     /// Why, for the record: 1 to 500 characters, not all blank.
-    #[schema(min_length = 1, max_length = 500, pattern = r"\S")]
+    #[schema(
+        min_length = 1,
+        max_length = 500,
+        pattern = r"^[^\u0000-\u0008\u000B-\u001F\u007F-\u009F]*[^\s\u0000-\u001F\u007F-\u009F][^\u0000-\u0008\u000B-\u001F\u007F-\u009F]*$"
+    )]
     pub reason: String,
 }
 

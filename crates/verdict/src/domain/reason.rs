@@ -4,19 +4,28 @@
 /// The longest reason accepted, in characters.
 pub const MAX_REASON_CHARS: usize = 500;
 
-/// A reason that passed its check: 1 to [`MAX_REASON_CHARS`] characters, not all blank.
+/// A reason that passed its check: 1 to [`MAX_REASON_CHARS`] characters, not all blank, no
+/// control character but a newline or a tab (PostgreSQL refuses NUL in text).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Reason(String);
 
 /// A reason that is empty, blank or too long.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("`reason` must be 1 to {MAX_REASON_CHARS} characters, saying why")]
+#[error(
+    "`reason` must be 1 to {MAX_REASON_CHARS} characters, saying why, with no control \
+     character but a newline or a tab"
+)]
 pub struct InvalidReason;
 
 impl Reason {
     /// Checks `text`.
     pub fn parse(text: &str) -> Result<Self, InvalidReason> {
-        if text.trim().is_empty() || text.chars().count() > MAX_REASON_CHARS {
+        if text.trim().is_empty()
+            || text.chars().count() > MAX_REASON_CHARS
+            || text
+                .chars()
+                .any(|c| c.is_control() && c != '\n' && c != '\t')
+        {
             return Err(InvalidReason);
         }
         Ok(Self(text.to_owned()))
@@ -50,6 +59,10 @@ mod tests {
         );
         for blank in ["", " ", "\n\t "] {
             assert_eq!(Reason::parse(blank), Err(InvalidReason), "{blank:?}");
+        }
+        assert!(Reason::parse("called back\n\tverified").is_ok());
+        for control in ["x\0", "x\u{7f}", "x\u{1b}[2J", "x\r", "x\u{85}"] {
+            assert_eq!(Reason::parse(control), Err(InvalidReason), "{control:?}");
         }
     }
 }

@@ -2,7 +2,7 @@
 //! `POST /v1/deliveries/{id}/resolve`.
 
 use axum::Json;
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -212,9 +212,12 @@ pub async fn resolve(
     State(app): State<AppState>,
     auth: Authenticated,
     Path(id): Path<String>,
-    body: Bytes,
+    headers: axum::http::HeaderMap,
+    body: Body,
 ) -> Result<Json<DeliveryDetail>, ApiError> {
     let tenant = auth.require(Scope::Admin)?;
+    let body =
+        super::body::read_limited(&headers, body, super::subjects::MAX_OPERATOR_BODY_BYTES).await?;
     let id = Uuid::parse_str(&id).map_err(|_| ApiError::NotFound)?;
     let Resolve { outcome, reason } = serde_json::from_slice(&body).map_err(|e| {
         ApiError::Invalid(format!(

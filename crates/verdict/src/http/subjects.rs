@@ -4,7 +4,7 @@
 //! log line or the database.
 
 use axum::Json;
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
@@ -18,6 +18,9 @@ use crate::problem::Problem;
 use crate::signal::{Subject, subject_of};
 use crate::store::Scope;
 use crate::subjects::{self, Answer, Asked, Operator, Undone, WayBack, WhoIs};
+
+/// The largest body an operator's request takes: a subject and a reason of 500 characters.
+pub(super) const MAX_OPERATOR_BODY_BYTES: usize = 8 * 1024;
 
 /// The subject a body names, checked as a signal's is.
 fn subject(who: WhoIs) -> Result<Subject, ApiError> {
@@ -35,9 +38,11 @@ fn subject(who: WhoIs) -> Result<Subject, ApiError> {
 pub async fn lookup(
     State(app): State<AppState>,
     auth: Authenticated,
-    body: Bytes,
+    headers: HeaderMap,
+    body: Body,
 ) -> Result<Json<SubjectView>, ApiError> {
     let tenant = auth.require(Scope::Read)?;
+    let body = super::body::read_limited(&headers, body, MAX_OPERATOR_BODY_BYTES).await?;
     let who: WhoIs = serde_json::from_slice(&body).map_err(|e| {
         ApiError::Invalid(format!(
             "the body must be {{\"phone\"}} or {{\"account\"}}: {e}"
@@ -101,8 +106,9 @@ pub async fn unlock(
     State(app): State<AppState>,
     auth: Authenticated,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Result<Response, ApiError> {
+    let body = super::body::read_limited(&headers, body, MAX_OPERATOR_BODY_BYTES).await?;
     way_back(&app, &auth, &headers, ActionKind::UnlockAccount, &body).await
 }
 
@@ -121,8 +127,9 @@ pub async fn lift_deny(
     State(app): State<AppState>,
     auth: Authenticated,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Result<Response, ApiError> {
+    let body = super::body::read_limited(&headers, body, MAX_OPERATOR_BODY_BYTES).await?;
     way_back(&app, &auth, &headers, ActionKind::LiftDeny, &body).await
 }
 
@@ -141,7 +148,8 @@ pub async fn close_case(
     State(app): State<AppState>,
     auth: Authenticated,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Result<Response, ApiError> {
+    let body = super::body::read_limited(&headers, body, MAX_OPERATOR_BODY_BYTES).await?;
     way_back(&app, &auth, &headers, ActionKind::CloseCase, &body).await
 }

@@ -99,11 +99,16 @@ where
             return Ok(false);
         }
         // A call of the undone action still waiting for a retry would undo the undoing: it is
-        // failed here (one in flight now cannot be stopped; it ends before its lease does).
+        // failed here (one in flight now cannot be stopped; it ends before its lease does), or
+        // `unknown` if an at-most-once call was sent and may have acted.
         if let Some(undone) = undo.action.undoes() {
             sqlx::query(
-                "UPDATE deliveries SET status = 'failed', \
-                 last_error = 'superseded by an operator''s way back', \
+                "UPDATE deliveries SET \
+                 status = CASE WHEN sent_at IS NULL THEN 'failed' ELSE 'unknown' END, \
+                 last_error = CASE WHEN sent_at IS NULL \
+                 THEN 'superseded by an operator''s way back' \
+                 ELSE 'superseded by an operator''s way back after a call that may have acted' \
+                 END, \
                  payload = substr(payload, 1, 0), updated_at = $4 \
                  WHERE tenant_id = $1 AND action = $3 AND status = 'pending' \
                  AND leased_until <= $4 AND event_id IN \
