@@ -356,12 +356,9 @@ pub async fn redeliver(
     Path(id): Path<String>,
     axum::Form(form): axum::Form<CsrfOnly>,
 ) -> Response {
-    let tenant = match operator.acting(&form.csrf, Scope::Admin) {
-        Ok(t) => t,
-        Err(refused) => return refused.into_response(),
-    };
-    let Ok(id) = Uuid::parse_str(&id) else {
-        return layout::refusal(StatusCode::NOT_FOUND, "No such delivery.");
+    let (tenant, id) = match acting_on_delivery(&operator, &form.csrf, &id) {
+        Ok(found) => found,
+        Err(refused) => return *refused,
     };
     let delivery = match app.console_store().delivery(tenant.id, id).await {
         Ok(Some(d)) => d,
@@ -379,12 +376,7 @@ pub async fn redeliver(
         }
         Err(err) => return unavailable(&err),
     };
-    let done: String = url::form_urlencoded::byte_serialize(message.as_bytes()).collect();
-    Redirect::to(&format!(
-        "/console/events/{}?done={done}#delivery-{id}",
-        delivery.event_id
-    ))
-    .into_response()
+    back_to_event(delivery.event_id, id, &message)
 }
 
 /// The resolution form: the session's CSRF token, what the request did, and why.
@@ -405,12 +397,9 @@ pub async fn resolve(
     Path(id): Path<String>,
     axum::Form(form): axum::Form<ResolveForm>,
 ) -> Response {
-    let tenant = match operator.acting(&form.csrf, Scope::Admin) {
-        Ok(t) => t,
-        Err(refused) => return refused.into_response(),
-    };
-    let Ok(id) = Uuid::parse_str(&id) else {
-        return layout::refusal(StatusCode::NOT_FOUND, "No such delivery.");
+    let (tenant, id) = match acting_on_delivery(&operator, &form.csrf, &id) {
+        Ok(found) => found,
+        Err(refused) => return *refused,
     };
     let Ok(settled) = form.outcome.parse::<Settled>() else {
         return layout::refusal(StatusCode::BAD_REQUEST, "Resolve as done or failed.");
@@ -438,10 +427,29 @@ pub async fn resolve(
         }
     };
     let message = format!("Resolved {}: recorded with your reason.", settled.as_str());
+    back_to_event(delivery.event_id, id, &message)
+}
+
+/// The tenant and delivery id of a form that acts on a delivery: this session's, with an
+/// admin key, and an id that parses.
+fn acting_on_delivery(
+    operator: &Operator,
+    csrf: &str,
+    id: &str,
+) -> Result<(crate::store::TenantRecord, Uuid), Box<Response>> {
+    let tenant = operator
+        .acting(csrf, Scope::Admin)
+        .map_err(|refused| Box::new(refused.into_response()))?;
+    let id = Uuid::parse_str(id)
+        .map_err(|_| Box::new(layout::refusal(StatusCode::NOT_FOUND, "No such delivery.")))?;
+    Ok((tenant, id))
+}
+
+/// Back to the event a delivery belongs to, at the delivery, with `message` as the notice.
+fn back_to_event(event_id: Uuid, delivery_id: Uuid, message: &str) -> Response {
     let done: String = url::form_urlencoded::byte_serialize(message.as_bytes()).collect();
     Redirect::to(&format!(
-        "/console/events/{}?done={done}#delivery-{id}",
-        delivery.event_id
+        "/console/events/{event_id}?done={done}#delivery-{delivery_id}"
     ))
     .into_response()
 }
