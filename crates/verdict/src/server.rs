@@ -22,7 +22,7 @@ use crate::http;
 use crate::ingest::Ingest;
 use crate::rate_limit::RateLimits;
 use crate::retention::{self, RetentionSettings, RetentionStore};
-use crate::secrets::Keyring;
+use crate::secrets::{Keyring, SecretsError};
 use crate::store::{self, Store};
 use crate::tenant::Credentials;
 
@@ -40,9 +40,29 @@ pub async fn open(config: &Config) -> anyhow::Result<(Keyring, Arc<dyn Store>)> 
         .await
         .context("connecting to the database")?;
     let stored = store
-        .master_key_sentinel(&keys.sentinel(), now_ms())
+        .stored_sentinel()
         .await
         .context("reading the master key's sentinel")?;
+    let stored = match stored {
+        Some(stored) => stored,
+        None => {
+            // A database set up before sentinels existed: its secrets say which key it has,
+            // so the first sentinel is never stored under a wrong one.
+            let witness = store
+                .oldest_sealed_secret()
+                .await
+                .context("reading a sealed secret to check the master key against")?;
+            if let Some((tenant_id, secret)) = witness {
+                if !crate::tenant::opens_under(&keys, tenant_id, &secret) {
+                    return Err(SecretsError::WrongMasterKey.into());
+                }
+            }
+            store
+                .master_key_sentinel(&keys.sentinel(), now_ms())
+                .await
+                .context("storing the master key's sentinel")?
+        }
+    };
     keys.check_sentinel(&stored)?;
     Ok((keys, store))
 }

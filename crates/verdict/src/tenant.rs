@@ -84,6 +84,12 @@ fn seal_context(tenant_id: Uuid, purpose: SecretPurpose) -> Vec<u8> {
     format!("{tenant_id}/{}", purpose.as_str()).into_bytes()
 }
 
+/// Whether a tenant's sealed secret opens under these keys.
+pub fn opens_under(keys: &Keyring, tenant_id: Uuid, secret: &SealedSecret) -> bool {
+    keys.open(&secret.sealed, &seal_context(tenant_id, secret.purpose))
+        .is_ok()
+}
+
 fn seal(keys: &Keyring, tenant_id: Uuid, purpose: SecretPurpose, secret: &Secret) -> SealedSecret {
     SealedSecret {
         id: Uuid::now_v7(),

@@ -219,9 +219,14 @@ pub trait Store:
     async fn migrate(&self) -> Result<(), StoreError>;
     /// One round trip, for readiness.
     async fn ping(&self) -> Result<(), StoreError>;
+    /// The database's master-key sentinel, if one is stored yet.
+    async fn stored_sentinel(&self) -> Result<Option<Vec<u8>>, StoreError>;
     /// The database's master-key sentinel: `fresh` stored (at `now`) if the database has none
     /// yet, else the one stored first.
     async fn master_key_sentinel(&self, fresh: &[u8], now: i64) -> Result<Vec<u8>, StoreError>;
+    /// The oldest sealed tenant secret with its tenant, if any: what a key is checked against
+    /// on a database set up before sentinels existed, before its first sentinel is stored.
+    async fn oldest_sealed_secret(&self) -> Result<Option<(Uuid, SealedSecret)>, StoreError>;
     /// How many group commits may run at once: one on SQLite (one writer), several on
     /// PostgreSQL.
     fn concurrent_commits(&self) -> usize;
@@ -280,6 +285,38 @@ where
     async fn ping(&self) -> Result<(), StoreError> {
         sqlx::query("SELECT 1").execute(self.read()).await?;
         Ok(())
+    }
+
+    async fn stored_sentinel(&self) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(
+            sqlx::query_scalar("SELECT sealed FROM master_key_sentinel WHERE id = 1")
+                .fetch_optional(self.write())
+                .await?,
+        )
+    }
+
+    async fn oldest_sealed_secret(&self) -> Result<Option<(Uuid, SealedSecret)>, StoreError> {
+        let row: Option<(Uuid, Uuid, String, Vec<u8>, i64, Option<i64>)> = sqlx::query_as(
+            "SELECT tenant_id, id, purpose, sealed, created_at, retired_at FROM tenant_secrets \
+             ORDER BY created_at, id LIMIT 1",
+        )
+        .fetch_optional(self.write())
+        .await?;
+        row.map(|(tenant_id, id, purpose, sealed, created_at, retired_at)| {
+            Ok((
+                tenant_id,
+                SealedSecret {
+                    id,
+                    purpose: purpose
+                        .parse()
+                        .map_err(|e| StoreError::Corrupt(Box::new(e)))?,
+                    sealed,
+                    created_at,
+                    retired_at,
+                },
+            ))
+        })
+        .transpose()
     }
 
     async fn master_key_sentinel(&self, fresh: &[u8], now: i64) -> Result<Vec<u8>, StoreError> {

@@ -28,6 +28,23 @@ impl SecretPurpose {
     }
 }
 
+/// A stored secret purpose this version does not know.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown secret purpose {0:?}")]
+pub struct UnknownPurpose(String);
+
+impl std::str::FromStr for SecretPurpose {
+    type Err = UnknownPurpose;
+
+    fn from_str(s: &str) -> Result<Self, UnknownPurpose> {
+        match s {
+            "inbound" => Ok(Self::Inbound),
+            "webhook" => Ok(Self::Webhook),
+            other => Err(UnknownPurpose(other.to_owned())),
+        }
+    }
+}
+
 /// A tenant to insert.
 #[derive(Clone, Debug)]
 pub struct NewTenant {

@@ -95,7 +95,45 @@ async fn a_master_key_the_database_was_not_set_up_with_is_refused_at_start(backe
     assert_eq!(reply.status, 200, "{}", reply.text());
 }
 
+async fn a_database_from_before_sentinels_refuses_a_wrong_key_and_stores_none(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = db.tenant(&[]);
+    // A database upgraded from a version without sentinels: tenants, sealed secrets, no sentinel.
+    db.exec("DELETE FROM master_key_sentinel").await;
+    let other = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, [9u8; 32]);
+    let out = db.cli_output(
+        &["tenant", "create", "--name", "another", "--json"],
+        &[("VERDICT_MASTER_KEY", other.as_str())],
+    );
+    assert!(!out.status.success(), "started with the wrong key");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("not the one the database was set up with"),
+        "{err}"
+    );
+    assert_eq!(
+        db.scalar("SELECT COUNT(*) FROM master_key_sentinel").await,
+        0,
+        "a wrong key's sentinel was stored"
+    );
+    // The key the secrets were sealed under starts, and its sentinel is stored then.
+    let server = Server::start(&db, &[]);
+    let reply = server
+        .send(
+            &tenant,
+            Some(&crate::common::new_key()),
+            &crate::common::sim_swap("+447700900778"),
+        )
+        .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(
+        db.scalar("SELECT COUNT(*) FROM master_key_sentinel").await,
+        1
+    );
+}
+
 on_both_backends!(
     logs_to_a_pipe_carry_no_colour_codes,
     a_master_key_the_database_was_not_set_up_with_is_refused_at_start,
+    a_database_from_before_sentinels_refuses_a_wrong_key_and_stores_none,
 );
