@@ -163,13 +163,15 @@ async fn receive_camara(
         return Err(ApiError::UnsupportedMediaType.into());
     }
     let body = super::body::read_limited(headers, body, MAX_FEED_BODY_BYTES).await?;
+
+    // 2. Authenticate and admit before any JSON parse: without a valid key a request costs
+    // no more than reading it.
+    let grant = grant(app, headers).await?;
+    let tenant = super::auth::admit(&grant, Scope::Ingest, &app.rate_limits)?;
+
     let (notification, value) = camara::parse(&body, OffsetDateTime::now_utc())?;
     let fingerprint = Fingerprint::of(&value)
         .map_err(|_| CamaraError("the notification cannot be put in RFC 8785 canonical form"))?;
-
-    // 2. Authenticate and admit.
-    let grant = grant(app, headers).await?;
-    let tenant = super::auth::admit(&grant, Scope::Ingest, &app.rate_limits)?;
 
     // 3. The signal (none for a lifecycle event): about the number sent, or the one
     //    registered for the subscription.

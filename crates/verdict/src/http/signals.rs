@@ -55,18 +55,20 @@ pub async fn post_signal(
     {
         return Ok(replay);
     }
+    // 2. Authenticate over the raw bytes and admit before any JSON parse, so a request
+    // without a valid key (and signature) costs no more than reading it.
+    let grant = authenticate(&app, &headers, &body).await?;
+    app.rate_limits.admit(&grant.tenant)?;
+    let tenant = grant.tenant;
+
+    // 3. Parse: nothing before this point claimed or wrote anything.
     let (signal, value) = Signal::parse(&body, time::OffsetDateTime::now_utc())?;
     let fingerprint = Fingerprint::of(&value).map_err(|err| {
         tracing::debug!(error = ?err, "a signal could not be canonicalised");
         SignalError::Schema("the body cannot be put in RFC 8785 canonical form".into())
     })?;
 
-    // 2. Authenticate and admit: nothing before this point claimed or wrote anything.
-    let grant = authenticate(&app, &headers, &body).await?;
-    app.rate_limits.admit(&grant.tenant)?;
-    let tenant = grant.tenant;
-
-    // 3–5. Claim, act, persist.
+    // 4–6. Claim, act, persist.
     metrics::counter!("verdict_signals_total").increment(1);
     let reply = app
         .ingest

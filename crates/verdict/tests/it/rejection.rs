@@ -193,6 +193,42 @@ async fn missing_or_wrong_credentials_get_401(backend: Backend) {
     assert!(!ok.replayed());
 }
 
+async fn a_body_is_not_parsed_before_its_key_and_signature_are_checked(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = db.tenant(&[]);
+    let server = Server::start(&db, &[]);
+    // Thousands of members, not even valid JSON at the end: parsing it is the costly part,
+    // and the answer shows whether it was parsed (400) or refused first (401).
+    let members: Vec<String> = (0..4000).map(|i| format!(r#""m{i}":{i}"#)).collect();
+    let costly = format!("{{{},", members.join(","));
+
+    let no_api_key = post(&server)
+        .header("content-type", "application/json")
+        .header("idempotency-key", new_key())
+        .body(costly.clone());
+    refused(&db, no_api_key, 401, "invalid-api-key").await;
+    let unsigned = post(&server)
+        .bearer_auth(&tenant.api_key)
+        .header("content-type", "application/json")
+        .header("idempotency-key", new_key())
+        .body(costly.clone());
+    refused(&db, unsigned, 401, "invalid-signature").await;
+    // The CAMARA feed answers in CAMARA's own error format.
+    let camara = server
+        .client
+        .post(format!("{}/v1/camara/sim-swap", server.base))
+        .bearer_auth("vk_not-a-real-key")
+        .header("content-type", "application/cloudevents+json")
+        .body(costly.clone());
+    let reply = Reply::from(camara.send().await.unwrap()).await;
+    assert_eq!(reply.status, 401, "{}", reply.text());
+    assert_eq!(reply.json()["code"], "UNAUTHENTICATED");
+
+    // Signed, the same bytes are parsed and refused for what they are.
+    let req = signed(post(&server), &tenant, Some(&new_key()), &costly, now());
+    refused(&db, req, 400, "invalid-request").await;
+}
+
 async fn tenant_without_inbound_signature_is_accepted_unsigned(backend: Backend) {
     let db = TestDb::new(backend).await;
     let tenant = db.tenant(&["--no-inbound-signature"]);
@@ -375,6 +411,7 @@ on_both_backends!(
     quoted_structured_field_key_is_the_same_key_as_bare,
     invalid_bodies_get_400_415_or_413,
     missing_or_wrong_credentials_get_401,
+    a_body_is_not_parsed_before_its_key_and_signature_are_checked,
     tenant_without_inbound_signature_is_accepted_unsigned,
     rotated_secret_keeps_the_old_one_valid_for_the_grace_period,
     health_readiness_and_a_valid_openapi_document_answer,
