@@ -1,9 +1,15 @@
-//! Accepting connections under explicit bounds: how many at once, how long a client may take
-//! to send its headers and its body, and how long one request may run. `axum::serve` offers
-//! none of these (it sets no timer, so hyper's header timeout never fires).
+//! Accepting connections under explicit bounds: how many at once, and from one client address,
+//! how long a client may take to send its headers and its body, and how long one request may
+//! run. `axum::serve` offers none of these (it sets no timer, so hyper's header timeout never
+//! fires). When the connections held near the cap, idle ones (kept alive between requests,
+//! or not yet through their headers) are closed first, so clients holding connections open
+//! delay another's request by a moment, not by a timeout.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::{Request, State};
@@ -12,8 +18,8 @@ use axum::response::{IntoResponse, Response};
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -32,6 +38,9 @@ pub struct InboundLimits {
     pub request_timeout: Duration,
     /// Connections held at once; past it, new ones wait in the listen backlog.
     pub max_connections: usize,
+    /// Connections held at once from one client address; past it, a new one is answered 429
+    /// and closed.
+    pub max_connections_per_client: usize,
 }
 
 impl Default for InboundLimits {
@@ -41,6 +50,7 @@ impl Default for InboundLimits {
             body_timeout: Duration::from_secs(30),
             request_timeout: Duration::from_secs(60),
             max_connections: 1024,
+            max_connections_per_client: 256,
         }
     }
 }
@@ -64,6 +74,8 @@ pub async fn serve(
             },
         ));
     let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let clients = Arc::new(PerClient::new(limits.max_connections_per_client));
+    let mut shedder = Shedder::new(limits.max_connections);
     let connections = TaskTracker::new();
     loop {
         let permit = tokio::select! {
@@ -73,10 +85,10 @@ pub async fn serve(
                 Err(_closed) => break,
             },
         };
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             () = stop.cancelled() => break,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _peer)) => stream,
+                Ok(accepted) => accepted,
                 Err(err) => {
                     // Out of file descriptors, most likely: back off instead of spinning.
                     tracing::warn!(error = ?err, "accepting a connection failed");
@@ -85,26 +97,28 @@ pub async fn serve(
                 }
             },
         };
+        let Some(slot) = clients.admit(peer.ip()) else {
+            refuse_over_client_bound(&stream);
+            continue;
+        };
+        shedder.shed_if_near_cap(permits.available_permits());
         if let Err(err) = stream.set_nodelay(true) {
             tracing::debug!(error = ?err, "could not set TCP_NODELAY");
         }
-        let service = TowerToHyperService::new(app.clone());
-        let stop = stop.clone();
+        let active = Arc::new(AtomicUsize::new(0));
+        let service = Counted {
+            inner: TowerToHyperService::new(app.clone()),
+            active: active.clone(),
+        };
+        let (stop, shed) = (stop.clone(), shedder.subscribe());
         connections.spawn(async move {
-            let _permit = permit;
+            let _held = (permit, slot);
             let mut builder = http1::Builder::new();
             builder
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.header_timeout);
             let conn = builder.serve_connection(TokioIo::new(stream), service);
-            let mut conn = std::pin::pin!(conn);
-            let ended = tokio::select! {
-                ended = conn.as_mut() => ended,
-                () = stop.cancelled() => {
-                    conn.as_mut().graceful_shutdown();
-                    conn.await
-                }
-            };
+            let ended = run_connection(conn, &active, stop, shed).await;
             if let Err(err) = ended {
                 tracing::debug!(error = ?err, "connection closed with an error");
             }
@@ -112,6 +126,191 @@ pub async fn serve(
     }
     connections.close();
     connections.wait().await;
+    // The shedder lives until every connection ended: they watch it.
+    drop(shedder);
+}
+
+/// Serves one connection until it ends; on `stop` it finishes its request and closes, and on
+/// a shed while it has no request in progress it closes.
+async fn run_connection<S>(
+    conn: http1::Connection<TokioIo<TcpStream>, S>,
+    active: &AtomicUsize,
+    stop: CancellationToken,
+    mut shed: watch::Receiver<u64>,
+) -> hyper::Result<()>
+where
+    S: hyper::service::HttpService<hyper::body::Incoming>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S::ResBody: 'static,
+    <S::ResBody as hyper::body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let mut conn = std::pin::pin!(conn);
+    loop {
+        tokio::select! {
+            ended = conn.as_mut() => return ended,
+            () = stop.cancelled() => break,
+            changed = shed.changed() => {
+                if changed.is_ok() && active.load(Ordering::Acquire) == 0 {
+                    metrics::counter!("verdict_connections_shed_total").increment(1);
+                    break;
+                }
+            }
+        }
+    }
+    // Closes at once when idle, else after the request in progress.
+    conn.as_mut().graceful_shutdown();
+    conn.await
+}
+
+/// Connections held per client address, each counted by the [`ClientSlot`] it holds.
+struct PerClient {
+    max: usize,
+    held: Mutex<HashMap<IpAddr, usize>>,
+}
+
+impl PerClient {
+    fn new(max: usize) -> Self {
+        Self {
+            max: max.max(1),
+            held: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// A slot for one more connection from `ip`, if it holds fewer than the bound. The map
+    /// holds one entry per address with a connection open, so it is bounded by the
+    /// connection cap.
+    fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<ClientSlot> {
+        let mut held = self.held.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let count = held.entry(ip).or_insert(0);
+        if *count >= self.max {
+            return None;
+        }
+        *count += 1;
+        Some(ClientSlot {
+            clients: self.clone(),
+            ip,
+        })
+    }
+}
+
+/// One connection's place in its address's count, given back when dropped.
+struct ClientSlot {
+    clients: Arc<PerClient>,
+    ip: IpAddr,
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        let mut held = self
+            .clients
+            .held
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(count) = held.get_mut(&self.ip) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                held.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// What a connection over its address's bound gets before it is closed.
+static OVER_CLIENT_BOUND: std::sync::LazyLock<Vec<u8>> = std::sync::LazyLock::new(|| {
+    let body = r#"{"type":"https://verdict.dev/problems/too-many-connections","title":"Too many connections from this address","status":429,"detail":"This address holds as many connections as one client may; retry once one closes."}"#;
+    format!(
+        "HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/problem+json\r\n\
+         Retry-After: 1\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+});
+
+/// Answers a connection over its address's bound without waiting on it (what fits in the
+/// socket buffer, which is all of it on a new connection), then closes it.
+fn refuse_over_client_bound(stream: &TcpStream) {
+    metrics::counter!("verdict_connections_refused_total", "reason" => "per_client").increment(1);
+    let _ = stream.try_write(&OVER_CLIENT_BOUND);
+}
+
+/// Tells idle connections to close when the connections held near the cap, at most every
+/// [`Shedder::EVERY`].
+struct Shedder {
+    reserve: usize,
+    epoch: watch::Sender<u64>,
+    last: Option<Instant>,
+}
+
+impl Shedder {
+    /// How often a shed may be asked for: each wakes every connection.
+    const EVERY: Duration = Duration::from_millis(100);
+
+    fn new(max_connections: usize) -> Self {
+        Self {
+            // An eighth of the cap kept free for clients with work to do.
+            reserve: (max_connections / 8).max(1),
+            epoch: watch::Sender::new(0),
+            last: None,
+        }
+    }
+
+    fn subscribe(&self) -> watch::Receiver<u64> {
+        self.epoch.subscribe()
+    }
+
+    fn shed_if_near_cap(&mut self, free: usize) {
+        if free >= self.reserve || self.last.is_some_and(|at| at.elapsed() < Self::EVERY) {
+            return;
+        }
+        self.last = Some(Instant::now());
+        self.epoch.send_modify(|epoch| *epoch = epoch.wrapping_add(1));
+    }
+}
+
+/// A connection's service, counting its requests in progress (so a shed can tell an idle
+/// connection from a busy one).
+#[derive(Clone)]
+struct Counted<S> {
+    inner: S,
+    active: Arc<AtomicUsize>,
+}
+
+impl<S, R> hyper::service::Service<R> for Counted<S>
+where
+    S: hyper::service::Service<R>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<S::Response, S::Error>> + Send>,
+    >;
+
+    fn call(&self, request: R) -> Self::Future {
+        let in_progress = InProgress::start(self.active.clone());
+        let response = self.inner.call(request);
+        Box::pin(async move {
+            let response = response.await;
+            drop(in_progress);
+            response
+        })
+    }
+}
+
+/// One request in progress on a connection, until dropped.
+struct InProgress(Arc<AtomicUsize>);
+
+impl InProgress {
+    fn start(active: Arc<AtomicUsize>) -> Self {
+        active.fetch_add(1, Ordering::AcqRel);
+        Self(active)
+    }
+}
+
+impl Drop for InProgress {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// Answers 503 when a request outlives its deadline. A signal cut off this way is like one

@@ -88,6 +88,11 @@ pub struct InboundArgs {
     /// Connections held at once (1 to 100000; default 1024).
     #[arg(long, env = "VERDICT_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
+    /// Connections held at once from one client address (1 to 100000, at most
+    /// `VERDICT_MAX_CONNECTIONS`; default 256). Behind a load balancer every connection comes
+    /// from its address: raise it to `VERDICT_MAX_CONNECTIONS` there.
+    #[arg(long, env = "VERDICT_MAX_CONNECTIONS_PER_CLIENT")]
+    pub max_connections_per_client: Option<usize>,
 }
 
 impl InboundArgs {
@@ -134,6 +139,15 @@ impl InboundArgs {
             defaults.max_connections as u64,
             100_000,
         )?;
+        let per_client = bounded(
+            "VERDICT_MAX_CONNECTIONS_PER_CLIENT",
+            self.max_connections_per_client
+                .or(file.max_connections_per_client)
+                .map(|n| n as u64),
+            defaults.max_connections_per_client as u64,
+            100_000,
+        )?
+        .min(connections);
         let request_timeout = Duration::from_secs(request);
         if request_timeout <= delivery.deadline {
             return Err(ConfigError::RequestTimeoutTooShort {
@@ -146,6 +160,7 @@ impl InboundArgs {
             body_timeout: Duration::from_secs(body),
             request_timeout,
             max_connections: usize::try_from(connections).unwrap_or(usize::MAX),
+            max_connections_per_client: usize::try_from(per_client).unwrap_or(usize::MAX),
         })
     }
 }

@@ -124,6 +124,7 @@ pub struct FileConfig {
     pub body_timeout_secs: Option<u64>,
     pub request_timeout_secs: Option<u64>,
     pub max_connections: Option<usize>,
+    pub max_connections_per_client: Option<usize>,
     pub rate_limit_per_tenant: Option<u32>,
     pub set_max_age_secs: Option<u64>,
     pub set_max_ahead_secs: Option<u64>,

@@ -74,6 +74,11 @@ fn inbound_limits_are_bounded_and_outlast_the_delivery_deadline() {
     let c = ServeConfig::resolve(&serve_args(), &file).unwrap();
     assert_eq!(c.inbound.header_timeout, Duration::from_secs(2));
     assert_eq!(c.inbound.max_connections, 10);
+    // One client's share is never more than the whole.
+    assert_eq!(c.inbound.max_connections_per_client, 10);
+    let mut args = serve_args();
+    args.inbound.max_connections_per_client = Some(0);
+    assert!(ServeConfig::resolve(&args, &FileConfig::default()).is_err());
 }
 
 #[test]

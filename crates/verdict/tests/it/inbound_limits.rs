@@ -84,21 +84,37 @@ async fn an_idle_connection_is_closed_after_the_header_timeout(backend: Backend)
     assert!(took >= Duration::from_millis(900), "closed after {took:?}");
 }
 
-async fn connections_past_the_cap_wait_for_a_free_one(backend: Backend) {
-    let db = TestDb::new(backend).await;
-    let server = Server::start(
-        &db,
-        &[
-            ("VERDICT_MAX_CONNECTIONS", "4"),
-            ("VERDICT_HEADER_TIMEOUT_SECS", "2"),
-        ],
-    );
-    let mut stuck = Vec::new();
-    for _ in 0..4 {
-        stuck.push(stuck_in_headers(&server).await);
+/// A connection from `source`, another loopback address: another client to the server.
+async fn connect_from(server: &Server, source: &str) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{source}:0").parse().unwrap()).unwrap();
+    socket.connect(addr(server).parse().unwrap()).await.unwrap()
+}
+
+/// Opens a connection from `source` whose request is under way: headers sent, its body not.
+async fn stuck_in_body(server: &Server, source: &str) -> TcpStream {
+    let mut stream = connect_from(server, source).await;
+    stream
+        .write_all(
+            b"POST /v1/signals HTTP/1.1\r\nHost: verdict\r\nContent-Type: application/json\r\n\
+              Idempotency-Key: k\r\nContent-Length: 400\r\n\r\n{\"type\":",
+        )
+        .await
+        .unwrap();
+    stream
+}
+
+/// The start of what the server sends on `stream` within `limit` (empty if nothing).
+async fn first_answer(stream: &mut TcpStream, limit: Duration) -> String {
+    let mut buf = vec![0u8; 1024];
+    match tokio::time::timeout(limit, stream.read(&mut buf)).await {
+        Ok(Ok(n)) => String::from_utf8_lossy(&buf[..n]).into_owned(),
+        _ => String::new(),
     }
-    // Let the server accept all four before the fifth arrives.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+}
+
+/// A `GET /healthz` from this machine's usual address, and how long it took.
+async fn healthz_took(server: &Server) -> Duration {
     let started = Instant::now();
     let reply = server
         .client
@@ -106,13 +122,96 @@ async fn connections_past_the_cap_wait_for_a_free_one(backend: Backend) {
         .timeout(Duration::from_secs(10))
         .send()
         .await
-        .unwrap();
+        .expect("/healthz was not answered within 10 s");
     assert_eq!(reply.status(), 200);
-    let waited = started.elapsed();
+    started.elapsed()
+}
+
+async fn connections_past_the_cap_wait_for_a_free_one(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let server = Server::start(
+        &db,
+        &[
+            ("VERDICT_MAX_CONNECTIONS", "4"),
+            ("VERDICT_BODY_TIMEOUT_SECS", "2"),
+        ],
+    );
+    // Four requests under way (idle connections would be shed; these are busy).
+    let mut busy = Vec::new();
+    for _ in 0..4 {
+        busy.push(stuck_in_body(&server, "127.0.0.2").await);
+    }
+    // Let the server accept all four before the fifth arrives.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let waited = healthz_took(&server).await;
     assert!(
         waited >= Duration::from_millis(1500),
         "the fifth connection was served after {waited:?}, past a cap of four"
     );
+}
+
+async fn one_address_cannot_hold_every_connection(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let server = Server::start(
+        &db,
+        &[
+            ("VERDICT_MAX_CONNECTIONS", "64"),
+            ("VERDICT_MAX_CONNECTIONS_PER_CLIENT", "16"),
+        ],
+    );
+    // One client opens as many connections as the whole cap and sends nothing on them.
+    let mut held = Vec::new();
+    for _ in 0..64 {
+        held.push(connect_from(&server, "127.0.0.2").await);
+    }
+    let mut refused = 0;
+    for stream in &mut held {
+        let answer = first_answer(stream, Duration::from_millis(300)).await;
+        if answer.starts_with("HTTP/1.1 429") {
+            assert!(answer.contains("too-many-connections"), "{answer}");
+            refused += 1;
+        }
+    }
+    assert_eq!(refused, 48, "past its 16, each of the client's connections is refused");
+    // Another client is served at once, not when the held ones time out.
+    let took = healthz_took(&server).await;
+    assert!(took < Duration::from_secs(1), "/healthz took {took:?}");
+}
+
+async fn idle_connections_are_shed_when_the_cap_is_near(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let server = Server::start(
+        &db,
+        &[
+            ("VERDICT_MAX_CONNECTIONS", "32"),
+            ("VERDICT_MAX_CONNECTIONS_PER_CLIENT", "8"),
+        ],
+    );
+    // Four clients fill the cap with kept-alive connections, idle after one request each
+    // (some may be shed already as the cap nears: that is the point).
+    let mut idle = Vec::new();
+    for client in 2..=5 {
+        for _ in 0..8 {
+            let mut stream = connect_from(&server, &format!("127.0.0.{client}")).await;
+            let _ = stream
+                .write_all(b"GET /healthz HTTP/1.1\r\nHost: verdict\r\n\r\n")
+                .await;
+            let _ = first_answer(&mut stream, Duration::from_millis(500)).await;
+            idle.push(stream);
+        }
+    }
+    // A fifth client is served within a moment: idle connections go first.
+    let took = healthz_took(&server).await;
+    assert!(took < Duration::from_secs(1), "/healthz took {took:?}");
+    let mut shed = 0;
+    for stream in &mut idle {
+        let mut buf = [0u8; 64];
+        let read = tokio::time::timeout(Duration::from_millis(50), stream.read(&mut buf)).await;
+        if matches!(read, Ok(Ok(0) | Err(_))) {
+            shed += 1;
+        }
+    }
+    assert!(shed > 0, "no idle connection was closed");
 }
 
 async fn a_body_sent_too_slowly_gets_408_and_claims_nothing(backend: Backend) {
@@ -222,6 +321,8 @@ on_both_backends!(
     clients_stuck_in_their_headers_neither_block_a_signal_nor_stay,
     an_idle_connection_is_closed_after_the_header_timeout,
     connections_past_the_cap_wait_for_a_free_one,
+    one_address_cannot_hold_every_connection,
+    idle_connections_are_shed_when_the_cap_is_near,
     a_body_sent_too_slowly_gets_408_and_claims_nothing,
     a_body_trickled_a_byte_at_a_time_is_cut_at_the_body_timeout,
     only_short_safe_request_ids_are_kept,
