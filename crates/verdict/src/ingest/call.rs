@@ -146,19 +146,15 @@ impl Ingest {
         let response = with_outcomes(provisional, outcomes)?;
         let body: SignalResponse = serde_json::from_slice(&response.body).map_err(corrupt)?;
         let actions = json(&body.record.actions);
-        if self.complete_in_batches {
-            let done = CallsDone {
-                event_id,
-                actions,
-                held: held.cloned(),
-                response: response.clone(),
-            };
-            self.commits.complete_calls(done).await?;
-        } else {
-            self.store
-                .complete_dispatched(event_id, &actions, held, &response)
-                .await?;
-        }
+        // Through the group commit: on PostgreSQL it joins the batch's one statement with the
+        // calls' attempt records, on SQLite the one writer's next batch.
+        let done = CallsDone {
+            event_id,
+            actions,
+            held: held.cloned(),
+            response: response.clone(),
+        };
+        self.commits.complete_calls(done).await?;
         Ok(response)
     }
 

@@ -214,10 +214,6 @@ pub struct Ingest {
     /// Inline attempts still sending or recording after their response went out; shutdown
     /// waits for them.
     background: TaskTracker,
-    /// Whether a dispatched signal's completion joins the group commit (one writer, SQLite:
-    /// a commit of its own each would queue behind every batch) or commits on its own,
-    /// concurrently with the others (PostgreSQL).
-    complete_in_batches: bool,
 }
 
 impl Ingest {
@@ -244,7 +240,6 @@ impl Ingest {
             deliverer,
             completed: CompletedCache::new(DEFAULT_CAPACITY_BYTES),
             background: TaskTracker::new(),
-            complete_in_batches: committers == 1,
         }
     }
 

@@ -239,8 +239,7 @@ pub struct Batch {
     pub acts: Vec<Act>,
     /// Inline callback attempts to record (each delivery's state moves with its attempt).
     pub attempts: Vec<AttemptRecord>,
-    /// Dispatched signals to complete (SQLite only: PostgreSQL completes each in a transaction
-    /// of its own, concurrently).
+    /// Dispatched signals whose calls answered, to complete.
     pub calls_done: Vec<CallsDone>,
     /// At most one customer alert per subject and signal type within this window.
     pub alert_window_ms: i64,

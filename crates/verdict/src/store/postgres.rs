@@ -410,7 +410,6 @@ impl PostgresStore {
             .filter_map(|(&i, f)| batch.acts[i].held.as_ref().map(|h| (h, f)))
             .collect();
         fused::finish(&mut tx, &finished, &completions).await?;
-        super::keys::complete_calls_in(&mut *tx, &batch.calls_done).await?;
         if !live.is_empty() {
             failpoint!("act::before_commit");
         }

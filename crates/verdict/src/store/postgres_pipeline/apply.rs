@@ -5,7 +5,7 @@ use std::sync::LazyLock;
 use sqlx::PgConnection;
 use sqlx::Row as _;
 
-use super::inputs::{ActIn, ClaimIn};
+use super::inputs::{ActIn, ClaimIn, DispatchedKey};
 use super::params::{Int8, Param, Rows, bind_all, render};
 use super::{Found, effects, index};
 use crate::domain::ActionKind;
@@ -13,7 +13,7 @@ use crate::store::rows::OutboxRow;
 use crate::store::{Batch, NewEvent, StoreError, StoredResponse};
 
 /// The held locks' re-check, the new claims, the live acts' effects, the inline attempts'
-/// records, and the outbox rows, events and completions of the acts whose effects all came out
+/// records, the completions of dispatched signals whose calls answered, and the outbox rows, events and completions of the acts whose effects all came out
 /// as expected. Returns one row per claim won (`claim`), per keyed act whose lock held
 /// (`held`), per effect of a live act (its kind) and per act settled (`settled`), each with the
 /// index of its claim or act and whether the effect is this signal's. Its inputs are named
@@ -74,6 +74,18 @@ WITH claim_in AS (
             AND t.status IN ('succeeded', 'failed', 'unknown')
             THEN substr(d.payload, 1, 0) ELSE d.payload END
     FROM attempt_in t WHERE d.id = t.delivery_id
+), calls_recorded AS (
+    -- Dispatched signals whose connector calls answered: their events' action outcomes ...
+    UPDATE events e SET actions = calls_done_rows.actions FROM {calls_done_rows}
+    WHERE e.id = calls_done_rows.event_id
+), calls_completed AS (
+    -- ... and their keys, where still held, completed with the final response.
+    UPDATE idempotency_keys k SET state = 'completed', response_status = dispatched_keys.status,
+        response_body = dispatched_keys.body, lock_token = NULL, locked_until = 0
+    FROM {dispatched_keys}
+    WHERE k.tenant_id = dispatched_keys.tenant_id AND k.endpoint = dispatched_keys.endpoint
+        AND k.key_digest = dispatched_keys.key_digest
+        AND k.lock_token = dispatched_keys.lock_token AND k.state = 'dispatched'
 ){effects}
 , expected AS (
     -- The live acts whose every effect this statement wrote for them: their outbox row, event
@@ -143,6 +155,8 @@ struct Inputs<'a> {
     /// The keyed acts, and the responses their keys replay.
     keyed: Vec<i32>,
     responses: Vec<&'a StoredResponse>,
+    /// The dispatched keys still held whose calls answered.
+    dispatched: Vec<DispatchedKey<'a>>,
 }
 
 impl<'a> Inputs<'a> {
@@ -182,6 +196,16 @@ impl<'a> Inputs<'a> {
                 .collect(),
             keyed,
             responses,
+            dispatched: batch
+                .calls_done
+                .iter()
+                .filter_map(|d| {
+                    Some(DispatchedKey {
+                        held: d.held.as_ref()?,
+                        response: &d.response,
+                    })
+                })
+                .collect(),
         }
     }
 
@@ -193,6 +217,8 @@ impl<'a> Inputs<'a> {
             &Rows::new("act_rows", self.acts.iter().collect()),
             &Int8("alert_window", self.batch.alert_window_ms),
             &Rows::new("attempt_rows", self.batch.attempts.iter().collect()),
+            &Rows::new("calls_done_rows", self.batch.calls_done.iter().collect()),
+            &Rows::new("dispatched_keys", self.dispatched.iter().collect()),
             &Rows::indexed(
                 "outbox_rows",
                 self.outbox_index.clone(),

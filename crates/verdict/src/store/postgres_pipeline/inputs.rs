@@ -1,13 +1,15 @@
 //! The rows the fused statements take that are not a table's rows: claims with their acts,
 //! acts with the effects they ask for, attempts with the state they move their delivery to,
-//! and the responses keys complete with. Each names its columns once ([`Row`]).
+//! the responses keys complete with, and dispatched signals' completions. Each names its columns once ([`Row`]).
 
 use uuid::Uuid;
 
 use super::index;
 use crate::domain::ActionKind;
 use crate::store::rows::{Col, Row};
-use crate::store::{Act, AttemptRecord, Batch, Claim, Finished, HeldKey, StoredResponse};
+use crate::store::{
+    Act, AttemptRecord, Batch, CallsDone, Claim, Finished, HeldKey, StoredResponse,
+};
 
 /// A claim as [`super::apply::APPLY`] takes it: alone, at its position among the batch's
 /// claims, or with its act, at the act's position, completing the key with the act's expected
@@ -166,6 +168,35 @@ impl Row for Completion<'_> {
             Col::Bytes("body", |c| c.finished.response.body.clone()),
             Col::Str("state", |c| c.finished.key_state.as_str()),
             Col::Int8("locked_until", |c| c.finished.locked_until),
+        ]
+    }
+}
+
+/// A dispatched signal whose calls answered: its event's action outcomes.
+impl Row for CallsDone {
+    fn columns() -> Vec<Col<Self>> {
+        vec![
+            Col::Uuid("event_id", |d| d.event_id),
+            Col::Text("actions", |d| d.actions.clone()),
+        ]
+    }
+}
+
+/// A dispatched key still held, to complete with its final response.
+pub(super) struct DispatchedKey<'a> {
+    pub held: &'a HeldKey,
+    pub response: &'a StoredResponse,
+}
+
+impl Row for DispatchedKey<'_> {
+    fn columns() -> Vec<Col<Self>> {
+        vec![
+            Col::Uuid("tenant_id", |c| c.held.key.tenant_id),
+            Col::Str("endpoint", |c| c.held.key.endpoint),
+            Col::Bytes("key_digest", |c| c.held.key.digest.clone()),
+            Col::Uuid("lock_token", |c| c.held.lock_token),
+            Col::Int4("status", |c| i32::from(c.response.status)),
+            Col::Bytes("body", |c| c.response.body.clone()),
         ]
     }
 }

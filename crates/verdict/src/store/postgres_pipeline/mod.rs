@@ -51,7 +51,6 @@ pub(super) fn may_commit_alone(batch: &Batch) -> bool {
     !batch.attempts.iter().any(|a| a.next.disable_endpoint)
         // An act with connector requests is never settled by it: running it would only abort.
         && !batch.acts.iter().any(|a| !a.requests.is_empty())
-        && batch.calls_done.is_empty()
 }
 
 /// Whether [`APPLY_ALONE`] aborted because an act it let go ahead was not settled.
