@@ -430,6 +430,12 @@ async fn keys_from_before_api_keys_existed_become_admin_keys(backend: Backend) {
         inbound_signature_required, callback_url, created_at) VALUES ($1, 'old', $2, FALSE, NULL, 1)";
     let insert_secret = "INSERT INTO tenant_secrets (id, tenant_id, purpose, sealed, created_at) \
         VALUES ($1, $2, 'webhook', $3, 1)";
+    // Sealed under the database's master key, as that version sealed it: the key is checked
+    // against it when the first sentinel is stored.
+    let sealed = verdict::secrets::MasterKey::from_base64(&db.master_key)
+        .unwrap()
+        .keyring()
+        .seal(b"whsec_old", format!("{tenant_id}/webhook").as_bytes());
     match backend {
         Backend::Sqlite => {
             let options = db
@@ -449,7 +455,7 @@ async fn keys_from_before_api_keys_existed_become_admin_keys(backend: Backend) {
             sqlx::query(insert_secret)
                 .bind(uuid::Uuid::now_v7())
                 .bind(tenant_id)
-                .bind(vec![0u8; 8])
+                .bind(&sealed)
                 .execute(&pool)
                 .await
                 .unwrap();
@@ -467,7 +473,7 @@ async fn keys_from_before_api_keys_existed_become_admin_keys(backend: Backend) {
             sqlx::query(insert_secret)
                 .bind(uuid::Uuid::now_v7())
                 .bind(tenant_id)
-                .bind(vec![0u8; 8])
+                .bind(&sealed)
                 .execute(&pool)
                 .await
                 .unwrap();
