@@ -268,6 +268,21 @@ impl CallbackUrl {
 #[error("destination refused: {0}")]
 pub struct DestinationRefused(pub Refusal);
 
+impl DestinationRefused {
+    /// The guard's refusal, if that is why a request failed (the resolver's error, among the
+    /// error's sources).
+    pub fn found_in<'e>(err: &'e (dyn std::error::Error + 'static)) -> Option<&'e Self> {
+        let mut source = Some(err);
+        while let Some(cause) = source {
+            if let Some(refused) = cause.downcast_ref::<Self>() {
+                return Some(refused);
+            }
+            source = cause.source();
+        }
+        None
+    }
+}
+
 /// A resolver that refuses `localhost` names without resolving, drops refused addresses, and
 /// fails when none is left.
 pub struct GuardedResolver {

@@ -101,6 +101,8 @@ pub async fn serve(config: &Config, serve: ServeConfig) -> anyhow::Result<()> {
         store: store.clone(),
         keys,
         metrics,
+        metrics_token: serve.metrics_token.clone(),
+        simulations: Default::default(),
     });
     let shutdown = CancellationToken::new();
     let background = TaskTracker::new();

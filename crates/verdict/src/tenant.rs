@@ -13,6 +13,7 @@ use verdict_webhooks::Secret;
 
 use crate::clock::now_ms;
 use crate::destination::{CallbackUrl, UrlError};
+use crate::domain::Feed;
 use crate::secrets::{Keyring, SecretsError, api_key_hash};
 use crate::store::{
     ApiKeyRecord, KeyGrant, NewApiKey, NewTenant, Scope, SealedSecret, SecretPurpose, StoreError,
@@ -38,6 +39,8 @@ pub enum TenantError {
     KeyNotFound { tenant_id: Uuid, key_id: Uuid },
     #[error(transparent)]
     CallbackUrl(#[from] UrlError),
+    #[error("a key made for one feed must have the ingest scope, and the feed must be camara or set")]
+    FeedKey,
 }
 
 /// What `tenant create` prints; the secrets are shown this once and never again. Its `Debug`
@@ -106,14 +109,16 @@ fn generate_api_key() -> String {
     format!("{API_KEY_PREFIX}{}", URL_SAFE_NO_PAD.encode(bytes))
 }
 
-/// A fresh key of `scope` for a tenant: the key to show once, and the row holding its hash.
-fn new_api_key(tenant_id: Uuid, scope: Scope) -> (String, NewApiKey) {
+/// A fresh key of `scope` (for `feed` alone, if given) for a tenant: the key to show once,
+/// and the row holding its hash.
+fn new_api_key(tenant_id: Uuid, scope: Scope, feed: Option<Feed>) -> (String, NewApiKey) {
     let api_key = generate_api_key();
     let row = NewApiKey {
         id: Uuid::now_v7(),
         tenant_id,
         key_hash: api_key_hash(&api_key),
         scope,
+        feed,
         created_at: now_ms(),
     };
     (api_key, row)
@@ -127,7 +132,7 @@ pub async fn create(
 ) -> Result<CreatedTenant, TenantError> {
     let callback_url = spec.callback_url.as_ref().map(|u| u.as_str().to_owned());
     let id = Uuid::now_v7();
-    let (api_key, admin_key) = new_api_key(id, Scope::Admin);
+    let (api_key, admin_key) = new_api_key(id, Scope::Admin, None);
     let inbound = Secret::generate();
     let webhook = Secret::generate();
     let tenant = NewTenant {
@@ -161,6 +166,10 @@ pub struct IssuedKey {
     pub key_id: Uuid,
     pub api_key: String,
     pub scope: Scope,
+    /// The one feed the key may post to (`camara` or `set`), if it is made for one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub feed: Option<Feed>,
 }
 
 impl std::fmt::Debug for IssuedKey {
@@ -169,26 +178,33 @@ impl std::fmt::Debug for IssuedKey {
             .field("key_id", &self.key_id)
             .field("api_key", &"<redacted>")
             .field("scope", &self.scope)
+            .field("feed", &self.feed)
             .finish()
     }
 }
 
-/// Issues a new API key of `scope` to a tenant.
+/// Issues a new API key of `scope` to a tenant; with `feed`, an `ingest` key that may post
+/// to that feed (`camara` or `set`) and nothing else.
 pub async fn issue_key(
     store: &dyn TenantPort,
     tenant_id: Uuid,
     scope: Scope,
+    feed: Option<Feed>,
 ) -> Result<IssuedKey, TenantError> {
+    if feed.is_some_and(|feed| scope != Scope::Ingest || feed == Feed::Signals) {
+        return Err(TenantError::FeedKey);
+    }
     store
         .tenant(tenant_id)
         .await?
         .ok_or(TenantError::NotFound(tenant_id))?;
-    let (api_key, row) = new_api_key(tenant_id, scope);
+    let (api_key, row) = new_api_key(tenant_id, scope, feed);
     store.insert_api_key(&row).await?;
     Ok(IssuedKey {
         key_id: row.id,
         api_key,
         scope,
+        feed,
     })
 }
 
@@ -488,6 +504,7 @@ mod tests {
             key_id: Uuid::now_v7(),
             api_key: generate_api_key(),
             scope: Scope::Ingest,
+            feed: None,
         };
         let printed = format!("{issued:?}");
         assert!(!printed.contains(&issued.api_key), "{printed}");

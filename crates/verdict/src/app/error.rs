@@ -12,6 +12,7 @@ use crate::playbook::{PlaybookError, PlaybookStoreError};
 use crate::problem::Problem;
 use crate::rate_limit::RateLimited;
 use crate::signal::SignalError;
+use crate::domain::Feed;
 use crate::store::{Scope, StoreError};
 use crate::subjects::SubjectError;
 use crate::tenant::TenantError;
@@ -52,6 +53,10 @@ pub enum ApiError {
     Auth(#[from] AuthError),
     #[error("the API key's scope ({has}) does not allow this request, which needs {needed}")]
     InsufficientScope { needed: Scope, has: Scope },
+    #[error("the API key is made for the {0} feed alone")]
+    FeedKeyElsewhere(Feed),
+    #[error("this tenant requires signed signals, and the {0} feed cannot carry a signature")]
+    FeedNeedsItsOwnKey(Feed),
     #[error(transparent)]
     RateLimited(#[from] RateLimited),
     #[error(transparent)]
@@ -114,6 +119,25 @@ impl ApiError {
                 };
                 Problem::unauthorized(slug, e.to_string())
             }
+            Self::FeedKeyElsewhere(feed) => Problem::new(
+                "insufficient-scope",
+                "The API key's scope does not allow this request",
+                StatusCode::FORBIDDEN,
+            )
+            .detail(format!(
+                "This key is made for the `{feed}` feed alone; this request needs another key."
+            )),
+            Self::FeedNeedsItsOwnKey(feed) => Problem::new(
+                "insufficient-scope",
+                "The API key's scope does not allow this request",
+                StatusCode::FORBIDDEN,
+            )
+            .detail(format!(
+                "This tenant requires signed signals and the `{feed}` feed cannot carry a \
+                 signature: it takes an ingest key made for it alone (`verdict tenant key \
+                 create --scope ingest --feed {feed}`, or `\"feed\": \"{feed}\"` in `POST /v1/keys`)."
+            )),
+            Self::Tenant(e @ TenantError::FeedKey) => Problem::invalid_request(e.to_string()),
             Self::InsufficientScope { needed, .. } => Problem::new(
                 "insufficient-scope",
                 "The API key's scope does not allow this request",
@@ -153,6 +177,13 @@ impl ApiError {
                 Problem::unavailable()
             }
             Self::Ingest(IngestError::Unavailable(_)) => Problem::unavailable(),
+            Self::Simulation(e @ SimulationError::AlreadyRunning(_)) => Problem::new(
+                "simulation-in-progress",
+                "A simulation is already running",
+                StatusCode::TOO_MANY_REQUESTS,
+            )
+            .detail(e.to_string())
+            .retry_after(1),
             Self::Simulation(SimulationError::Store(e)) if e.is_transient() => {
                 Problem::unavailable()
             }

@@ -69,4 +69,8 @@ pub struct Shared {
     /// Verifies Security Event Tokens against each tenant's transmitter.
     pub sets: Arc<SetReceiver>,
     pub metrics: Option<PrometheusHandle>,
+    /// The bearer token `GET /metrics` requires, if one is configured.
+    pub metrics_token: Option<crate::config::MetricsToken>,
+    /// The playbook simulations running now: one per tenant, a few across tenants.
+    pub simulations: crate::playbook::simulation::Simulations,
 }

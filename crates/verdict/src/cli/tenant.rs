@@ -8,6 +8,7 @@ use uuid::Uuid;
 
 use crate::config::{Config, DestinationArgs};
 use crate::destination::CallbackUrl;
+use crate::domain::Feed;
 use crate::store::{Scope, SecretPurpose};
 use crate::tenant::{self, TenantSpec};
 
@@ -117,6 +118,11 @@ pub enum KeyCommand {
         /// ingest (send signals), read (the GET endpoints) or admin (everything).
         #[arg(long)]
         scope: Scope,
+        /// Make an ingest key for one feed alone (camara or set): a carrier's sink
+        /// credential or a SET transmitter's key, which may post there and nothing else. A
+        /// tenant that requires signed signals takes only such keys on its feeds.
+        #[arg(long)]
+        feed: Option<Feed>,
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
@@ -297,15 +303,19 @@ async fn run_key(store: &dyn tenant::TenantPort, cmd: KeyCommand) -> anyhow::Res
         KeyCommand::Create {
             tenant,
             scope,
+            feed,
             json,
         } => {
-            let issued = tenant::issue_key(store, tenant, scope).await?;
+            let issued = tenant::issue_key(store, tenant, scope, feed).await?;
             if json {
                 println!("{}", serde_json::to_string(&issued)?);
             } else {
                 println!("key_id   {}", issued.key_id);
                 println!("api_key  {}", issued.api_key);
                 println!("scope    {}", issued.scope);
+                if let Some(feed) = issued.feed {
+                    println!("feed     {feed} (this feed alone)");
+                }
                 println!("(the key is shown once; store it now)");
             }
         }

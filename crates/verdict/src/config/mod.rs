@@ -43,6 +43,8 @@ pub const DEFAULT_EVENT_RETENTION_DAYS: u64 = 90;
 /// Errors assembling configuration.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    #[error("VERDICT_METRICS_TOKEN must be 32 to 256 visible ASCII characters")]
+    MetricsToken,
     #[error("could not read the config file {path}")]
     Read {
         path: PathBuf,
@@ -129,6 +131,7 @@ pub struct FileConfig {
     pub set_max_age_secs: Option<u64>,
     pub set_max_ahead_secs: Option<u64>,
     pub set_jwks_refresh_secs: Option<u64>,
+    pub metrics_token: Option<String>,
 }
 
 impl FileConfig {
@@ -296,6 +299,11 @@ pub struct ServeArgs {
     pub rate_limit: RateLimitArgs,
     #[command(flatten)]
     pub sets: SetArgs,
+    /// A bearer token `GET /metrics` requires (32 to 256 visible ASCII characters); unset:
+    /// `/metrics` is open to anyone who reaches the port. Set it in the environment or the
+    /// config file, where a process list does not show it.
+    #[arg(long, env = "VERDICT_METRICS_TOKEN", hide_env_values = true)]
+    pub metrics_token: Option<String>,
 }
 
 /// The lifetimes of an idempotency key and its lock, for a command that claims keys outside
@@ -388,6 +396,33 @@ pub struct ServeConfig {
     pub rate_limit_per_tenant: Option<NonZeroU32>,
     pub retention: RetentionSettings,
     pub sets: SetSettings,
+    /// The bearer token `GET /metrics` requires, if any.
+    pub metrics_token: Option<MetricsToken>,
+}
+
+/// The token `GET /metrics` requires; its `Debug` leaves it out.
+#[derive(Clone)]
+pub struct MetricsToken(String);
+
+impl MetricsToken {
+    /// Checks a configured token's form.
+    pub fn parse(token: &str) -> Result<Self, ConfigError> {
+        let ok = (32..=256).contains(&token.len()) && token.bytes().all(|b| b.is_ascii_graphic());
+        ok.then(|| Self(token.to_owned()))
+            .ok_or(ConfigError::MetricsToken)
+    }
+
+    /// Whether `presented` is this token, in constant time.
+    pub fn matches(&self, presented: &str) -> bool {
+        use subtle::ConstantTimeEq;
+        bool::from(self.0.as_bytes().ct_eq(presented.as_bytes()))
+    }
+}
+
+impl std::fmt::Debug for MetricsToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MetricsToken(<redacted>)")
+    }
 }
 
 impl ServeConfig {
@@ -438,6 +473,13 @@ impl ServeConfig {
             .max(1),
             rate_limit_per_tenant: args.rate_limit.resolve(file),
             sets: args.sets.resolve(file)?,
+            metrics_token: args
+                .metrics_token
+                .clone()
+                .or_else(|| file.metrics_token.clone())
+                .filter(|token| !token.is_empty())
+                .map(|token| MetricsToken::parse(&token))
+                .transpose()?,
         })
     }
 }

@@ -19,7 +19,26 @@ fn serve_args() -> ServeArgs {
         rate_limit: RateLimitArgs::default(),
         retention: RetentionArgs::default(),
         sets: SetArgs::default(),
+        metrics_token: None,
     }
+}
+
+#[test]
+fn a_metrics_token_is_long_visible_ascii_and_never_printed() {
+    let mut args = serve_args();
+    args.metrics_token = Some("short".into());
+    assert!(matches!(
+        ServeConfig::resolve(&args, &FileConfig::default()),
+        Err(ConfigError::MetricsToken)
+    ));
+    args.metrics_token = Some(format!("{} {}", "a".repeat(20), "b".repeat(20)));
+    assert!(ServeConfig::resolve(&args, &FileConfig::default()).is_err());
+    let token = "t".repeat(32);
+    args.metrics_token = Some(token.clone());
+    let c = ServeConfig::resolve(&args, &FileConfig::default()).unwrap();
+    let parsed = c.metrics_token.unwrap();
+    assert!(parsed.matches(&token) && !parsed.matches(&token[1..]));
+    assert!(!format!("{parsed:?}").contains(&token));
 }
 
 #[test]

@@ -140,17 +140,9 @@ pub fn classify(status: StatusCode, retry_after: Option<Duration>) -> AttemptOut
     }
 }
 
-/// The guard's refusal, if that is why the request failed (the resolver's error, among the
-/// sources).
+/// The guard's refusal, if that is why the request failed.
 fn refused_in<'e>(err: &'e (dyn std::error::Error + 'static)) -> Option<&'e DestinationRefused> {
-    let mut source = Some(err);
-    while let Some(cause) = source {
-        if let Some(refused) = cause.downcast_ref::<DestinationRefused>() {
-            return Some(refused);
-        }
-        source = cause.source();
-    }
-    None
+    DestinationRefused::found_in(err)
 }
 
 /// The error as stored and shown: its cause chain, with the URL's query, fragment and userinfo

@@ -38,6 +38,22 @@ impl Feed {
     }
 }
 
+/// Serialised as its stored name.
+impl serde::Serialize for Feed {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+/// Read from its stored name.
+impl<'de> serde::Deserialize<'de> for Feed {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        name.parse()
+            .map_err(|_| serde::de::Error::custom("the feed must be camara or set"))
+    }
+}
+
 impl fmt::Display for Feed {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())

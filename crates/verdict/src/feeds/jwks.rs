@@ -17,7 +17,7 @@ use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, Jwk, KeyOperations, 
 use jsonwebtoken::{Algorithm, DecodingKey};
 use uuid::Uuid;
 
-use crate::destination::{DestinationPolicy, UrlError, check_url};
+use crate::destination::{DestinationPolicy, DestinationRefused, UrlError, check_url};
 
 /// Largest JWKS document accepted, stored or fetched.
 pub const MAX_JWKS_BYTES: usize = 64 * 1024;
@@ -363,7 +363,12 @@ impl KeyCache {
             .timeout(FETCH_TIMEOUT)
             .send()
             .await
-            .map_err(|e| KeysError::Fetch(Arc::new(e)))?;
+            .map_err(|e| match DestinationRefused::found_in(&e) {
+                // A name that resolves only to addresses the guard refuses stays refused:
+                // the transmitter's registration is wrong, not the network.
+                Some(refused) => KeysError::Refused(UrlError::Refused(refused.0.clone())),
+                None => KeysError::Fetch(Arc::new(e)),
+            })?;
         let status = response.status();
         if !status.is_success() {
             return Err(KeysError::Status(status.as_u16()));

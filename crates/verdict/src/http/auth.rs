@@ -9,6 +9,7 @@ use uuid::Uuid;
 
 use crate::app::AppState;
 use crate::app::error::{ApiError, AuthError};
+use crate::domain::Feed;
 use crate::rate_limit::RateLimits;
 use crate::store::{KeyGrant, Scope, TenantRecord};
 
@@ -62,8 +63,33 @@ pub fn admit<'g>(
     Ok(&grant.tenant)
 }
 
-/// 403 unless the key's scope allows `needed`.
+/// The scope check for a feed, then the tenant's rate limit: a key made for `feed` passes;
+/// a general `ingest` (or `admin`) key only if the tenant does not require signed signals,
+/// since no feed can carry our signature (403 otherwise).
+pub fn admit_feed<'g>(
+    grant: &'g KeyGrant,
+    feed: Feed,
+    limits: &RateLimits,
+) -> Result<&'g TenantRecord, ApiError> {
+    match grant.feed {
+        Some(made_for) if made_for == feed => {}
+        Some(made_for) => return Err(ApiError::FeedKeyElsewhere(made_for)),
+        None => {
+            require_scope(grant, Scope::Ingest)?;
+            if grant.tenant.inbound_signature_required {
+                return Err(ApiError::FeedNeedsItsOwnKey(feed));
+            }
+        }
+    }
+    limits.admit(&grant.tenant)?;
+    Ok(&grant.tenant)
+}
+
+/// 403 unless the key's scope allows `needed` (a key made for one feed allows nothing else).
 pub fn require_scope(grant: &KeyGrant, needed: Scope) -> Result<(), ApiError> {
+    if let Some(feed) = grant.feed {
+        return Err(ApiError::FeedKeyElsewhere(feed));
+    }
     if grant.scope.allows(needed) {
         Ok(())
     } else {

@@ -22,7 +22,7 @@ use crate::idempotency::Fingerprint;
 use crate::ingest::{FeedEvent, Inbound, IngestError, Reply};
 use crate::problem::Problem;
 use crate::signal::SignalType;
-use crate::store::{KeyGrant, Scope, StoreError};
+use crate::store::{KeyGrant, StoreError};
 
 /// Largest SET or notification accepted, as for signals.
 pub const MAX_FEED_BODY_BYTES: usize = 64 * 1024;
@@ -86,7 +86,7 @@ async fn receive_set(app: &AppState, headers: &HeaderMap, body: Body) -> Result<
 
     // 2. Authenticate and admit.
     let grant = grant(app, headers).await?;
-    let tenant = super::auth::admit(&grant, Scope::Ingest, &app.rate_limits)?;
+    let tenant = super::auth::admit_feed(&grant, Feed::Set, &app.rate_limits)?;
 
     // 3. Verify: signature, issuer, audience, window, claims.
     let set = app
@@ -167,7 +167,7 @@ async fn receive_camara(
     // 2. Authenticate and admit before any JSON parse: without a valid key a request costs
     // no more than reading it.
     let grant = grant(app, headers).await?;
-    let tenant = super::auth::admit(&grant, Scope::Ingest, &app.rate_limits)?;
+    let tenant = super::auth::admit_feed(&grant, Feed::Camara, &app.rate_limits)?;
 
     let (notification, value) = camara::parse(&body, OffsetDateTime::now_utc())?;
     let fingerprint = Fingerprint::of(&value)
@@ -344,6 +344,9 @@ impl IntoResponse for SetRefusal {
                     "access_denied",
                     "pushing SETs needs an API key with the `ingest` scope, or an `admin` key",
                 ),
+                ApiError::FeedKeyElsewhere(_) | ApiError::FeedNeedsItsOwnKey(_) => {
+                    rfc8935(StatusCode::FORBIDDEN, "access_denied", err.to_string())
+                }
                 ApiError::TooLarge(_) => rfc8935(
                     StatusCode::PAYLOAD_TOO_LARGE,
                     "invalid_request",
@@ -432,6 +435,9 @@ impl IntoResponse for CamaraRefusal {
                         "PERMISSION_DENIED",
                         "Notifications need an API key with the `ingest` scope, or an `admin` key.",
                     ),
+                    ApiError::FeedKeyElsewhere(_) | ApiError::FeedNeedsItsOwnKey(_) => {
+                        camara_error(StatusCode::FORBIDDEN, "PERMISSION_DENIED", err.to_string())
+                    }
                     ApiError::RateLimited(_) => camara_error(
                         StatusCode::TOO_MANY_REQUESTS,
                         "TOO_MANY_REQUESTS",

@@ -13,6 +13,7 @@ use super::events::rfc3339;
 use super::extract::Path;
 use crate::app::AppState;
 use crate::app::error::ApiError;
+use crate::domain::Feed;
 use crate::problem::Problem;
 use crate::store::{ApiKeyRecord, Scope};
 use crate::tenant::{self, IssuedKey};
@@ -23,6 +24,11 @@ use crate::tenant::{self, IssuedKey};
 pub struct NewKey {
     /// What the key may do: `ingest` (send signals), `read` (the GET endpoints) or `admin`.
     scope: Scope,
+    /// An `ingest` key for one feed alone, `camara` or `set` (a carrier's sink credential, a
+    /// SET transmitter's key): it may post there and nothing else.
+    #[serde(default)]
+    #[schema(value_type = Option<String>, pattern = "^(camara|set)$")]
+    feed: Option<Feed>,
 }
 
 /// `POST /v1/keys`: a new key, shown this once.
@@ -36,12 +42,12 @@ pub async fn create(
     body: Bytes,
 ) -> Result<(StatusCode, Json<IssuedKey>), ApiError> {
     let tenant = auth.require(Scope::Admin)?;
-    let NewKey { scope } = serde_json::from_slice(&body).map_err(|e| {
+    let NewKey { scope, feed } = serde_json::from_slice(&body).map_err(|e| {
         ApiError::Invalid(format!(
-            "the body must be {{\"scope\": \"ingest\"|\"read\"|\"admin\"}}: {e}"
+            "the body must be {{\"scope\": \"ingest\"|\"read\"|\"admin\", \"feed\": \"camara\"|\"set\" (optional)}}: {e}"
         ))
     })?;
-    let issued = tenant::issue_key(&*app.store, tenant.id, scope).await?;
+    let issued = tenant::issue_key(&*app.store, tenant.id, scope, feed).await?;
     tracing::info!(tenant_id = %tenant.id, key_id = %issued.key_id, %scope, "API key issued");
     Ok((StatusCode::CREATED, Json(issued)))
 }
@@ -51,6 +57,10 @@ pub async fn create(
 pub struct KeyView {
     pub key_id: Uuid,
     pub scope: Scope,
+    /// The one feed the key may post to, if it is made for one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub feed: Option<Feed>,
     pub created_at: String,
     /// To within a minute.
     pub last_used_at: Option<String>,
@@ -62,6 +72,7 @@ impl From<ApiKeyRecord> for KeyView {
         Self {
             key_id: k.id,
             scope: k.scope,
+            feed: k.feed,
             created_at: rfc3339(k.created_at),
             last_used_at: k.last_used_at.map(rfc3339),
             revoked_at: k.revoked_at.map(rfc3339),

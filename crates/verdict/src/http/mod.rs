@@ -82,11 +82,23 @@ async fn readyz(State(app): State<AppState>) -> Response {
     }
 }
 
-/// `GET /metrics`: Prometheus metrics.
+/// `GET /metrics`: Prometheus metrics; with `VERDICT_METRICS_TOKEN` set, only for a request
+/// bearing that token.
 #[utoipa::path(get, path = "/metrics", operation_id = "metrics", tag = "operations", security(()),
     responses((status = 200, body = String, content_type = "text/plain; version=0.0.4", description = "Prometheus text format"),
+        (status = 401, body = Problem, description = "`VERDICT_METRICS_TOKEN` is set and the request does not bear it"),
         (status = 404, body = Problem, description = "Metrics are not recorded by this process")))]
-async fn metrics(State(app): State<AppState>) -> Response {
+async fn metrics(State(app): State<AppState>, headers: axum::http::HeaderMap) -> Response {
+    if let Some(token) = &app.metrics_token {
+        let presented = auth::bearer(&headers).unwrap_or("");
+        if !token.matches(presented) {
+            return Problem::unauthorized(
+                "invalid-metrics-token",
+                "GET /metrics needs the bearer token VERDICT_METRICS_TOKEN names.",
+            )
+            .into_response();
+        }
+    }
     match &app.metrics {
         Some(handle) => (
             StatusCode::OK,

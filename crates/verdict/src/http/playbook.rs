@@ -96,7 +96,8 @@ fn document<'a>(headers: &HeaderMap, body: &'a [u8]) -> Result<(&'a str, Format)
     ),
     request_body(description = "The candidate playbook, TOML or JSON, validated as on upload",
         content((String = "application/toml"), (crate::playbook::Playbook = "application/json"))),
-    responses((status = 200, body = Simulation, description = "The comparison"), (status = 400, body = Problem, description = "Invalid playbook or window"), (status = 413, body = Problem, description = "Larger than 64 KiB"), (status = 422, body = Problem, description = "Over a limit")))]
+    responses((status = 200, body = Simulation, description = "The comparison"), (status = 400, body = Problem, description = "Invalid playbook or window"), (status = 413, body = Problem, description = "Larger than 64 KiB"), (status = 422, body = Problem, description = "Over a limit"),
+        (status = 429, body = Problem, description = "One of this tenant's simulations is running; retry after `Retry-After`")))]
 pub async fn simulate(
     State(app): State<AppState>,
     auth: Authenticated,
@@ -109,7 +110,10 @@ pub async fn simulate(
     let body = super::body::read_limited(&headers, body, playbook::MAX_PLAYBOOK_BYTES).await?;
     let (body, format) = document(&headers, &body)?;
     let candidate = Playbook::parse(body, format).map_err(PlaybookStoreError::Invalid)?;
-    let simulation = simulation::simulate(&*app.store, tenant.id, &candidate, window).await?;
+    let simulation = app
+        .simulations
+        .run(&*app.store, tenant.id, &candidate, window)
+        .await?;
     tracing::info!(
         tenant_id = %tenant.id,
         examined = simulation.examined,

@@ -114,7 +114,7 @@ async fn replay_same_bytes(
         .credentials
         .cached_grant(super::auth::bearer(headers)?)
         .await?;
-    if !grant.scope.allows(Scope::Ingest) {
+    if super::auth::require_scope(&grant, Scope::Ingest).is_err() {
         return None;
     }
     let tenant = &grant.tenant;

@@ -82,6 +82,81 @@ pub enum SimulationError {
     Store(#[from] StoreError),
     #[error("event {0} could not be read back: {1}")]
     Unreadable(Uuid, String),
+    #[error(transparent)]
+    AlreadyRunning(#[from] AlreadyRunning),
+}
+
+/// Simulations across tenants that evaluate at once; more wait their turn (within the request
+/// deadline), so simulating never takes more than this share of the CPU from signals.
+const AT_ONCE: usize = 1;
+
+/// The simulations running now: at most one per tenant (another is refused while it runs)
+/// and [`AT_ONCE`] evaluating across tenants.
+pub struct Simulations {
+    running: std::sync::Mutex<std::collections::HashSet<Uuid>>,
+    evaluating: tokio::sync::Semaphore,
+}
+
+impl Default for Simulations {
+    fn default() -> Self {
+        Self {
+            running: Default::default(),
+            evaluating: tokio::sync::Semaphore::new(AT_ONCE),
+        }
+    }
+}
+
+/// A tenant's simulation is already running.
+#[derive(Debug, thiserror::Error)]
+#[error("a simulation of this tenant's playbook is already running; retry when it is done")]
+pub struct AlreadyRunning;
+
+impl Simulations {
+    /// Runs `candidate` over the tenant's events in `window` as [`simulate`] does, unless one
+    /// of the tenant's is running; waits for its turn among the other tenants'.
+    pub async fn run(
+        &self,
+        store: &(dyn EventStore + Send + Sync),
+        tenant_id: Uuid,
+        candidate: &Playbook,
+        window: Window,
+    ) -> Result<Simulation, SimulationError> {
+        let _running = self.begin(tenant_id)?;
+        let _turn = self
+            .evaluating
+            .acquire()
+            .await
+            .map_err(|_| AlreadyRunning)?;
+        simulate(store, tenant_id, candidate, window).await
+    }
+
+    fn begin(&self, tenant_id: Uuid) -> Result<Running<'_>, AlreadyRunning> {
+        let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        if !running.insert(tenant_id) {
+            return Err(AlreadyRunning);
+        }
+        Ok(Running {
+            simulations: self,
+            tenant_id,
+        })
+    }
+}
+
+/// A tenant's running simulation, until dropped.
+struct Running<'a> {
+    simulations: &'a Simulations,
+    tenant_id: Uuid,
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        let mut running = self
+            .simulations
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        running.remove(&self.tenant_id);
+    }
 }
 
 /// Runs `candidate` over the tenant's events in `window`, newest first.
@@ -96,6 +171,8 @@ pub async fn simulate(
     let mut inexact = 0;
     let mut before = None;
     'pages: while comparisons.len() < limit {
+        // Tests hold a simulation here to show what runs beside it.
+        crate::store::failpoint::failpoint!("simulation::page");
         let want = PAGE.min(limit - comparisons.len());
         let page = store.events(tenant_id, before, want as i64).await?;
         for event in &page {
@@ -114,6 +191,8 @@ pub async fn simulate(
             break;
         }
         before = page.last().map(|e| e.id);
+        // A page evaluated is a few milliseconds of CPU: let the runtime's other tasks in.
+        tokio::task::yield_now().await;
     }
     Ok(summarise(comparisons, inexact))
 }

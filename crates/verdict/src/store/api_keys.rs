@@ -9,6 +9,7 @@ use uuid::Uuid;
 
 use super::backend::{Backend, SqlDb};
 use super::{StoreError, TenantRecord};
+use crate::domain::Feed;
 
 /// What a key may do.
 #[derive(
@@ -72,6 +73,8 @@ pub struct NewApiKey {
     /// SHA-256 of the key (as the secrets module hashes it); the key itself is never stored.
     pub key_hash: [u8; 32],
     pub scope: Scope,
+    /// The one feed an `ingest` key is made for, if any.
+    pub feed: Option<Feed>,
     pub created_at: i64,
 }
 
@@ -80,6 +83,8 @@ pub struct NewApiKey {
 pub struct ApiKeyRecord {
     pub id: Uuid,
     pub scope: Scope,
+    /// The one feed the key is made for, if any.
+    pub feed: Option<Feed>,
     pub created_at: i64,
     /// Updated at most once a minute per key and instance, so it is that precise.
     pub last_used_at: Option<i64>,
@@ -91,6 +96,8 @@ pub struct ApiKeyRecord {
 pub struct KeyGrant {
     pub key_id: Uuid,
     pub scope: Scope,
+    /// The one feed the key may post to, if it is made for one: then it may do nothing else.
+    pub feed: Option<Feed>,
     pub tenant: TenantRecord,
 }
 
@@ -115,6 +122,15 @@ pub trait ApiKeyStore {
     async fn touch_api_key(&self, key_id: Uuid, at: i64) -> Result<(), StoreError>;
 }
 
+/// Decodes a stored feed restriction.
+pub(crate) fn stored_feed(name: Option<String>) -> Result<Option<Feed>, StoreError> {
+    name.map(|name| {
+        name.parse()
+            .map_err(|e| StoreError::Corrupt(Box::new(e)))
+    })
+    .transpose()
+}
+
 /// Decodes a stored scope.
 pub(crate) fn stored_scope(name: &str) -> Result<Scope, StoreError> {
     name.parse()
@@ -128,6 +144,7 @@ pub(crate) struct GrantRow {
     pub tenant: TenantRecord,
     pub key_id: Uuid,
     pub key_scope: String,
+    pub key_feed: Option<String>,
 }
 
 /// Inserts a key row (also used by tenant creation, in its transaction).
@@ -158,13 +175,14 @@ where
     for<'e> &'e [u8]: Encode<'e, DB> + Type<DB>,
 {
     sqlx::query(
-        "INSERT INTO api_keys (id, tenant_id, key_hash, scope, created_at) \
-         VALUES ($1, $2, $3, $4, $5)",
+        "INSERT INTO api_keys (id, tenant_id, key_hash, scope, feed, created_at) \
+         VALUES ($1, $2, $3, $4, $5, $6)",
     )
     .bind(key.id)
     .bind(key.tenant_id)
     .bind(&key.key_hash[..])
     .bind(key.scope.as_str())
+    .bind(key.feed.map(Feed::as_str))
     .bind(key.created_at)
     .execute(conn)
     .await?;
@@ -208,8 +226,8 @@ where
     ) -> Result<Option<crate::store::KeyGrant>, crate::store::StoreError> {
         // The key's columns are renamed in a subquery so the tenant's stay unqualified.
         let sql = format!(
-            "SELECT {}, key_id, key_scope FROM tenants JOIN ( \
-             SELECT id AS key_id, tenant_id AS key_tenant, scope AS key_scope \
+            "SELECT {}, key_id, key_scope, key_feed FROM tenants JOIN ( \
+             SELECT id AS key_id, tenant_id AS key_tenant, scope AS key_scope, feed AS key_feed \
              FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL \
              ) k ON k.key_tenant = tenants.id",
             crate::store::tenants::TENANT_COLUMNS
@@ -223,6 +241,7 @@ where
             Ok(crate::store::KeyGrant {
                 key_id: row.key_id,
                 scope: crate::store::api_keys::stored_scope(&row.key_scope)?,
+                feed: crate::store::api_keys::stored_feed(row.key_feed)?,
                 tenant: row.tenant,
             })
         })
@@ -233,18 +252,20 @@ where
         &self,
         tenant_id: uuid::Uuid,
     ) -> Result<Vec<crate::store::ApiKeyRecord>, crate::store::StoreError> {
-        let rows: Vec<(uuid::Uuid, String, i64, Option<i64>, Option<i64>)> = sqlx::query_as(
-            "SELECT id, scope, created_at, last_used_at, revoked_at FROM api_keys \
+        type KeyRow = (uuid::Uuid, String, Option<String>, i64, Option<i64>, Option<i64>);
+        let rows: Vec<KeyRow> = sqlx::query_as(
+            "SELECT id, scope, feed, created_at, last_used_at, revoked_at FROM api_keys \
                  WHERE tenant_id = $1 ORDER BY created_at, id",
         )
         .bind(tenant_id)
         .fetch_all(self.read())
         .await?;
         rows.into_iter()
-            .map(|(id, scope, created_at, last_used_at, revoked_at)| {
+            .map(|(id, scope, feed, created_at, last_used_at, revoked_at)| {
                 Ok(crate::store::ApiKeyRecord {
                     id,
                     scope: crate::store::api_keys::stored_scope(&scope)?,
+                    feed: crate::store::api_keys::stored_feed(feed)?,
                     created_at,
                     last_used_at,
                     revoked_at,

@@ -119,7 +119,7 @@ async fn the_published_example_delivered_twice_makes_one_decision(backend: Backe
     let db = TestDb::new(backend).await;
     let receiver = Receiver::start(vec![]).await;
     let tenant = db.tenant(&["--callback-url", &receiver.url]);
-    let (_, carrier) = db.issue_key(&tenant, "ingest");
+    let carrier = db.feed_key(&tenant, "camara");
     let server = Server::start(&db, &ALLOW_LOOPBACK);
 
     assert_no_content(
@@ -178,10 +178,11 @@ async fn the_published_example_delivered_twice_makes_one_decision(backend: Backe
 async fn without_a_phone_number_the_registered_subscription_supplies_the_subject(backend: Backend) {
     let db = TestDb::new(backend).await;
     let tenant = db.tenant(&[]);
+    let carrier = db.feed_key(&tenant, "camara");
     let server = Server::start(&db, &[]);
 
     // Not registered yet: refused, nothing claimed.
-    let unregistered = notify(&server, &tenant.api_key, &swap("sub-3legs", None, 5)).await;
+    let unregistered = notify(&server, &carrier.api_key, &swap("sub-3legs", None, 5)).await;
     assert_camara_error(&unregistered, 422, "MISSING_IDENTIFIER", "unregistered");
     assert_eq!(claimed(&db).await, (0, 0));
 
@@ -204,11 +205,11 @@ async fn without_a_phone_number_the_registered_subscription_supplies_the_subject
 
     let notification = swap("sub-3legs", None, 5);
     assert_no_content(
-        &notify(&server, &tenant.api_key, &notification).await,
+        &notify(&server, &carrier.api_key, &notification).await,
         "3-legged",
     );
     assert_no_content(
-        &notify(&server, &tenant.api_key, &notification).await,
+        &notify(&server, &carrier.api_key, &notification).await,
         "again",
     );
     assert_eq!(claimed(&db).await, (1, 1));
@@ -226,7 +227,7 @@ async fn without_a_phone_number_the_registered_subscription_supplies_the_subject
 
     // Another tenant's registration is not this tenant's.
     let other = db.tenant(&[]);
-    let elsewhere = notify(&server, &other.api_key, &swap("sub-3legs", None, 5)).await;
+    let elsewhere = notify(&server, &db.feed_key(&other, "camara").api_key, &swap("sub-3legs", None, 5)).await;
     assert_camara_error(&elsewhere, 422, "MISSING_IDENTIFIER", "other tenant");
 
     db.cli(&[
@@ -238,7 +239,7 @@ async fn without_a_phone_number_the_registered_subscription_supplies_the_subject
         "--subscription-id",
         "sub-3legs",
     ]);
-    let removed = notify(&server, &tenant.api_key, &swap("sub-3legs", None, 5)).await;
+    let removed = notify(&server, &carrier.api_key, &swap("sub-3legs", None, 5)).await;
     assert_camara_error(&removed, 422, "MISSING_IDENTIFIER", "removed");
 }
 
@@ -262,6 +263,7 @@ async fn a_notification_retried_after_a_crash_keeps_the_subject_it_was_decided_f
 ) {
     let db = TestDb::new(backend).await;
     let tenant = db.tenant(&[]);
+    let carrier = db.feed_key(&tenant, "camara");
     register(&db, &tenant, "sub-moved", "+447700900781");
     let lock = ("VERDICT_LOCK_TIMEOUT_SECS", "1");
     let doomed = Server::start(
@@ -278,7 +280,7 @@ async fn a_notification_retried_after_a_crash_keeps_the_subject_it_was_decided_f
     doomed
         .post_expecting_crash(
             "/v1/camara/sim-swap",
-            &tenant.api_key,
+            &carrier.api_key,
             "application/cloudevents+json",
             &notification,
         )
@@ -293,7 +295,7 @@ async fn a_notification_retried_after_a_crash_keeps_the_subject_it_was_decided_f
     register(&db, &tenant, "sub-moved", "+447700900782");
     let server = Server::start(&db, &[lock]);
     let reply =
-        common::until_not_in_progress(|| notify(&server, &tenant.api_key, &notification)).await;
+        common::until_not_in_progress(|| notify(&server, &carrier.api_key, &notification)).await;
     assert_no_content(&reply, "the retry after the lock expired");
     assert_eq!(claimed(&db).await, (1, 1));
     let event = latest_event(&server, &tenant).await;
@@ -316,11 +318,12 @@ async fn a_notification_retried_after_a_crash_keeps_the_subject_it_was_decided_f
 async fn lifecycle_events_are_acknowledged_and_errors_take_camaras_shape(backend: Backend) {
     let db = TestDb::new(backend).await;
     let tenant = db.tenant(&[]);
+    let carrier = db.feed_key(&tenant, "camara");
     let (_, reader) = db.issue_key(&tenant, "read");
     let server = Server::start(&db, &[]);
 
     assert_no_content(
-        &notify(&server, &tenant.api_key, SUBSCRIPTION_ENDED).await,
+        &notify(&server, &carrier.api_key, SUBSCRIPTION_ENDED).await,
         "subscription ended",
     );
     assert!(
@@ -343,7 +346,7 @@ async fn lifecycle_events_are_acknowledged_and_errors_take_camaras_shape(backend
         "read key",
     );
     assert_camara_error(
-        &notify(&server, &tenant.api_key, "{not json").await,
+        &notify(&server, &carrier.api_key, "{not json").await,
         400,
         "INVALID_ARGUMENT",
         "not JSON",
@@ -352,18 +355,18 @@ async fn lifecycle_events_are_acknowledged_and_errors_take_camaras_shape(backend
     other_type["type"] =
         json!("org.camaraproject.device-roaming-status-subscriptions.v0.roaming-on");
     assert_camara_error(
-        &notify(&server, &tenant.api_key, &other_type.to_string()).await,
+        &notify(&server, &carrier.api_key, &other_type.to_string()).await,
         400,
         "INVALID_ARGUMENT",
         "another API's event",
     );
     let mut bad_phone: Value = serde_json::from_str(&body).unwrap();
     bad_phone["data"]["phoneNumber"] = json!("0044770090055");
-    let refused = notify(&server, &tenant.api_key, &bad_phone.to_string()).await;
+    let refused = notify(&server, &carrier.api_key, &bad_phone.to_string()).await;
     assert_camara_error(&refused, 400, "INVALID_ARGUMENT", "not E.164");
     assert!(!String::from_utf8_lossy(&refused.body).contains("0044770090055"));
     assert_camara_error(
-        &notify_as(&server, &tenant.api_key, "text/plain", &body).await,
+        &notify_as(&server, &carrier.api_key, "text/plain", &body).await,
         400,
         "INVALID_ARGUMENT",
         "media type",
@@ -376,13 +379,93 @@ async fn lifecycle_events_are_acknowledged_and_errors_take_camaras_shape(backend
 
     // A structured CloudEvent sent as application/json is accepted too.
     assert_no_content(
-        &notify_as(&server, &tenant.api_key, "application/json", &body).await,
+        &notify_as(&server, &carrier.api_key, "application/json", &body).await,
         "application/json",
     );
     assert_eq!(claimed(&db).await, (1, 1));
 }
 
+async fn a_tenant_requiring_signatures_takes_only_a_key_made_for_the_feed(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = db.tenant(&[]);
+    let (_, ingest) = db.issue_key(&tenant, "ingest");
+    let server = Server::start(&db, &[]);
+
+    // Unsigned notifications under the tenant's general keys lock nobody.
+    for (what, key) in [("ingest key", &ingest.api_key), ("admin key", &tenant.api_key)] {
+        let refused = notify(&server, key, &swap("sub-1", Some("+447700900601"), 1)).await;
+        assert_camara_error(&refused, 403, "PERMISSION_DENIED", what);
+        assert!(
+            refused.json()["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("requires signed signals")),
+            "{what}: {}",
+            refused.text()
+        );
+    }
+    assert_eq!(db.count("idempotency_keys").await, 0);
+    assert_eq!(db.count("events").await, 0);
+
+    // A key made for the feed is taken there, and nowhere else.
+    let carrier = db.feed_key(&tenant, "camara");
+    assert_no_content(
+        &notify(&server, &carrier.api_key, &swap("sub-1", Some("+447700900601"), 1)).await,
+        "the feed's own key",
+    );
+    assert_eq!(db.count("events").await, 1);
+    let signal = common::signed(
+        server.client.post(format!("{}/v1/signals", server.base)),
+        &carrier,
+        Some(&common::new_key()),
+        &common::sim_swap("+447700900602"),
+        common::now(),
+    );
+    let elsewhere = Reply::from(signal.send().await.unwrap()).await;
+    assert_eq!(elsewhere.status, 403, "{}", elsewhere.text());
+    assert_eq!(
+        elsewhere.json()["type"],
+        "https://verdict.dev/problems/insufficient-scope"
+    );
+    assert_eq!(server.get(&carrier, "/v1/events").await.status, 403);
+    let transmitter = db.feed_key(&tenant, "set");
+    assert_camara_error(
+        &notify(&server, &transmitter.api_key, &swap("sub-1", Some("+447700900603"), 1)).await,
+        403,
+        "PERMISSION_DENIED",
+        "the SET feed's key",
+    );
+    assert_eq!(db.count("events").await, 1);
+
+    // A feed key is an ingest key of camara or set, nothing else.
+    for args in [
+        &["--scope", "admin", "--feed", "camara"][..],
+        &["--scope", "ingest", "--feed", "signals"][..],
+    ] {
+        let mut all = vec!["tenant", "key", "create", "--tenant", tenant.id.as_str()];
+        all.extend_from_slice(args);
+        let out = db.cli_output(&all, &[]);
+        assert!(!out.status.success(), "{args:?} made a key");
+    }
+    let over_api = common::post_json(
+        &server,
+        &tenant,
+        "/v1/keys",
+        json!({"scope": "read", "feed": "camara"}),
+    )
+    .await;
+    assert_eq!(over_api.status, 400, "{}", over_api.text());
+
+    // A tenant that takes unsigned signals takes its general ingest key here too.
+    let unsigned = db.tenant(&["--no-inbound-signature"]);
+    let (_, general) = db.issue_key(&unsigned, "ingest");
+    assert_no_content(
+        &notify(&server, &general.api_key, &swap("sub-2", Some("+447700900604"), 1)).await,
+        "a general key of a tenant without signatures",
+    );
+}
+
 on_both_backends!(
+    a_tenant_requiring_signatures_takes_only_a_key_made_for_the_feed,
     the_published_example_delivered_twice_makes_one_decision,
     without_a_phone_number_the_registered_subscription_supplies_the_subject,
     a_notification_retried_after_a_crash_keeps_the_subject_it_was_decided_for,

@@ -56,7 +56,7 @@ async fn sets_signed_with_rsa_and_ec_keys_are_accepted_once_each(backend: Backen
     let db = TestDb::new(backend).await;
     let receiver = Receiver::start(vec![]).await;
     let tenant = db.tenant(&["--callback-url", &receiver.url]);
-    let (_, sender) = db.issue_key(&tenant, "ingest");
+    let sender = db.feed_key(&tenant, "set");
     let transmitter = Transmitter::new(db.dir());
     sets::register_file(&db, &tenant, &transmitter, &["rsa-1", "ec-1"]);
     let server = Server::start(&db, &ALLOW_LOOPBACK);
@@ -107,12 +107,16 @@ async fn sets_signed_with_rsa_and_ec_keys_are_accepted_once_each(backend: Backen
     }
     receiver.verify_all_with_python(&tenant.webhook_secret);
 
-    // An admin key may push too; the subject is the same account as a signal's.
+    // The tenant requires signed signals, so its general keys are refused here: the feed
+    // takes the key made for it. The subject is the same account as a signal's.
     let again = transmitter.sign(
         "rsa-1",
         &claims(CREDENTIAL_COMPROMISE, email("alice@example.com")),
     );
-    assert_accepted(&push(&server, &tenant.api_key, &again).await, "admin key");
+    let general = push(&server, &tenant.api_key, &again).await;
+    assert_eq!(general.status, 403, "{}", general.text());
+    assert_eq!(general.json()["err"], "access_denied");
+    assert_accepted(&push(&server, &sender.api_key, &again).await, "the feed's key");
     let signal = format!(
         r#"{{"type":"credential_breach","subject":{{"account":"alice@example.com"}},"observed_at":"{}"}}"#,
         time::OffsetDateTime::now_utc()
@@ -146,7 +150,7 @@ async fn sets_signed_with_rsa_and_ec_keys_are_accepted_once_each(backend: Backen
 async fn refused_sets_get_the_rfc8935_error_and_claim_nothing(backend: Backend) {
     let db = TestDb::new(backend).await;
     let tenant = db.tenant(&[]);
-    let (_, sender) = db.issue_key(&tenant, "ingest");
+    let sender = db.feed_key(&tenant, "set");
     let (_, reader) = db.issue_key(&tenant, "read");
     let transmitter = Transmitter::new(db.dir());
     sets::register_file(&db, &tenant, &transmitter, &["rsa-1", "ec-1"]);
@@ -297,6 +301,7 @@ async fn refused_sets_get_the_rfc8935_error_and_claim_nothing(backend: Backend) 
 async fn a_jti_reused_with_another_token_is_refused(backend: Backend) {
     let db = TestDb::new(backend).await;
     let tenant = db.tenant(&[]);
+    let sender = db.feed_key(&tenant, "set");
     let transmitter = Transmitter::new(db.dir());
     sets::register_file(&db, &tenant, &transmitter, &["rsa-1"]);
     let server = Server::start(&db, &[]);
@@ -305,12 +310,12 @@ async fn a_jti_reused_with_another_token_is_refused(backend: Backend) {
     let mut second = claims(CREDENTIAL_COMPROMISE, email("dave@example.com"));
     second["jti"] = first["jti"].clone();
     assert_accepted(
-        &push(&server, &tenant.api_key, &transmitter.sign("rsa-1", &first)).await,
+        &push(&server, &sender.api_key, &transmitter.sign("rsa-1", &first)).await,
         "first",
     );
     let reused = push(
         &server,
-        &tenant.api_key,
+        &sender.api_key,
         &transmitter.sign("rsa-1", &second),
     )
     .await;
@@ -333,7 +338,7 @@ async fn a_jti_reused_with_another_token_is_refused(backend: Backend) {
     let other = db.tenant(&[]);
     sets::register_file(&db, &other, &transmitter, &["rsa-1"]);
     assert_accepted(
-        &push(&server, &other.api_key, &transmitter.sign("rsa-1", &second)).await,
+        &push(&server, &db.feed_key(&other, "set").api_key, &transmitter.sign("rsa-1", &second)).await,
         "same jti, other tenant",
     );
 }
@@ -344,14 +349,15 @@ async fn an_unmapped_event_type_is_recorded_as_ignored_until_the_playbook_maps_i
     let db = TestDb::new(backend).await;
     let receiver = Receiver::start(vec![]).await;
     let tenant = db.tenant(&["--callback-url", &receiver.url]);
+    let sender = db.feed_key(&tenant, "set");
     let transmitter = Transmitter::new(db.dir());
     sets::register_file(&db, &tenant, &transmitter, &["ec-1"]);
     let server = Server::start(&db, &ALLOW_LOOPBACK);
 
     let revoked = transmitter.sign("ec-1", &claims(SESSION_REVOKED, phone("+12065550111")));
-    assert_accepted(&push(&server, &tenant.api_key, &revoked).await, "unmapped");
+    assert_accepted(&push(&server, &sender.api_key, &revoked).await, "unmapped");
     assert_accepted(
-        &push(&server, &tenant.api_key, &revoked).await,
+        &push(&server, &sender.api_key, &revoked).await,
         "unmapped again",
     );
     assert_eq!(claimed(&db).await, (1, 1));
@@ -416,7 +422,7 @@ async fn an_unmapped_event_type_is_recorded_as_ignored_until_the_playbook_maps_i
         ),
     );
     let mapped = transmitter.sign("ec-1", &claims(SESSION_REVOKED, phone("+12065550111")));
-    assert_accepted(&push(&server, &tenant.api_key, &mapped).await, "mapped");
+    assert_accepted(&push(&server, &sender.api_key, &mapped).await, "mapped");
     let page = server.get(&tenant, "/v1/events").await.json();
     let decided = &page["data"][0];
     assert_eq!(decided["type"], "sim_swap");
@@ -453,6 +459,7 @@ async fn retried_after_a_crash_and_a_new_mapping(
     let db = &owned;
     let receiver = Receiver::start(vec![]).await;
     let tenant = &db.tenant(&["--callback-url", &receiver.url]);
+    let sender = db.feed_key(tenant, "set");
     let transmitter = Transmitter::new(db.dir());
     sets::register_file(db, tenant, &transmitter, &["ec-1"]);
     db.set_playbook(tenant, first);
@@ -472,7 +479,7 @@ async fn retried_after_a_crash_and_a_new_mapping(
     doomed
         .post_expecting_crash(
             "/v1/sets",
-            &tenant.api_key,
+            &sender.api_key,
             "application/secevent+jwt",
             &token,
         )
@@ -485,9 +492,9 @@ async fn retried_after_a_crash_and_a_new_mapping(
 
     db.set_playbook(tenant, then);
     let server = Server::start(db, &[ALLOW_LOOPBACK[0], lock]);
-    let reply = common::until_not_in_progress(|| push(&server, &tenant.api_key, &token)).await;
+    let reply = common::until_not_in_progress(|| push(&server, &sender.api_key, &token)).await;
     assert_accepted(&reply, "the retry after the lock expired");
-    assert_accepted(&push(&server, &tenant.api_key, &token).await, "once more");
+    assert_accepted(&push(&server, &sender.api_key, &token).await, "once more");
     assert_eq!(claimed(db).await, (1, 1), "one key, one event");
     let event = server.get(tenant, "/v1/events").await.json()["data"][0].clone();
     assert_eq!(
@@ -565,6 +572,7 @@ async fn a_jwks_url_is_fetched_through_the_guard_and_refreshed_for_an_unknown_ki
 ) {
     let db = TestDb::new(backend).await;
     let tenant = db.tenant(&[]);
+    let sender = db.feed_key(&tenant, "set");
     let transmitter = Transmitter::new(db.dir());
     let jwks = JwksServer::start(transmitter.jwks_of(&["rsa-1"])).await;
 
@@ -605,7 +613,7 @@ async fn a_jwks_url_is_fetched_through_the_guard_and_refreshed_for_an_unknown_ki
         "rsa-1",
         &claims(CREDENTIAL_COMPROMISE, email("erin@example.com")),
     );
-    let reply = push(&guarded, &tenant.api_key, &token).await;
+    let reply = push(&guarded, &sender.api_key, &token).await;
     assert_refused(&reply, 400, "invalid_key", "guarded", &[]);
     assert_eq!(
         jwks.fetches(),
@@ -613,6 +621,51 @@ async fn a_jwks_url_is_fetched_through_the_guard_and_refreshed_for_an_unknown_ki
         "the guard refused the loopback URL before any request"
     );
     guarded.kill();
+    // A name that resolves to loopback is refused when it resolves, as a key problem (400)
+    // the transmitter's registration must fix, not an outage to retry (503) for ever.
+    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let hostname = hostname.trim();
+    let port = url::Url::parse(&jwks.url).unwrap().port().unwrap();
+    let resolved: Vec<_> = std::net::ToSocketAddrs::to_socket_addrs(&(hostname, port))
+        .unwrap()
+        .collect();
+    assert!(
+        !resolved.is_empty() && resolved.iter().all(|a| a.ip().is_loopback()),
+        "this test needs the machine's name to resolve to loopback: {resolved:?}"
+    );
+    db.cli(&[
+        "tenant",
+        "set-transmitter",
+        "--tenant",
+        &tenant.id,
+        "--issuer",
+        ISSUER,
+        "--audience",
+        AUDIENCE,
+        "--jwks-url",
+        &format!("http://{hostname}:{port}/jwks.json"),
+    ]);
+    let guarded = Server::start(&db, &[]);
+    let by_name = transmitter.sign(
+        "rsa-1",
+        &claims(CREDENTIAL_COMPROMISE, email("erin@example.com")),
+    );
+    let reply = push(&guarded, &sender.api_key, &by_name).await;
+    assert_refused(&reply, 400, "invalid_key", "a name resolving to loopback", &[]);
+    assert_eq!(jwks.fetches(), 0, "nothing reached the loopback listener");
+    guarded.kill();
+    db.cli(&[
+        "tenant",
+        "set-transmitter",
+        "--tenant",
+        &tenant.id,
+        "--issuer",
+        ISSUER,
+        "--audience",
+        AUDIENCE,
+        "--jwks-url",
+        &jwks.url,
+    ]);
 
     // Every token is signed before the clock starts: the refresh interval is short.
     let another = transmitter.sign(
@@ -633,23 +686,23 @@ async fn a_jwks_url_is_fetched_through_the_guard_and_refreshed_for_an_unknown_ki
             ("VERDICT_SET_MAX_AGE_SECS", "60"),
         ],
     );
-    assert_accepted(&push(&server, &tenant.api_key, &token).await, "fetched");
-    assert_accepted(&push(&server, &tenant.api_key, &another).await, "cached");
+    assert_accepted(&push(&server, &sender.api_key, &token).await, "fetched");
+    assert_accepted(&push(&server, &sender.api_key, &another).await, "cached");
     assert_eq!(jwks.fetches(), 1, "the JWKS is cached");
 
     // The transmitter adds an EC key. A SET under it right away finds an unknown kid, and the
     // refresh is rate limited: no second fetch within the interval.
     jwks.replace(transmitter.jwks.clone());
-    let too_soon = push(&server, &tenant.api_key, &by_ec).await;
+    let too_soon = push(&server, &sender.api_key, &by_ec).await;
     assert_refused(&too_soon, 400, "invalid_key", "unknown kid", &[]);
     assert_eq!(jwks.fetches(), 1);
     // After the interval the unknown kid fetches the JWKS again, once.
     tokio::time::sleep(Duration::from_millis(3200)).await;
-    assert_accepted(&push(&server, &tenant.api_key, &by_ec).await, "refreshed");
+    assert_accepted(&push(&server, &sender.api_key, &by_ec).await, "refreshed");
     assert_eq!(jwks.fetches(), 2);
     // A flood of unknown kids costs at most one fetch per interval.
     for _ in 0..5 {
-        let reply = push(&server, &tenant.api_key, &unknown).await;
+        let reply = push(&server, &sender.api_key, &unknown).await;
         assert_refused(&reply, 400, "invalid_key", "flood", &[]);
     }
     assert_eq!(jwks.fetches(), 2, "within the interval nothing is fetched");
@@ -659,6 +712,7 @@ async fn a_jwks_url_is_fetched_through_the_guard_and_refreshed_for_an_unknown_ki
 async fn a_failing_jwks_url_is_fetched_once_per_backoff_whatever_the_set_rate(backend: Backend) {
     let db = TestDb::new(backend).await;
     let tenant = db.tenant(&[]);
+    let sender = db.feed_key(&tenant, "set");
     let transmitter = Transmitter::new(db.dir());
     // Not a JWKS: every fetch of it fails.
     let jwks = JwksServer::start(json!({"not": "a jwks"})).await;
@@ -692,7 +746,7 @@ async fn a_failing_jwks_url_is_fetched_once_per_backoff_whatever_the_set_rate(ba
     );
     let started = std::time::Instant::now();
     for token in &tokens[..30] {
-        let reply = push(&server, &tenant.api_key, token).await;
+        let reply = push(&server, &sender.api_key, token).await;
         assert_refused(&reply, 400, "invalid_key", "a failing JWKS", &[]);
     }
     assert!(
@@ -703,11 +757,11 @@ async fn a_failing_jwks_url_is_fetched_once_per_backoff_whatever_the_set_rate(ba
 
     // Fixed, but the backoff doubled after a second failure: one fetch per wait.
     tokio::time::sleep(Duration::from_millis(2100)).await;
-    let reply = push(&server, &tenant.api_key, &tokens[30]).await;
+    let reply = push(&server, &sender.api_key, &tokens[30]).await;
     assert_refused(&reply, 400, "invalid_key", "still failing", &[]);
     assert_eq!(jwks.fetches(), 2);
     jwks.replace(transmitter.jwks_of(&["rsa-1"]));
-    let reply = push(&server, &tenant.api_key, &tokens[31]).await;
+    let reply = push(&server, &sender.api_key, &tokens[31]).await;
     assert_refused(
         &reply,
         400,
@@ -718,23 +772,24 @@ async fn a_failing_jwks_url_is_fetched_once_per_backoff_whatever_the_set_rate(ba
     assert_eq!(jwks.fetches(), 2);
     tokio::time::sleep(Duration::from_millis(4100)).await;
     assert_accepted(
-        &push(&server, &tenant.api_key, &tokens[32]).await,
+        &push(&server, &sender.api_key, &tokens[32]).await,
         "fetched again",
     );
-    assert_accepted(&push(&server, &tenant.api_key, &tokens[33]).await, "cached");
+    assert_accepted(&push(&server, &sender.api_key, &tokens[33]).await, "cached");
     assert_eq!(jwks.fetches(), 3);
 }
 
 async fn a_tenant_without_a_transmitter_refuses_sets_as_invalid_issuer(backend: Backend) {
     let db = TestDb::new(backend).await;
     let tenant = db.tenant(&[]);
+    let sender = db.feed_key(&tenant, "set");
     let transmitter = Transmitter::new(db.dir());
     let server = Server::start(&db, &[]);
     let token = transmitter.sign(
         "rsa-1",
         &claims(CREDENTIAL_COMPROMISE, email("f@example.com")),
     );
-    let reply = push(&server, &tenant.api_key, &token).await;
+    let reply = push(&server, &sender.api_key, &token).await;
     assert_refused(&reply, 400, "invalid_issuer", "no transmitter", &[]);
     assert_eq!(claimed(&db).await, (0, 0));
 

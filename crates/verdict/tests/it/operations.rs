@@ -132,7 +132,53 @@ async fn a_database_from_before_sentinels_refuses_a_wrong_key_and_stores_none(ba
     );
 }
 
+async fn metrics_need_the_configured_token(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let token = "m".repeat(40);
+    let server = Server::start(&db, &[("VERDICT_METRICS_TOKEN", token.as_str())]);
+    let get = |bearer: Option<&str>| {
+        let mut req = server.client.get(format!("{}/metrics", server.base));
+        if let Some(bearer) = bearer {
+            req = req.bearer_auth(bearer);
+        }
+        req.send()
+    };
+    for bearer in [None, Some("wrong"), Some(&token[1..])] {
+        let reply = crate::common::Reply::from(get(bearer).await.unwrap()).await;
+        assert_eq!(reply.status, 401, "{bearer:?}: {}", reply.text());
+        assert_eq!(
+            reply.json()["type"],
+            "https://verdict.dev/problems/invalid-metrics-token"
+        );
+    }
+    let reply = get(Some(&token)).await.unwrap();
+    assert_eq!(reply.status(), 200);
+    assert!(
+        reply.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/plain")
+    );
+    // Without a token configured, as before, it is open; a token too short to guess-proof
+    // stops the server at start.
+    let open = Server::start(&db, &[]);
+    let reply = open
+        .client
+        .get(format!("{}/metrics", open.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reply.status(), 200);
+    let out = db.cli_output(
+        &["serve", "--listen", "127.0.0.1:0"],
+        &[("VERDICT_METRICS_TOKEN", "short")],
+    );
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("VERDICT_METRICS_TOKEN"));
+}
+
 on_both_backends!(
+    metrics_need_the_configured_token,
     logs_to_a_pipe_carry_no_colour_codes,
     a_master_key_the_database_was_not_set_up_with_is_refused_at_start,
     a_database_from_before_sentinels_refuses_a_wrong_key_and_stores_none,

@@ -242,7 +242,60 @@ async fn bad_candidates_and_windows_are_refused(backend: Backend) {
     assert_eq!(reply.status, 403);
 }
 
+async fn a_tenant_runs_one_simulation_at_a_time_and_signals_go_on_beside_it(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = db.tenant(&[]);
+    let other = db.tenant(&[]);
+    // The first simulation to read a page is held there for 1.5 s.
+    let server = Server::start(
+        &db,
+        &[("FAILPOINTS", "simulation::page=1*return(delay_ms=1500)")],
+    );
+    let candidate = "[[rule]]\nname = \"all\"\ndecision = \"deny\"\n";
+    let started = std::time::Instant::now();
+    let (first, second, elsewhere, signal) = tokio::join!(
+        simulate(&server, &tenant, "?limit=10000", candidate),
+        async {
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            simulate(&server, &tenant, "?limit=10000", candidate).await
+        },
+        async {
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            let reply = simulate(&server, &other, "?limit=10000", candidate).await;
+            (reply, started.elapsed())
+        },
+        async {
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            let at = std::time::Instant::now();
+            let reply = server.send(&other, Some(&new_key()), &sim_swap("+447700900990")).await;
+            (reply, at.elapsed())
+        },
+    );
+    assert_eq!(first.status, 200, "{}", first.text());
+    // The same tenant's second one, while the first runs: refused, to retry.
+    assert_eq!(second.status, 429, "{}", second.text());
+    assert_eq!(
+        second.json()["type"],
+        "https://verdict.dev/problems/simulation-in-progress"
+    );
+    assert!(second.header("retry-after").is_some());
+    // Another tenant's waits its turn, then runs.
+    let (elsewhere, finished_at) = elsewhere;
+    assert_eq!(elsewhere.status, 200, "{}", elsewhere.text());
+    assert!(
+        finished_at >= std::time::Duration::from_millis(1400),
+        "another tenant's simulation ran beside the first, done after {finished_at:?}"
+    );
+    // A signal is not held up by either.
+    let (signal, took) = signal;
+    assert_eq!(signal.status, 200, "{}", signal.text());
+    assert!(took < std::time::Duration::from_secs(1), "a signal took {took:?}");
+    // Once done, the tenant simulates again.
+    assert_eq!(simulate(&server, &tenant, "", candidate).await.status, 200);
+}
+
 on_both_backends!(
+    a_tenant_runs_one_simulation_at_a_time_and_signals_go_on_beside_it,
     the_playbook_in_force_reproduces_every_stored_decision,
     a_candidate_without_the_locked_rule_changes_only_the_locked_subjects_event,
     bad_candidates_and_windows_are_refused,

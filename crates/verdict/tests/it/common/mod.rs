@@ -299,6 +299,20 @@ impl TestDb {
 impl TestDb {
     /// Issues the tenant another API key of `scope` with the real CLI; returns the key's id and
     /// the tenant's credentials with that key in place of its admin key.
+    /// An `ingest` key made for one feed alone (`camara` or `set`), as the tenant with it.
+    pub fn feed_key(&self, tenant: &Tenant, feed: &str) -> Tenant {
+        let out = self.cli(&[
+            "tenant", "key", "create", "--tenant", &tenant.id, "--scope", "ingest", "--feed", feed,
+            "--json",
+        ]);
+        let json: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(json["feed"], feed);
+        Tenant {
+            api_key: json["api_key"].as_str().unwrap().to_owned(),
+            ..tenant.clone()
+        }
+    }
+
     pub fn issue_key(&self, tenant: &Tenant, scope: &str) -> (String, Tenant) {
         let out = self.cli(&[
             "tenant", "key", "create", "--tenant", &tenant.id, "--scope", scope, "--json",
