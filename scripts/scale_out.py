@@ -81,11 +81,15 @@ def signal_body(phone, signal_type="sim_swap"):
     ).encode()
 
 
-def sign(secret, body):
-    key = base64.b64decode(secret.removeprefix("whsec_"))
+def sign(secret, body, key=None):
+    """`Verdict-Signature`: `v2` over timestamp, idempotency key (empty without one) and body,
+    which tenants require, and `v1` over timestamp and body, for tenants set up before that."""
+    secret = base64.b64decode(secret.removeprefix("whsec_"))
     ts = str(int(time.time()))
-    mac = hmac.new(key, ts.encode() + b"." + body, hashlib.sha256).digest()
-    return {"Verdict-Timestamp": ts, "Verdict-Signature": "v1," + base64.b64encode(mac).decode()}
+    keyed = hmac.new(secret, f"{ts}.{key or ''}.".encode() + body, hashlib.sha256).digest()
+    keyless = hmac.new(secret, ts.encode() + b"." + body, hashlib.sha256).digest()
+    signature = f"v2,{base64.b64encode(keyed).decode()} v1,{base64.b64encode(keyless).decode()}"
+    return {"Verdict-Timestamp": ts, "Verdict-Signature": signature}
 
 
 def post_signal(base, tenant, body, key=None, secret=None):
@@ -93,7 +97,7 @@ def post_signal(base, tenant, body, key=None, secret=None):
     if key:
         headers["Idempotency-Key"] = key
     if secret:
-        headers.update(sign(secret, body))
+        headers.update(sign(secret, body, key))
     return request("POST", f"{base}/v1/signals", body, headers)
 
 

@@ -280,7 +280,13 @@ impl Client {
         if let Some(secret) = &self.secret {
             // A fresh timestamp per attempt, so a retry after minutes is not refused as stale.
             let timestamp = unix_now_secs();
-            let signature = secret.sign_content(&signed_content(timestamp, body));
+            // `v2` signs the key too (what tenants require now); `v1` is for tenants set up
+            // before that, which take it until their operator turns it off.
+            let signature = format!(
+                "{} {}",
+                secret.sign_content_as("v2", &keyed_content(timestamp, key, body)),
+                secret.sign_content(&signed_content(timestamp, body))
+            );
             request = request
                 .header(HEADER_TIMESTAMP, timestamp.to_string())
                 .header(HEADER_SIGNATURE, signature);
@@ -307,7 +313,14 @@ impl Client {
     }
 }
 
-/// What the signature covers: `{timestamp}.{body}`.
+/// What `Verdict-Signature`'s `v2` signs: `"{timestamp}.{idempotency key}.{body}"`.
+pub fn keyed_content(timestamp: i64, key: &str, body: &[u8]) -> Vec<u8> {
+    let mut content = format!("{timestamp}.{key}.").into_bytes();
+    content.extend_from_slice(body);
+    content
+}
+
+/// What `Verdict-Signature`'s `v1` signs: `{timestamp}.{body}` (the key left out).
 pub fn signed_content(timestamp: i64, body: &[u8]) -> Vec<u8> {
     let mut content = format!("{timestamp}.").into_bytes();
     content.extend_from_slice(body);
@@ -337,6 +350,10 @@ mod tests {
     #[test]
     fn the_signed_content_is_timestamp_dot_body() {
         assert_eq!(signed_content(1_700_000_000, b"{}"), b"1700000000.{}");
+        assert_eq!(
+            keyed_content(1_700_000_000, "k-1", b"{}"),
+            b"1700000000.k-1.{}"
+        );
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //!
 //! - [`client`]: [`Client::send_signal`] serialises a signal once, generates one UUIDv4
 //!   `Idempotency-Key` for it, and posts the same bytes under that key on every attempt, each
-//!   signed afresh (`Verdict-Timestamp`, `Verdict-Signature` over `"{timestamp}.{body}"`).
+//!   signed afresh (`Verdict-Timestamp`, `Verdict-Signature`: `v2` over
+//!   `"{timestamp}.{key}.{body}"` and `v1` over `"{timestamp}.{body}"` for older tenants).
 //! - [`retry`]: what each answer means. Network errors, 5xx and 429 back off exponentially with
 //!   full jitter; 409 (the same signal still in flight) waits `Retry-After`; 422 is
 //!   [`ClientError::KeyReusedWithDifferentBody`], a key-generation bug; any other 4xx is

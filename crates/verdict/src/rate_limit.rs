@@ -108,6 +108,7 @@ mod tests {
             id: Uuid::now_v7(),
             name: "t".into(),
             inbound_signature_required: false,
+            inbound_signature_covers_key: false,
             callback_url: None,
             callback_disabled: false,
             rate_limit_per_second: rate,

@@ -39,7 +39,9 @@ pub enum TenantError {
     KeyNotFound { tenant_id: Uuid, key_id: Uuid },
     #[error(transparent)]
     CallbackUrl(#[from] UrlError),
-    #[error("a key made for one feed must have the ingest scope, and the feed must be camara or set")]
+    #[error(
+        "a key made for one feed must have the ingest scope, and the feed must be camara or set"
+    )]
     FeedKey,
 }
 
@@ -140,6 +142,8 @@ pub async fn create(
         name: spec.name.clone(),
         admin_key,
         inbound_signature_required: spec.inbound_signature_required,
+        // Every tenant from now on: a signature must cover the key it is sent under.
+        inbound_signature_covers_key: true,
         callback_url: callback_url.clone(),
         created_at: now_ms(),
     };
@@ -180,6 +184,20 @@ impl std::fmt::Debug for IssuedKey {
             .field("scope", &self.scope)
             .field("feed", &self.feed)
             .finish()
+    }
+}
+
+/// Sets whether a tenant's inbound signatures must cover the idempotency key (`v2` or
+/// Standard Webhooks), or may be `v1`, which leaves it out.
+pub async fn set_signature_covers_key(
+    store: &dyn TenantPort,
+    tenant_id: Uuid,
+    on: bool,
+) -> Result<(), TenantError> {
+    if store.set_signature_covers_key(tenant_id, on).await? {
+        Ok(())
+    } else {
+        Err(TenantError::NotFound(tenant_id))
     }
 }
 

@@ -32,7 +32,7 @@ mod verify;
 pub use envelope::Envelope;
 pub use error::{Error, VerifyError};
 pub use secret::Secret;
-pub use signature::{signature_matches, signed_headers};
+pub use signature::{signature_matches, signature_matches_as, signed_headers};
 pub use verify::{DEFAULT_TOLERANCE_SECS, Headers, MAX_SIGNATURES, Verifier};
 
 /// Header carrying the unique message id.

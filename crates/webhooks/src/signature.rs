@@ -36,8 +36,13 @@ pub(crate) fn signed_content(msg_id: &str, timestamp: i64, body: &[u8]) -> Vec<u
 impl Secret {
     /// `v1,<base64 HMAC-SHA256(key, content)>` for arbitrary signed content.
     pub fn sign_content(&self, content: &[u8]) -> String {
+        self.sign_content_as(VERSION, content)
+    }
+
+    /// `<version>,<base64 HMAC-SHA256(key, content)>`: a scheme's own version tag.
+    pub fn sign_content_as(&self, version: &str, content: &[u8]) -> String {
         let tag = mac_over(self.as_bytes(), content).finalize().into_bytes();
-        format!("{VERSION},{}", STANDARD.encode(tag))
+        format!("{version},{}", STANDARD.encode(tag))
     }
 
     /// Standard Webhooks signature over `{msg_id}.{timestamp}.{body}`.
@@ -54,6 +59,17 @@ impl Secret {
 /// [`MAX_SIGNATURES`](crate::verify::MAX_SIGNATURES) entries matches nothing, so a long header
 /// cannot buy thousands of comparisons.
 pub fn signature_matches(secrets: &[Secret], content: &[u8], header: &str) -> bool {
+    signature_matches_as(VERSION, secrets, content, header)
+}
+
+/// As [`signature_matches`], for the entries of `version` (`v2,<base64>`, say) alone: a
+/// scheme that signs other content under another version tag.
+pub fn signature_matches_as(
+    version: &str,
+    secrets: &[Secret],
+    content: &[u8],
+    header: &str,
+) -> bool {
     if header
         .split_ascii_whitespace()
         .nth(crate::verify::MAX_SIGNATURES)
@@ -64,7 +80,7 @@ pub fn signature_matches(secrets: &[Secret], content: &[u8], header: &str) -> bo
     let tags: Vec<Vec<u8>> = header
         .split_ascii_whitespace()
         .filter_map(|entry| entry.split_once(','))
-        .filter(|(version, _)| *version == VERSION)
+        .filter(|(tag, _)| *tag == version)
         .filter_map(|(_, encoded)| LENIENT_STANDARD.decode(encoded).ok())
         .collect();
     if tags.is_empty() {

@@ -5,6 +5,7 @@ use axum::response::{IntoResponse, Response};
 
 use crate::connectors::ConnectorError;
 use crate::delivery::resolve::ResolveError;
+use crate::domain::Feed;
 use crate::idempotency::KeyError;
 use crate::ingest::IngestError;
 use crate::playbook::simulation::SimulationError;
@@ -12,7 +13,6 @@ use crate::playbook::{PlaybookError, PlaybookStoreError};
 use crate::problem::Problem;
 use crate::rate_limit::RateLimited;
 use crate::signal::SignalError;
-use crate::domain::Feed;
 use crate::store::{Scope, StoreError};
 use crate::subjects::SubjectError;
 use crate::tenant::TenantError;
@@ -24,14 +24,23 @@ pub enum AuthError {
     MissingApiKey,
     #[error("the API key is not valid")]
     InvalidApiKey,
-    #[error("this tenant requires `Verdict-Timestamp` and `Verdict-Signature` headers")]
+    #[error(
+        "this tenant requires signed signals: `Verdict-Timestamp` and `Verdict-Signature`, or \
+         Standard Webhooks' `webhook-id`, `webhook-timestamp` and `webhook-signature`"
+    )]
     MissingSignature,
-    #[error("`Verdict-Timestamp` must be unix seconds")]
+    #[error("the signature's timestamp must be unix seconds")]
     MalformedTimestamp,
-    #[error("`Verdict-Timestamp` is more than 300 seconds from the server's clock")]
+    #[error("the signature's timestamp is more than 300 seconds from the server's clock")]
     StaleTimestamp,
-    #[error("no signature in `Verdict-Signature` matches the body")]
+    #[error("no signature matches the body")]
     BadSignature,
+    #[error(
+        "this tenant requires a signature that covers the idempotency key: `Verdict-Signature: \
+         v2,…` over `{{timestamp}}.{{Idempotency-Key}}.{{body}}`, or Standard Webhooks (whose \
+         `webhook-id` is the key); a `v1` signature alone is not taken"
+    )]
+    KeyNotSigned,
 }
 
 /// Everything a handler can fail with.
@@ -115,7 +124,9 @@ impl ApiError {
                 let slug = match e {
                     AuthError::MissingApiKey | AuthError::InvalidApiKey => "invalid-api-key",
                     AuthError::StaleTimestamp | AuthError::MalformedTimestamp => "stale-timestamp",
-                    AuthError::MissingSignature | AuthError::BadSignature => "invalid-signature",
+                    AuthError::MissingSignature
+                    | AuthError::BadSignature
+                    | AuthError::KeyNotSigned => "invalid-signature",
                 };
                 Problem::unauthorized(slug, e.to_string())
             }

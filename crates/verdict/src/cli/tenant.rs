@@ -105,6 +105,18 @@ pub enum TenantCommand {
         #[arg(long)]
         clear: bool,
     },
+    /// Require the tenant's inbound signatures to cover the idempotency key
+    /// (`Verdict-Signature: v2` or Standard Webhooks), so captured bytes cannot be replayed
+    /// under a new key. Tenants created by this version require it; older ones take `v1`
+    /// until this is run.
+    RequireSignedKeys {
+        /// The tenant's id.
+        #[arg(long)]
+        tenant: Uuid,
+        /// Take `v1` signatures again (for senders that cannot sign the key yet).
+        #[arg(long)]
+        off: bool,
+    },
 }
 
 /// `verdict tenant key …`.
@@ -292,6 +304,16 @@ pub(super) async fn run_tenant(
             match per_second {
                 Some(n) => println!("rate limit set to {n} requests per second (burst {n})"),
                 None => println!("the tenant's own rate limit is removed; the server's applies"),
+            }
+        }
+        TenantCommand::RequireSignedKeys { tenant, off } => {
+            tenant::set_signature_covers_key(&*store, tenant, !off).await?;
+            if off {
+                println!("v1 signatures, which leave the idempotency key out, are taken again");
+            } else {
+                println!(
+                    "inbound signatures must now cover the idempotency key (v2 or Standard Webhooks)"
+                );
             }
         }
     }

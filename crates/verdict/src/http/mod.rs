@@ -11,6 +11,7 @@ mod keys;
 mod openapi;
 mod playbook;
 mod signals;
+mod signature;
 mod subjects;
 
 use axum::Router;

@@ -5,8 +5,8 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
-use verdict_webhooks::Secret;
 
+use super::signature::Signed;
 use crate::app::AppState;
 use crate::app::error::{ApiError, AuthError};
 use crate::domain::Feed;
@@ -19,17 +19,17 @@ use crate::store::{KeyGrant, Scope, SecretPurpose, StoredResponse};
 /// Largest body accepted.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
-/// How far `Verdict-Timestamp` may be from our clock, either way.
-const TIMESTAMP_TOLERANCE_SECS: i64 = 300;
-
 /// Accepts one signal.
 #[utoipa::path(post, path = "/v1/signals", operation_id = "post_signal", tag = "signals",
     request_body(content = crate::signal::WireSignal, content_type = "application/json"),
     params(
         ("Idempotency-Key" = Option<String>, Header, description = "1 to 255 visible ASCII characters, bare or as a quoted Structured Field string",
             pattern = r#"^(?:[!#-~][!-~]{0,254}|"(?:[!#-\[\]-~]|\\["\\]){1,255}")$"#),
-        ("Verdict-Timestamp" = Option<String>, Header, description = "Unix seconds, within 300 s of the server's clock. Required, with `Verdict-Signature`, unless the tenant turned inbound signatures off; ignored then"),
-        ("Verdict-Signature" = Option<String>, Header, description = "v1,<base64 HMAC-SHA256(secret, \"{timestamp}.{body}\")>, space-separated during rotation; see `Verdict-Timestamp`"),
+        ("Verdict-Timestamp" = Option<String>, Header, description = "Unix seconds, within 300 s of the server's clock. Required, with `Verdict-Signature`, unless the tenant turned inbound signatures off (ignored then) or the signal is signed per Standard Webhooks"),
+        ("Verdict-Signature" = Option<String>, Header, description = "v2,<base64 HMAC-SHA256(secret, \"{timestamp}.{Idempotency-Key}.{body}\")>, space-separated during rotation (an empty key for a keyless signal); tenants set up before keys were signed also take v1 over \"{timestamp}.{body}\" until turned off; see `Verdict-Timestamp`"),
+        ("webhook-id" = Option<String>, Header, description = "Standard Webhooks: the message id, which is the signal's idempotency key (an `Idempotency-Key` sent beside it must be the same)"),
+        ("webhook-timestamp" = Option<String>, Header, description = "Standard Webhooks: unix seconds, within 300 s of the server's clock"),
+        ("webhook-signature" = Option<String>, Header, description = "Standard Webhooks: v1,<base64 HMAC-SHA256(secret, \"{webhook-id}.{webhook-timestamp}.{body}\")>, space-separated during rotation; taken instead of `Verdict-Signature`"),
     ),
     responses(
         (status = 200, body = crate::ingest::SignalResponse, description = "The decision; with `Idempotent-Replayed: true` when replayed"),
@@ -45,8 +45,10 @@ pub async fn post_signal(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    // 1. Validate without a round trip.
-    let key = idempotency_key(&headers)?;
+    // 1. Validate without a round trip; a request with no API key at all is a 401 before
+    // anything else is said about it.
+    super::auth::bearer(&headers).ok_or(AuthError::MissingApiKey)?;
+    let key = signal_key(&headers)?;
     require_json(&headers)?;
     let body = super::body::read_limited(&headers, body, MAX_BODY_BYTES).await?;
     let raw_body: [u8; 32] = Sha256::digest(&body).into();
@@ -124,9 +126,9 @@ async fn replay_same_bytes(
             .cached_secrets(tenant.id, SecretPurpose::Inbound)
             .await?;
         let signed = Signed::read(headers, body).ok()?;
-        if !signed.by(&secrets) {
-            return None;
-        }
+        signed
+            .by(&secrets, tenant.inbound_signature_covers_key)
+            .ok()?;
     }
     let stored = app.ingest.replay_same_bytes(tenant.id, key, raw_body)?;
     if let Err(limited) = app.rate_limits.admit(tenant) {
@@ -135,6 +137,24 @@ async fn replay_same_bytes(
     metrics::counter!("verdict_signals_total").increment(1);
     metrics::counter!("verdict_replays_total").increment(1);
     Some(stored_response(stored, true))
+}
+
+/// The signal's idempotency key: its `Idempotency-Key`, or a Standard Webhooks sender's
+/// `webhook-id` (which the signature covers); when both are sent they must be the same.
+fn signal_key(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, KeyError> {
+    let key = idempotency_key(headers)?;
+    let mut ids = headers.get_all("webhook-id").iter();
+    let Some(id) = ids.next() else {
+        return Ok(key);
+    };
+    if ids.next().is_some() {
+        return Err(KeyError::Repeated);
+    }
+    let id = IdempotencyKey::parse(id.as_bytes())?;
+    match key {
+        Some(key) if key != id => Err(KeyError::DiffersFromWebhookId),
+        _ => Ok(Some(id)),
+    }
 }
 
 /// The request's `Idempotency-Key`, if it has one, checked (sent at most once).
@@ -165,7 +185,7 @@ fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
-/// The API key and its scope, then the signature over the exact bytes.
+/// The API key and its scope, then the signature over the exact bytes (and the key).
 async fn authenticate(
     app: &AppState,
     headers: &HeaderMap,
@@ -185,57 +205,18 @@ async fn authenticate(
     let signed = Signed::read(headers, body)?;
     // The cached secrets first; on a mismatch the stored ones, so a secret rotated in a
     // moment ago works at once (a retired one stops at its own time either way).
+    let mut refused = AuthError::BadSignature;
     for fresh in [false, true] {
         let secrets = app
             .credentials
             .secrets(tenant.id, SecretPurpose::Inbound, fresh)
             .await?;
-        if signed.by(&secrets) {
-            return Ok(grant);
+        match signed.by(&secrets, tenant.inbound_signature_covers_key) {
+            Ok(()) => return Ok(grant),
+            Err(err) => refused = err,
         }
     }
-    Err(AuthError::BadSignature.into())
-}
-
-/// A request's inbound signature: `Verdict-Signature` over `"{Verdict-Timestamp}.{raw body}"`,
-/// with a timestamp within [`TIMESTAMP_TOLERANCE_SECS`] of our clock. The one check both the
-/// full path and the cached replay make.
-struct Signed<'a> {
-    /// What the signature signs.
-    content: Vec<u8>,
-    /// `Verdict-Signature`: one or more `v1,<base64>`, space-separated.
-    signature: &'a str,
-}
-
-impl<'a> Signed<'a> {
-    /// The signature headers over `body`, checked for presence and freshness.
-    fn read(headers: &'a HeaderMap, body: &[u8]) -> Result<Self, AuthError> {
-        let header_str = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-        let (Some(timestamp), Some(signature)) = (
-            header_str("verdict-timestamp"),
-            header_str("verdict-signature"),
-        ) else {
-            return Err(AuthError::MissingSignature);
-        };
-        let timestamp = timestamp.trim();
-        let ts: i64 = timestamp
-            .parse()
-            .map_err(|_| AuthError::MalformedTimestamp)?;
-        let now = time::OffsetDateTime::now_utc().unix_timestamp();
-        if now.abs_diff(ts) > TIMESTAMP_TOLERANCE_SECS as u64 {
-            return Err(AuthError::StaleTimestamp);
-        }
-        let mut content = Vec::with_capacity(timestamp.len() + 1 + body.len());
-        content.extend_from_slice(timestamp.as_bytes());
-        content.push(b'.');
-        content.extend_from_slice(body);
-        Ok(Self { content, signature })
-    }
-
-    /// Whether one of `secrets` made the signature.
-    fn by(&self, secrets: &[Secret]) -> bool {
-        verdict_webhooks::signature_matches(secrets, &self.content, self.signature)
-    }
+    Err(refused.into())
 }
 
 /// A stored response as sent (marked `Idempotent-Replayed: true` when `replayed`).

@@ -20,6 +20,8 @@ pub enum KeyError {
     BadQuoting,
     #[error("the Idempotency-Key header was sent more than once")]
     Repeated,
+    #[error("the Idempotency-Key differs from the webhook-id the signature covers")]
+    DiffersFromWebhookId,
 }
 
 impl IdempotencyKey {

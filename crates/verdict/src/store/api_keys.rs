@@ -124,11 +124,8 @@ pub trait ApiKeyStore {
 
 /// Decodes a stored feed restriction.
 pub(crate) fn stored_feed(name: Option<String>) -> Result<Option<Feed>, StoreError> {
-    name.map(|name| {
-        name.parse()
-            .map_err(|e| StoreError::Corrupt(Box::new(e)))
-    })
-    .transpose()
+    name.map(|name| name.parse().map_err(|e| StoreError::Corrupt(Box::new(e))))
+        .transpose()
 }
 
 /// Decodes a stored scope.
@@ -252,7 +249,14 @@ where
         &self,
         tenant_id: uuid::Uuid,
     ) -> Result<Vec<crate::store::ApiKeyRecord>, crate::store::StoreError> {
-        type KeyRow = (uuid::Uuid, String, Option<String>, i64, Option<i64>, Option<i64>);
+        type KeyRow = (
+            uuid::Uuid,
+            String,
+            Option<String>,
+            i64,
+            Option<i64>,
+            Option<i64>,
+        );
         let rows: Vec<KeyRow> = sqlx::query_as(
             "SELECT id, scope, feed, created_at, last_used_at, revoked_at FROM api_keys \
                  WHERE tenant_id = $1 ORDER BY created_at, id",

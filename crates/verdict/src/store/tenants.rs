@@ -53,6 +53,8 @@ pub struct NewTenant {
     /// The tenant's first key, an admin one, inserted with it.
     pub admin_key: super::NewApiKey,
     pub inbound_signature_required: bool,
+    /// Whether inbound signatures must cover the idempotency key (`v1` is not taken).
+    pub inbound_signature_covers_key: bool,
     pub callback_url: Option<String>,
     pub created_at: i64,
 }
@@ -63,6 +65,8 @@ pub struct TenantRecord {
     pub id: Uuid,
     pub name: String,
     pub inbound_signature_required: bool,
+    /// Whether inbound signatures must cover the idempotency key (`v1` is not taken).
+    pub inbound_signature_covers_key: bool,
     pub callback_url: Option<String>,
     pub callback_disabled: bool,
     /// Requests per second (and burst) for this tenant, over the server's setting.
@@ -113,11 +117,15 @@ pub trait TenantStore {
         tenant_id: Uuid,
         per_second: Option<i64>,
     ) -> Result<bool, StoreError>;
+    /// Sets whether the tenant's inbound signatures must cover the idempotency key; false if
+    /// no such tenant.
+    async fn set_signature_covers_key(&self, tenant_id: Uuid, on: bool)
+    -> Result<bool, StoreError>;
 }
 
 /// The columns of [`TenantRecord`].
-pub(crate) const TENANT_COLUMNS: &str =
-    "id, name, inbound_signature_required, callback_url, callback_disabled, rate_limit_per_second";
+pub(crate) const TENANT_COLUMNS: &str = "id, name, inbound_signature_required, inbound_signature_covers_key, callback_url, \
+     callback_disabled, rate_limit_per_second";
 
 async fn insert_secret<DB, C>(
     conn: &mut C,
@@ -189,12 +197,14 @@ where
     ) -> Result<(), crate::store::StoreError> {
         let mut tx = self.begin().await?;
         sqlx::query(
-            "INSERT INTO tenants (id, name, inbound_signature_required, callback_url, \
-             created_at) VALUES ($1, $2, $3, $4, $5)",
+            "INSERT INTO tenants (id, name, inbound_signature_required, \
+             inbound_signature_covers_key, callback_url, created_at) \
+             VALUES ($1, $2, $3, $4, $5, $6)",
         )
         .bind(tenant.id)
         .bind(&tenant.name)
         .bind(tenant.inbound_signature_required)
+        .bind(tenant.inbound_signature_covers_key)
         .bind(&tenant.callback_url)
         .bind(tenant.created_at)
         .execute(&mut *tx)
@@ -297,6 +307,20 @@ where
             .bind(per_second)
             .execute(self.write())
             .await?;
+        Ok(DB::rows_affected(&done) == 1)
+    }
+
+    async fn set_signature_covers_key(
+        &self,
+        tenant_id: uuid::Uuid,
+        on: bool,
+    ) -> Result<bool, crate::store::StoreError> {
+        let done =
+            sqlx::query("UPDATE tenants SET inbound_signature_covers_key = $2 WHERE id = $1")
+                .bind(tenant_id)
+                .bind(on)
+                .execute(self.write())
+                .await?;
         Ok(DB::rows_affected(&done) == 1)
     }
 }

@@ -227,7 +227,12 @@ async fn without_a_phone_number_the_registered_subscription_supplies_the_subject
 
     // Another tenant's registration is not this tenant's.
     let other = db.tenant(&[]);
-    let elsewhere = notify(&server, &db.feed_key(&other, "camara").api_key, &swap("sub-3legs", None, 5)).await;
+    let elsewhere = notify(
+        &server,
+        &db.feed_key(&other, "camara").api_key,
+        &swap("sub-3legs", None, 5),
+    )
+    .await;
     assert_camara_error(&elsewhere, 422, "MISSING_IDENTIFIER", "other tenant");
 
     db.cli(&[
@@ -392,7 +397,10 @@ async fn a_tenant_requiring_signatures_takes_only_a_key_made_for_the_feed(backen
     let server = Server::start(&db, &[]);
 
     // Unsigned notifications under the tenant's general keys lock nobody.
-    for (what, key) in [("ingest key", &ingest.api_key), ("admin key", &tenant.api_key)] {
+    for (what, key) in [
+        ("ingest key", &ingest.api_key),
+        ("admin key", &tenant.api_key),
+    ] {
         let refused = notify(&server, key, &swap("sub-1", Some("+447700900601"), 1)).await;
         assert_camara_error(&refused, 403, "PERMISSION_DENIED", what);
         assert!(
@@ -409,7 +417,12 @@ async fn a_tenant_requiring_signatures_takes_only_a_key_made_for_the_feed(backen
     // A key made for the feed is taken there, and nowhere else.
     let carrier = db.feed_key(&tenant, "camara");
     assert_no_content(
-        &notify(&server, &carrier.api_key, &swap("sub-1", Some("+447700900601"), 1)).await,
+        &notify(
+            &server,
+            &carrier.api_key,
+            &swap("sub-1", Some("+447700900601"), 1),
+        )
+        .await,
         "the feed's own key",
     );
     assert_eq!(db.count("events").await, 1);
@@ -429,7 +442,12 @@ async fn a_tenant_requiring_signatures_takes_only_a_key_made_for_the_feed(backen
     assert_eq!(server.get(&carrier, "/v1/events").await.status, 403);
     let transmitter = db.feed_key(&tenant, "set");
     assert_camara_error(
-        &notify(&server, &transmitter.api_key, &swap("sub-1", Some("+447700900603"), 1)).await,
+        &notify(
+            &server,
+            &transmitter.api_key,
+            &swap("sub-1", Some("+447700900603"), 1),
+        )
+        .await,
         403,
         "PERMISSION_DENIED",
         "the SET feed's key",
@@ -459,7 +477,12 @@ async fn a_tenant_requiring_signatures_takes_only_a_key_made_for_the_feed(backen
     let unsigned = db.tenant(&["--no-inbound-signature"]);
     let (_, general) = db.issue_key(&unsigned, "ingest");
     assert_no_content(
-        &notify(&server, &general.api_key, &swap("sub-2", Some("+447700900604"), 1)).await,
+        &notify(
+            &server,
+            &general.api_key,
+            &swap("sub-2", Some("+447700900604"), 1),
+        )
+        .await,
         "a general key of a tenant without signatures",
     );
 }

@@ -116,7 +116,10 @@ async fn sets_signed_with_rsa_and_ec_keys_are_accepted_once_each(backend: Backen
     let general = push(&server, &tenant.api_key, &again).await;
     assert_eq!(general.status, 403, "{}", general.text());
     assert_eq!(general.json()["err"], "access_denied");
-    assert_accepted(&push(&server, &sender.api_key, &again).await, "the feed's key");
+    assert_accepted(
+        &push(&server, &sender.api_key, &again).await,
+        "the feed's key",
+    );
     let signal = format!(
         r#"{{"type":"credential_breach","subject":{{"account":"alice@example.com"}},"observed_at":"{}"}}"#,
         time::OffsetDateTime::now_utc()
@@ -338,7 +341,12 @@ async fn a_jti_reused_with_another_token_is_refused(backend: Backend) {
     let other = db.tenant(&[]);
     sets::register_file(&db, &other, &transmitter, &["rsa-1"]);
     assert_accepted(
-        &push(&server, &db.feed_key(&other, "set").api_key, &transmitter.sign("rsa-1", &second)).await,
+        &push(
+            &server,
+            &db.feed_key(&other, "set").api_key,
+            &transmitter.sign("rsa-1", &second),
+        )
+        .await,
         "same jti, other tenant",
     );
 }
@@ -651,7 +659,13 @@ async fn a_jwks_url_is_fetched_through_the_guard_and_refreshed_for_an_unknown_ki
         &claims(CREDENTIAL_COMPROMISE, email("erin@example.com")),
     );
     let reply = push(&guarded, &sender.api_key, &by_name).await;
-    assert_refused(&reply, 400, "invalid_key", "a name resolving to loopback", &[]);
+    assert_refused(
+        &reply,
+        400,
+        "invalid_key",
+        "a name resolving to loopback",
+        &[],
+    );
     assert_eq!(jwks.fetches(), 0, "nothing reached the loopback listener");
     guarded.kill();
     db.cli(&[

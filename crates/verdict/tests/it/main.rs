@@ -46,5 +46,6 @@ mod rejection;
 mod retention;
 mod robustness;
 mod scopes;
+mod signed_keys;
 mod simulation;
 mod way_back;

@@ -100,9 +100,19 @@ async fn send(server: &Server, tenant: &Tenant, a: &Attempt) -> Option<Reply> {
         req = req.header("content-type", a.content_type);
     }
     if !matches!(a.signature, SignatureKind::Missing) {
+        // `v2` over the key as sent (a quoted key's signature then fails: another 401).
+        let mut keyed = format!("{ts}.").into_bytes();
+        keyed.extend_from_slice(a.key.as_deref().unwrap_or_default());
+        keyed.push(b'.');
+        keyed.extend_from_slice(&a.body);
+        let signature = format!(
+            "{} {}",
+            secret.sign_content_as("v2", &keyed),
+            secret.sign_content(&content)
+        );
         req = req
             .header("verdict-timestamp", ts.to_string())
-            .header("verdict-signature", secret.sign_content(&content));
+            .header("verdict-signature", signature);
     }
     if let Some(key) = &a.key {
         // Bytes a header cannot carry at all are not a request anyone can send.

@@ -267,7 +267,9 @@ async fn a_tenant_runs_one_simulation_at_a_time_and_signals_go_on_beside_it(back
         async {
             tokio::time::sleep(std::time::Duration::from_millis(300)).await;
             let at = std::time::Instant::now();
-            let reply = server.send(&other, Some(&new_key()), &sim_swap("+447700900990")).await;
+            let reply = server
+                .send(&other, Some(&new_key()), &sim_swap("+447700900990"))
+                .await;
             (reply, at.elapsed())
         },
     );
@@ -289,7 +291,10 @@ async fn a_tenant_runs_one_simulation_at_a_time_and_signals_go_on_beside_it(back
     // A signal is not held up by either.
     let (signal, took) = signal;
     assert_eq!(signal.status, 200, "{}", signal.text());
-    assert!(took < std::time::Duration::from_secs(1), "a signal took {took:?}");
+    assert!(
+        took < std::time::Duration::from_secs(1),
+        "a signal took {took:?}"
+    );
     // Once done, the tenant simulates again.
     assert_eq!(simulate(&server, &tenant, "", candidate).await.status, 200);
 }

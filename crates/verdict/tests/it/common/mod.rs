@@ -621,7 +621,15 @@ pub fn signed(
     timestamp: i64,
 ) -> reqwest::RequestBuilder {
     let secret = verdict_webhooks::Secret::parse(&tenant.signing_secret).unwrap();
-    let signature = secret.sign_content(format!("{timestamp}.{body}").as_bytes());
+    // `v2` covers the key (what tenants require); `v1` beside it, as the client library sends.
+    let signature = format!(
+        "{} {}",
+        secret.sign_content_as(
+            "v2",
+            format!("{timestamp}.{}.{body}", key.unwrap_or("")).as_bytes()
+        ),
+        secret.sign_content(format!("{timestamp}.{body}").as_bytes())
+    );
     let mut req = req
         .bearer_auth(&tenant.api_key)
         .header("content-type", "application/json")
