@@ -18,17 +18,67 @@ use crate::problem::Problem;
 use crate::store::{ApiKeyRecord, Scope};
 use crate::tenant::{self, IssuedKey};
 
-/// Body of `POST /v1/keys`.
+/// Body of `POST /v1/keys`: a key of a scope, or an `ingest` key for one feed alone.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(untagged)]
+pub enum NewKey {
+    /// An `ingest` key for one feed alone (a carrier's sink credential, a SET transmitter's
+    /// key): it may post there and nothing else.
+    Feed(NewFeedKey),
+    /// A key of a scope.
+    Scoped(NewScopedKey),
+}
+
+/// A key of a scope.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct NewKey {
+pub struct NewScopedKey {
     /// What the key may do: `ingest` (send signals), `read` (the GET endpoints) or `admin`.
     scope: Scope,
-    /// An `ingest` key for one feed alone, `camara` or `set` (a carrier's sink credential, a
-    /// SET transmitter's key): it may post there and nothing else.
-    #[serde(default)]
-    #[schema(value_type = Option<String>, pattern = "^(camara|set)$")]
-    feed: Option<Feed>,
+}
+
+/// An `ingest` key for one feed alone.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewFeedKey {
+    /// Always `ingest`.
+    scope: IngestScope,
+    /// The feed: `camara` or `set`.
+    feed: KeyFeed,
+}
+
+/// The scope of a key made for a feed.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum IngestScope {
+    Ingest,
+}
+
+/// A feed a key can be made for.
+#[derive(Debug, Clone, Copy, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum KeyFeed {
+    Camara,
+    Set,
+}
+
+impl NewKey {
+    /// The scope and feed asked for.
+    fn parts(&self) -> (Scope, Option<Feed>) {
+        match self {
+            Self::Scoped(key) => (key.scope, None),
+            Self::Feed(NewFeedKey {
+                scope: IngestScope::Ingest,
+                feed,
+            }) => (
+                Scope::Ingest,
+                Some(match feed {
+                    KeyFeed::Camara => Feed::Camara,
+                    KeyFeed::Set => Feed::Set,
+                }),
+            ),
+        }
+    }
 }
 
 /// `POST /v1/keys`: a new key, shown this once.
@@ -42,11 +92,14 @@ pub async fn create(
     body: Bytes,
 ) -> Result<(StatusCode, Json<IssuedKey>), ApiError> {
     let tenant = auth.require(Scope::Admin)?;
-    let NewKey { scope, feed } = serde_json::from_slice(&body).map_err(|e| {
-        ApiError::Invalid(format!(
-            "the body must be {{\"scope\": \"ingest\"|\"read\"|\"admin\", \"feed\": \"camara\"|\"set\" (optional)}}: {e}"
-        ))
+    let asked: NewKey = serde_json::from_slice(&body).map_err(|_| {
+        ApiError::Invalid(
+            "the body must be {\"scope\": \"ingest\"|\"read\"|\"admin\"}, or \
+             {\"scope\": \"ingest\", \"feed\": \"camara\"|\"set\"} for a key of one feed alone"
+                .into(),
+        )
     })?;
+    let (scope, feed) = asked.parts();
     let issued = tenant::issue_key(&*app.store, tenant.id, scope, feed).await?;
     tracing::info!(tenant_id = %tenant.id, key_id = %issued.key_id, %scope, "API key issued");
     Ok((StatusCode::CREATED, Json(issued)))
