@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -78,13 +78,15 @@ pub async fn serve(
     let mut shedder = Shedder::new(limits.max_connections);
     let connections = TaskTracker::new();
     loop {
-        let permit = tokio::select! {
-            () = stop.cancelled() => break,
-            permit = permits.clone().acquire_owned() => match permit {
-                Ok(permit) => permit,
-                Err(_closed) => break,
-            },
+        // At the cap, idle connections are asked to go while the next one waits.
+        let permit = loop {
+            tokio::select! {
+                () = stop.cancelled() => break None,
+                permit = permits.clone().acquire_owned() => break permit.ok(),
+                () = tokio::time::sleep(Shedder::EVERY) => shedder.shed_if_near_cap(0),
+            }
         };
+        let Some(permit) = permit else { break };
         let (stream, peer) = tokio::select! {
             () = stop.cancelled() => break,
             accepted = listener.accept() => match accepted {
@@ -105,10 +107,10 @@ pub async fn serve(
         if let Err(err) = stream.set_nodelay(true) {
             tracing::debug!(error = ?err, "could not set TCP_NODELAY");
         }
-        let active = Arc::new(AtomicUsize::new(0));
+        let activity = Arc::new(Activity::new());
         let service = Counted {
             inner: TowerToHyperService::new(app.clone()),
-            active: active.clone(),
+            activity: activity.clone(),
         };
         let (stop, shed) = (stop.clone(), shedder.subscribe());
         connections.spawn(async move {
@@ -118,7 +120,7 @@ pub async fn serve(
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.header_timeout);
             let conn = builder.serve_connection(TokioIo::new(stream), service);
-            let ended = run_connection(conn, &active, stop, shed).await;
+            let ended = run_connection(conn, &activity, stop, shed).await;
             if let Err(err) = ended {
                 tracing::debug!(error = ?err, "connection closed with an error");
             }
@@ -131,10 +133,10 @@ pub async fn serve(
 }
 
 /// Serves one connection until it ends; on `stop` it finishes its request and closes, and on
-/// a shed while it has no request in progress it closes.
+/// a shed, if it has had no request in progress for [`SHED_AFTER_IDLE`], it closes.
 async fn run_connection<S>(
     conn: http1::Connection<TokioIo<TcpStream>, S>,
-    active: &AtomicUsize,
+    activity: &Activity,
     stop: CancellationToken,
     mut shed: watch::Receiver<u64>,
 ) -> hyper::Result<()>
@@ -150,7 +152,7 @@ where
             ended = conn.as_mut() => return ended,
             () = stop.cancelled() => break,
             changed = shed.changed() => {
-                if changed.is_ok() && active.load(Ordering::Acquire) == 0 {
+                if changed.is_ok() && activity.idle_for().is_some_and(|idle| idle >= SHED_AFTER_IDLE) {
                     metrics::counter!("verdict_connections_shed_total").increment(1);
                     break;
                 }
@@ -180,7 +182,10 @@ impl PerClient {
     /// holds one entry per address with a connection open, so it is bounded by the
     /// connection cap.
     fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<ClientSlot> {
-        let mut held = self.held.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut held = self
+            .held
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let count = held.entry(ip).or_insert(0);
         if *count >= self.max {
             return None;
@@ -263,7 +268,45 @@ impl Shedder {
             return;
         }
         self.last = Some(Instant::now());
-        self.epoch.send_modify(|epoch| *epoch = epoch.wrapping_add(1));
+        self.epoch
+            .send_modify(|epoch| *epoch = epoch.wrapping_add(1));
+    }
+}
+
+/// How long a connection must have had no request in progress before a shed closes it: a
+/// new connection gets this long to send its first request's headers.
+const SHED_AFTER_IDLE: Duration = Duration::from_millis(250);
+
+/// A connection's requests in progress, and since when it has had none.
+struct Activity {
+    active: AtomicUsize,
+    /// Milliseconds since [`EPOCH`] at which the last request ended (or the connection
+    /// opened).
+    idle_since: AtomicU64,
+}
+
+/// What [`Activity`] measures time from.
+static EPOCH: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::now);
+
+fn since_epoch() -> u64 {
+    u64::try_from(EPOCH.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+impl Activity {
+    fn new() -> Self {
+        Self {
+            active: AtomicUsize::new(0),
+            idle_since: AtomicU64::new(since_epoch()),
+        }
+    }
+
+    /// How long the connection has had no request in progress; `None` while it has one.
+    fn idle_for(&self) -> Option<Duration> {
+        if self.active.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        let since = self.idle_since.load(Ordering::Acquire);
+        Some(Duration::from_millis(since_epoch().saturating_sub(since)))
     }
 }
 
@@ -272,7 +315,7 @@ impl Shedder {
 #[derive(Clone)]
 struct Counted<S> {
     inner: S,
-    active: Arc<AtomicUsize>,
+    activity: Arc<Activity>,
 }
 
 impl<S, R> hyper::service::Service<R> for Counted<S>
@@ -282,12 +325,11 @@ where
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = std::pin::Pin<
-        Box<dyn std::future::Future<Output = Result<S::Response, S::Error>> + Send>,
-    >;
+    type Future =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<S::Response, S::Error>> + Send>>;
 
     fn call(&self, request: R) -> Self::Future {
-        let in_progress = InProgress::start(self.active.clone());
+        let in_progress = InProgress::start(self.activity.clone());
         let response = self.inner.call(request);
         Box::pin(async move {
             let response = response.await;
@@ -298,18 +340,19 @@ where
 }
 
 /// One request in progress on a connection, until dropped.
-struct InProgress(Arc<AtomicUsize>);
+struct InProgress(Arc<Activity>);
 
 impl InProgress {
-    fn start(active: Arc<AtomicUsize>) -> Self {
-        active.fetch_add(1, Ordering::AcqRel);
-        Self(active)
+    fn start(activity: Arc<Activity>) -> Self {
+        activity.active.fetch_add(1, Ordering::AcqRel);
+        Self(activity)
     }
 }
 
 impl Drop for InProgress {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.0.idle_since.store(since_epoch(), Ordering::Release);
+        self.0.active.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

@@ -97,7 +97,8 @@ async fn stuck_in_body(server: &Server, source: &str) -> TcpStream {
     stream
         .write_all(
             b"POST /v1/signals HTTP/1.1\r\nHost: verdict\r\nContent-Type: application/json\r\n\
-              Idempotency-Key: k\r\nContent-Length: 400\r\n\r\n{\"type\":",
+              Authorization: Bearer vk_any\r\nIdempotency-Key: k\r\nContent-Length: 400\r\n\r\n\
+              {\"type\":",
         )
         .await
         .unwrap();
@@ -172,7 +173,10 @@ async fn one_address_cannot_hold_every_connection(backend: Backend) {
             refused += 1;
         }
     }
-    assert_eq!(refused, 48, "past its 16, each of the client's connections is refused");
+    assert_eq!(
+        refused, 48,
+        "past its 16, each of the client's connections is refused"
+    );
     // Another client is served at once, not when the held ones time out.
     let took = healthz_took(&server).await;
     assert!(took < Duration::from_secs(1), "/healthz took {took:?}");
