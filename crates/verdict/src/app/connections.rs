@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{Request, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use hyper::server::conn::http1;
@@ -16,6 +16,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tower::ServiceExt;
 
 use crate::problem::Problem;
 
@@ -73,10 +74,10 @@ pub async fn serve(
                 Err(_closed) => break,
             },
         };
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             () = stop.cancelled() => break,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _peer)) => stream,
+                Ok(accepted) => accepted,
                 Err(err) => {
                     // Out of file descriptors, most likely: back off instead of spinning.
                     tracing::warn!(error = ?err, "accepting a connection failed");
@@ -88,7 +89,13 @@ pub async fn serve(
         if let Err(err) = stream.set_nodelay(true) {
             tracing::debug!(error = ?err, "could not set TCP_NODELAY");
         }
-        let service = TowerToHyperService::new(app.clone());
+        // The client's address, for what is counted per client (the console's sign-in).
+        let service = TowerToHyperService::new(app.clone().map_request(
+            move |mut req: Request<hyper::body::Incoming>| {
+                req.extensions_mut().insert(ConnectInfo(peer));
+                req
+            },
+        ));
         let stop = stop.clone();
         connections.spawn(async move {
             let _permit = permit;
