@@ -7,6 +7,8 @@
 //!   made them, since deleting them would change later decisions.
 //! - Playbook versions older than each tenant's newest [`KEEP_PLAYBOOK_VERSIONS`], unless an
 //!   event still names them.
+//! - Console sessions past their idle or absolute end, or whose API key is revoked (they no
+//!   longer sign anyone in; this only keeps the table small).
 //!
 //! Deletes go in batches of [`BATCH`], each its own transaction, so the pruner never holds the
 //! database (SQLite's single writer above all) for long.
@@ -37,6 +39,7 @@ pub struct Pruned {
     pub delivery_attempts: u64,
     pub alerts: u64,
     pub playbook_versions: u64,
+    pub console_sessions: u64,
 }
 
 impl Pruned {
@@ -73,6 +76,13 @@ pub async fn prune(
     for _ in 0..max_batches {
         let n = store.prune_playbooks(KEEP_PLAYBOOK_VERSIONS, BATCH).await?;
         pruned.playbook_versions += n;
+        if n < BATCH as u64 {
+            break;
+        }
+    }
+    for _ in 0..max_batches {
+        let n = store.prune_console_sessions(now, BATCH).await?;
+        pruned.console_sessions += n;
         if n < BATCH as u64 {
             break;
         }

@@ -98,6 +98,7 @@ pub async fn serve(config: &Config, serve: ServeConfig) -> anyhow::Result<()> {
         credentials: Arc::new(Credentials::new(store.clone(), keys.clone())),
         rate_limits: Arc::new(RateLimits::new(serve.rate_limit_per_tenant)),
         sets,
+        console: Arc::new(console::Console::new(serve.console_sessions)),
         store: store.clone(),
         keys,
         metrics,

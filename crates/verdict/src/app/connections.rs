@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::extract::{Request, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use hyper::server::conn::http1;
@@ -22,6 +22,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tower::ServiceExt;
 
 use crate::problem::Problem;
 
@@ -108,8 +109,14 @@ pub async fn serve(
             tracing::debug!(error = ?err, "could not set TCP_NODELAY");
         }
         let activity = Arc::new(Activity::new());
+        // The client's address, for what is counted per client (the console's sign-in).
         let service = Counted {
-            inner: TowerToHyperService::new(app.clone()),
+            inner: TowerToHyperService::new(app.clone().map_request(
+                move |mut req: Request<hyper::body::Incoming>| {
+                    req.extensions_mut().insert(ConnectInfo(peer));
+                    req
+                },
+            )),
             activity: activity.clone(),
         };
         let (stop, shed) = (stop.clone(), shedder.subscribe());

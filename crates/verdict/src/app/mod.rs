@@ -68,6 +68,8 @@ pub struct Shared {
     pub rate_limits: Arc<RateLimits>,
     /// Verifies Security Event Tokens against each tenant's transmitter.
     pub sets: Arc<SetReceiver>,
+    /// The console's session lifetimes and sign-in throttle.
+    pub console: Arc<crate::console::Console>,
     pub metrics: Option<PrometheusHandle>,
     /// The bearer token `GET /metrics` requires, if one is configured.
     pub metrics_token: Option<crate::config::MetricsToken>,

@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::app::connections::InboundLimits;
+use crate::console::SessionLifetimes;
 use crate::delivery::{DeliverySettings, MAX_DEADLINE};
 use crate::destination::DestinationPolicy;
 use crate::ingest::IngestSettings;
@@ -36,6 +37,13 @@ pub const DEFAULT_RETRY_INTERVAL_SECS: u64 = 300;
 pub const DEFAULT_INLINE_DEADLINE_MS: u64 = 5000;
 /// How often expired keys are pruned by default.
 pub const DEFAULT_PRUNE_INTERVAL_SECS: u64 = 60;
+
+/// How long an unused console session lasts by default (1 h).
+pub const DEFAULT_CONSOLE_SESSION_IDLE_SECS: u64 = 60 * 60;
+/// How long a console session lasts at most, however much it is used, by default (12 h).
+pub const DEFAULT_CONSOLE_SESSION_MAX_SECS: u64 = 12 * 60 * 60;
+/// The longest a console session may be configured to last (30 days).
+pub const MAX_CONSOLE_SESSION_SECS: u64 = 30 * 24 * 60 * 60;
 
 /// How long events (with their deliveries and attempts) are kept by default: 90 days.
 pub const DEFAULT_EVENT_RETENTION_DAYS: u64 = 90;
@@ -104,6 +112,13 @@ pub enum ConfigError {
         min: u64,
         max: u64,
     },
+    #[error("{setting} must be between {min} and {max} seconds (got {got})")]
+    ConsoleSession {
+        setting: &'static str,
+        got: u64,
+        min: u64,
+        max: u64,
+    },
 }
 
 /// The optional config file's contents; every field may be omitted.
@@ -132,6 +147,8 @@ pub struct FileConfig {
     pub set_max_ahead_secs: Option<u64>,
     pub set_jwks_refresh_secs: Option<u64>,
     pub metrics_token: Option<String>,
+    pub console_session_idle_secs: Option<u64>,
+    pub console_session_max_secs: Option<u64>,
 }
 
 impl FileConfig {
@@ -268,6 +285,50 @@ impl RetentionArgs {
     }
 }
 
+/// How long console sessions last; read by `serve`.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ConsoleArgs {
+    /// Seconds a console session lasts without use (1 to 2592000; default 3600).
+    #[arg(long, env = "VERDICT_CONSOLE_SESSION_IDLE_SECS")]
+    pub console_session_idle_secs: Option<u64>,
+    /// Seconds a console session lasts at most, however much it is used (1 to 2592000;
+    /// default 43200).
+    #[arg(long, env = "VERDICT_CONSOLE_SESSION_MAX_SECS")]
+    pub console_session_max_secs: Option<u64>,
+}
+
+impl ConsoleArgs {
+    /// Flags and environment first, then the file, then defaults; each within 1 s and
+    /// [`MAX_CONSOLE_SESSION_SECS`].
+    pub fn resolve(&self, file: &FileConfig) -> Result<SessionLifetimes, ConfigError> {
+        let bounded = |setting, got: Option<u64>, default: u64| match got {
+            Some(got) if !(1..=MAX_CONSOLE_SESSION_SECS).contains(&got) => {
+                Err(ConfigError::ConsoleSession {
+                    setting,
+                    got,
+                    min: 1,
+                    max: MAX_CONSOLE_SESSION_SECS,
+                })
+            }
+            got => Ok(Duration::from_secs(got.unwrap_or(default))),
+        };
+        Ok(SessionLifetimes {
+            idle: bounded(
+                "VERDICT_CONSOLE_SESSION_IDLE_SECS",
+                self.console_session_idle_secs
+                    .or(file.console_session_idle_secs),
+                DEFAULT_CONSOLE_SESSION_IDLE_SECS,
+            )?,
+            absolute: bounded(
+                "VERDICT_CONSOLE_SESSION_MAX_SECS",
+                self.console_session_max_secs
+                    .or(file.console_session_max_secs),
+                DEFAULT_CONSOLE_SESSION_MAX_SECS,
+            )?,
+        })
+    }
+}
+
 /// Settings of `verdict serve`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServeArgs {
@@ -304,6 +365,8 @@ pub struct ServeArgs {
     /// config file, where a process list does not show it.
     #[arg(long, env = "VERDICT_METRICS_TOKEN", hide_env_values = true)]
     pub metrics_token: Option<String>,
+    #[command(flatten)]
+    pub console: ConsoleArgs,
 }
 
 /// The lifetimes of an idempotency key and its lock, for a command that claims keys outside
@@ -396,6 +459,8 @@ pub struct ServeConfig {
     pub rate_limit_per_tenant: Option<NonZeroU32>,
     pub retention: RetentionSettings,
     pub sets: SetSettings,
+    /// How long console sessions last.
+    pub console_sessions: SessionLifetimes,
     /// The bearer token `GET /metrics` requires, if any.
     pub metrics_token: Option<MetricsToken>,
 }
@@ -480,6 +545,7 @@ impl ServeConfig {
                 .filter(|token| !token.is_empty())
                 .map(|token| MetricsToken::parse(&token))
                 .transpose()?,
+            console_sessions: args.console.resolve(file)?,
         })
     }
 }

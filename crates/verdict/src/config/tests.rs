@@ -20,6 +20,44 @@ fn serve_args() -> ServeArgs {
         retention: RetentionArgs::default(),
         sets: SetArgs::default(),
         metrics_token: None,
+        console: ConsoleArgs::default(),
+    }
+}
+
+#[test]
+fn console_sessions_last_an_idle_hour_and_12_h_at_most_unless_set_within_bounds() {
+    let c = ServeConfig::resolve(&serve_args(), &FileConfig::default()).unwrap();
+    assert_eq!(c.console_sessions.idle, Duration::from_secs(3600));
+    assert_eq!(c.console_sessions.absolute, Duration::from_secs(12 * 3600));
+    let file: FileConfig = toml::from_str("console_session_max_secs = 600").unwrap();
+    let mut args = serve_args();
+    args.console.console_session_idle_secs = Some(1);
+    let c = ServeConfig::resolve(&args, &file).unwrap();
+    assert_eq!(c.console_sessions.idle, Duration::from_secs(1));
+    assert_eq!(c.console_sessions.absolute, Duration::from_secs(600));
+    args.console.console_session_max_secs = Some(MAX_CONSOLE_SESSION_SECS);
+    assert!(ServeConfig::resolve(&args, &file).is_ok());
+    for (idle, max, setting) in [
+        (Some(0), None, "VERDICT_CONSOLE_SESSION_IDLE_SECS"),
+        (None, Some(0), "VERDICT_CONSOLE_SESSION_MAX_SECS"),
+        (
+            Some(MAX_CONSOLE_SESSION_SECS + 1),
+            None,
+            "VERDICT_CONSOLE_SESSION_IDLE_SECS",
+        ),
+        (
+            None,
+            Some(MAX_CONSOLE_SESSION_SECS + 1),
+            "VERDICT_CONSOLE_SESSION_MAX_SECS",
+        ),
+    ] {
+        let mut args = serve_args();
+        args.console.console_session_idle_secs = idle;
+        args.console.console_session_max_secs = max;
+        match ServeConfig::resolve(&args, &FileConfig::default()) {
+            Err(ConfigError::ConsoleSession { setting: s, .. }) => assert_eq!(s, setting),
+            other => panic!("{setting}: {other:?}"),
+        }
     }
 }
 

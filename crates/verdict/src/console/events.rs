@@ -9,7 +9,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::layout::{self, Section};
+use super::layout::{self, Notice, Section};
 use super::{CsrfOnly, Operator};
 use crate::app::AppState;
 use crate::delivery::resolve::{self, ResolveError, Settled};
@@ -162,7 +162,7 @@ pub async fn show(
     }
     let actions = current_actions(&event.actions, &deliveries);
     let body = html! {
-        (layout::notice(done.done.as_deref()))
+        (layout::notice(done.notice()))
         (event_summary(&event, &actions))
         h2 { "Deliveries" }
         @if deliveries.is_empty() { p { "This decision sent no callback." } }
@@ -292,6 +292,13 @@ pub struct StatusQuery {
     done: Option<String>,
 }
 
+impl StatusQuery {
+    /// The notice its `done` names, if any.
+    fn notice(&self) -> Option<layout::Notice> {
+        layout::Notice::named(self.done.as_deref()?)
+    }
+}
+
 /// `GET /console/deliveries?status=`: deliveries by status; dead letters can be redelivered.
 pub async fn deliveries(
     State(app): State<AppState>,
@@ -312,7 +319,7 @@ pub async fn deliveries(
         Err(err) => return unavailable(&err),
     };
     let body = html! {
-        (layout::notice(q.done.as_deref()))
+        (layout::notice(q.notice()))
         nav.tabs aria-label="Status" {
             a href="/console/deliveries" aria-current=[status.is_none().then_some("page")] { "all" }
             @for s in DeliveryStatus::ALL {
@@ -365,18 +372,13 @@ pub async fn redeliver(
         Ok(None) => return layout::refusal(StatusCode::NOT_FOUND, "No such delivery."),
         Err(err) => return unavailable(&err),
     };
-    let message = match app.deliverer.redeliver(tenant.id, id).await {
-        Ok(Redelivered::Attempted(_)) => "Redelivered: the new attempt is listed below.".to_owned(),
-        Ok(Redelivered::TooSoon(wait)) => format!(
-            "Redelivered too recently; try again in {} s.",
-            wait.as_millis().div_ceil(1000)
-        ),
-        Ok(Redelivered::Unavailable) => {
-            "Not redelivered: an attempt is in progress or the endpoint is disabled.".to_owned()
-        }
+    let notice = match app.deliverer.redeliver(tenant.id, id).await {
+        Ok(Redelivered::Attempted(_)) => Notice::Redelivered,
+        Ok(Redelivered::TooSoon(_)) => Notice::RedeliveredTooSoon,
+        Ok(Redelivered::Unavailable) => Notice::NotRedelivered,
         Err(err) => return unavailable(&err),
     };
-    back_to_event(delivery.event_id, id, &message)
+    back_to_event(delivery.event_id, id, notice)
 }
 
 /// The resolution form: the session's CSRF token, what the request did, and why.
@@ -426,8 +428,11 @@ pub async fn resolve(
             return layout::refusal(StatusCode::CONFLICT, &format!("Not resolved: {err}."));
         }
     };
-    let message = format!("Resolved {}: recorded with your reason.", settled.as_str());
-    back_to_event(delivery.event_id, id, &message)
+    let notice = match settled {
+        Settled::Done => Notice::ResolvedDone,
+        Settled::Failed => Notice::ResolvedFailed,
+    };
+    back_to_event(delivery.event_id, id, notice)
 }
 
 /// The tenant and delivery id of a form that acts on a delivery: this session's, with an
@@ -445,11 +450,11 @@ fn acting_on_delivery(
     Ok((tenant, id))
 }
 
-/// Back to the event a delivery belongs to, at the delivery, with `message` as the notice.
-fn back_to_event(event_id: Uuid, delivery_id: Uuid, message: &str) -> Response {
-    let done: String = url::form_urlencoded::byte_serialize(message.as_bytes()).collect();
+/// Back to the event a delivery belongs to, at the delivery, with `notice`.
+fn back_to_event(event_id: Uuid, delivery_id: Uuid, notice: Notice) -> Response {
     Redirect::to(&format!(
-        "/console/events/{event_id}?done={done}#delivery-{delivery_id}"
+        "/console/events/{event_id}?done={}#delivery-{delivery_id}",
+        notice.name()
     ))
     .into_response()
 }

@@ -126,11 +126,101 @@ pub struct DoneQuery {
     pub done: Option<String>,
 }
 
-/// A message after an action (from the `done` query parameter).
-pub fn notice(text: Option<&str>) -> Markup {
+impl DoneQuery {
+    /// The notice the parameter names; anything else (a forged link's text) shows nothing.
+    pub fn notice(&self) -> Option<Notice> {
+        Notice::named(self.done.as_deref()?)
+    }
+}
+
+/// What a page may say after an action: a fixed set, so a link cannot put its own words (or
+/// markup) on a console page.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Notice {
+    /// A redelivery was attempted.
+    Redelivered,
+    /// A redelivery came too soon after the last.
+    RedeliveredTooSoon,
+    /// A redelivery found an attempt in progress or the endpoint disabled.
+    NotRedelivered,
+    /// An `unknown` request was resolved as done.
+    ResolvedDone,
+    /// An `unknown` request was resolved as failed.
+    ResolvedFailed,
+    /// A playbook was published (the page names the version in force).
+    Published,
+}
+
+impl Notice {
+    const ALL: [Notice; 6] = [
+        Self::Redelivered,
+        Self::RedeliveredTooSoon,
+        Self::NotRedelivered,
+        Self::ResolvedDone,
+        Self::ResolvedFailed,
+        Self::Published,
+    ];
+
+    /// Its name in a `done` parameter.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Redelivered => "redelivered",
+            Self::RedeliveredTooSoon => "redelivered-too-soon",
+            Self::NotRedelivered => "not-redelivered",
+            Self::ResolvedDone => "resolved-done",
+            Self::ResolvedFailed => "resolved-failed",
+            Self::Published => "published",
+        }
+    }
+
+    /// The notice named `name`, if any.
+    pub fn named(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|n| n.name() == name)
+    }
+
+    /// What the page shows.
+    pub fn text(self) -> &'static str {
+        match self {
+            Self::Redelivered => "Redelivered: the new attempt is listed below.",
+            Self::RedeliveredTooSoon => "Redelivered too recently; try again in a few seconds.",
+            Self::NotRedelivered => {
+                "Not redelivered: an attempt is in progress or the endpoint is disabled."
+            }
+            Self::ResolvedDone => "Resolved done: recorded with your reason.",
+            Self::ResolvedFailed => "Resolved failed: recorded with your reason.",
+            Self::Published => "Published: the new version is now in force.",
+        }
+    }
+}
+
+/// A message after an action, if there is one.
+pub fn notice(notice: Option<Notice>) -> Markup {
     html! {
-        @if let Some(text) = text {
-            p.notice role="status" { (text) }
+        @if let Some(notice) = notice {
+            p.notice role="status" { (notice.text()) }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_fixed_notices_are_shown() {
+        for n in Notice::ALL {
+            assert_eq!(Notice::named(n.name()), Some(n));
+        }
+        for forged in [
+            "<script>alert(1)</script>",
+            "Your key expired: call +1 555",
+            "",
+        ] {
+            assert_eq!(Notice::named(forged), None, "{forged}");
+            let q = DoneQuery {
+                done: Some(forged.into()),
+            };
+            assert!(notice(q.notice()).into_string().is_empty());
         }
     }
 }

@@ -6,32 +6,58 @@
 //! No script runs on any page: forms post, the server redirects (or, for a form that carries a
 //! subject's identifier, which must stay out of URLs, answers with the page), charts are SVG
 //! drawn on the server. The content security policy allows only the console's own stylesheet. Sign-in takes
-//! an API key (`read` to look, `admin` to act) and keeps it in an `HttpOnly`, `SameSite=Strict`
-//! cookie scoped to `/console` (`Secure` when the request came over TLS); every form that acts
-//! carries a CSRF token derived from the key.
+//! an API key (`read` to look, `admin` to act) and opens a server-side session whose random
+//! token is all the `HttpOnly`, `SameSite=Strict` cookie scoped to `/console` holds (`Secure`
+//! when the request came over TLS); every form that acts carries a CSRF token derived from the
+//! session.
 
 mod events;
 mod layout;
 mod live;
 mod playbook;
+mod sessions;
+mod sign_in;
 mod subjects;
+mod throttle;
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, FromRequestParts, State};
+use axum::extract::{DefaultBodyLimit, FromRequestParts};
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
-use maud::html;
 use serde::Deserialize;
 use subtle::ConstantTimeEq;
 
 use crate::app::AppState;
+use crate::clock::now_ms;
 use crate::problem::Problem;
-use crate::secrets::{api_key_hash, hex};
+use crate::secrets::hex;
 use crate::store::{KeyGrant, Scope, TenantRecord};
 
 pub use crate::store::ports::ConsoleStore;
+pub use sessions::SessionLifetimes;
+pub use throttle::SignInThrottle;
+
+/// What the console keeps between requests on this instance: how long sessions last, and the
+/// sign-in throttle's counts.
+#[derive(Default)]
+pub struct Console {
+    /// How long sessions last.
+    pub sessions: SessionLifetimes,
+    /// Failed sign-ins by address and key prefix.
+    pub throttle: SignInThrottle,
+}
+
+impl Console {
+    /// A console whose sessions last `sessions`.
+    pub fn new(sessions: SessionLifetimes) -> Self {
+        Self {
+            sessions,
+            throttle: SignInThrottle::new(),
+        }
+    }
+}
 
 impl AppState {
     /// The console's port onto the store.
@@ -40,8 +66,6 @@ impl AppState {
     }
 }
 
-/// The cookie that holds the signed-in API key.
-const COOKIE: &str = "verdict_console";
 /// Largest form a console page posts (a 64 KiB playbook, form-encoded).
 const MAX_FORM_BYTES: usize = 256 * 1024;
 /// Only the console's own stylesheet; no script, no frames, forms post only here.
@@ -52,8 +76,8 @@ const CSP: &str = "default-src 'none'; style-src 'self'; img-src 'self'; form-ac
 pub fn router() -> Router<AppState> {
     Router::new()
         .route("/", get(|| async { Redirect::to("/console/events") }))
-        .route("/sign-in", get(sign_in_page).post(sign_in))
-        .route("/sign-out", post(sign_out))
+        .route("/sign-in", get(sign_in::page).post(sign_in::sign_in))
+        .route("/sign-out", post(sign_in::sign_out))
         .route("/events", get(events::list))
         .route("/events/{id}", get(events::show))
         .route("/deliveries", get(events::deliveries))
@@ -84,9 +108,11 @@ async fn security_headers(mut response: Response) -> Response {
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
     );
+    // No referrer to other sites; to this one, the form posts' `Origin` (under `no-referrer`
+    // a browser sends `Origin: null`, which the sign-in's same-origin check must refuse).
     headers.insert(
         header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
+        HeaderValue::from_static("same-origin"),
     );
     headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     headers
@@ -117,9 +143,11 @@ async fn favicon() -> Response {
         .into_response()
 }
 
-/// A signed-in operator: the key's grant, and its CSRF token.
+/// A signed-in operator: the session's key grant, the session, and its CSRF token.
 pub struct Operator {
     grant: KeyGrant,
+    /// The digest the session is stored under.
+    session: [u8; 32],
     csrf: String,
 }
 
@@ -161,15 +189,31 @@ impl FromRequestParts<AppState> for Operator {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, app: &AppState) -> Result<Self, Response> {
-        let to_sign_in = || Redirect::to("/console/sign-in").into_response();
-        let Some(key) = cookie(&parts.headers) else {
-            return Err(to_sign_in());
+        let to_sign_in = |clear: bool| {
+            let mut response = Redirect::to("/console/sign-in").into_response();
+            if clear {
+                // An ended session's cookie is of no more use; the browser may drop it.
+                response
+                    .headers_mut()
+                    .insert(header::SET_COOKIE, sessions::cleared());
+            }
+            response
         };
-        let grant = match app.credentials.grant(key).await {
-            Ok(Some(grant)) if grant.scope.allows(Scope::Read) => grant,
-            Ok(_) => return Err(to_sign_in()),
+        let Some(session) = sessions::Token::digest_from(&parts.headers) else {
+            return Err(to_sign_in(false));
+        };
+        let found = sessions::resume(
+            app.console_store(),
+            app.console.sessions,
+            &session,
+            now_ms(),
+        )
+        .await;
+        let grant = match found {
+            Ok(Some(found)) if found.grant.scope.allows(Scope::Read) => found.grant,
+            Ok(_) => return Err(to_sign_in(true)),
             Err(err) => {
-                tracing::warn!(error = ?err, "console sign-in check failed");
+                tracing::warn!(error = ?err, "console session check failed");
                 return Err(Problem::unavailable().into_response());
             }
         };
@@ -177,7 +221,8 @@ impl FromRequestParts<AppState> for Operator {
             return Err(crate::app::error::ApiError::from(err).into_response());
         }
         Ok(Self {
-            csrf: csrf_token(app, key),
+            csrf: csrf_token(app, &session),
+            session,
             grant,
         })
     }
@@ -201,125 +246,13 @@ impl IntoResponse for Refused {
     }
 }
 
-/// The session's CSRF token: a keyed digest of the API key, so it needs no storage and cannot
-/// be made without the key.
-fn csrf_token(app: &AppState, api_key: &str) -> String {
-    hex(&app
-        .keys
-        .digest(&[b"console csrf v1", &api_key_hash(api_key)]))
-}
-
-fn cookie(headers: &HeaderMap) -> Option<&str> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(name, _)| *name == COOKIE)
-        .map(|(_, value)| value)
-        .filter(|v| !v.is_empty())
-}
-
-/// Whether the request reached us over TLS (directly or through a proxy that says so).
-fn over_tls(headers: &HeaderMap) -> bool {
-    headers
-        .get("x-forwarded-proto")
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.eq_ignore_ascii_case("https"))
-}
-
-async fn sign_in_page() -> Response {
-    layout::bare(
-        "Sign in",
-        html! {
-            form.sign-in method="post" action="/console/sign-in" {
-                h1 { "verdict console" }
-                label for="api_key" { "API key (read or admin scope)" }
-                input #api_key type="password" name="api_key" autocomplete="off" required;
-                button type="submit" { "Sign in" }
-            }
-        },
-    )
-}
-
-#[derive(Deserialize)]
-struct SignIn {
-    api_key: String,
-}
-
-async fn sign_in(
-    State(app): State<AppState>,
-    headers: HeaderMap,
-    axum::Form(form): axum::Form<SignIn>,
-) -> Response {
-    let key = form.api_key.trim();
-    let refused = |why: &str| {
-        layout::bare(
-            "Sign in",
-            html! {
-                form.sign-in method="post" action="/console/sign-in" {
-                    h1 { "verdict console" }
-                    p.error role="alert" { (why) }
-                    label for="api_key" { "API key (read or admin scope)" }
-                    input #api_key type="password" name="api_key" autocomplete="off" required;
-                    button type="submit" { "Sign in" }
-                }
-            },
-        )
-    };
-    let cookie_safe = !key.is_empty() && key.bytes().all(|b| b.is_ascii_graphic() && b != b';');
-    if !cookie_safe {
-        return (
-            StatusCode::UNAUTHORIZED,
-            refused("That is not a valid API key."),
-        )
-            .into_response();
-    }
-    match app.credentials.grant(key).await {
-        Ok(Some(grant)) if grant.scope.allows(Scope::Read) => {
-            tracing::info!(tenant_id = %grant.tenant.id, key_id = %grant.key_id, "console sign-in");
-            let secure = if over_tls(&headers) { "; Secure" } else { "" };
-            let cookie =
-                format!("{COOKIE}={key}; Path=/console; HttpOnly; SameSite=Strict{secure}");
-            let mut response = Redirect::to("/console/events").into_response();
-            if let Ok(value) = HeaderValue::from_str(&cookie) {
-                response.headers_mut().insert(header::SET_COOKIE, value);
-            }
-            response
-        }
-        Ok(Some(_)) => (
-            StatusCode::FORBIDDEN,
-            refused("An ingest key can only send signals; sign in with a read or admin key."),
-        )
-            .into_response(),
-        Ok(None) => (
-            StatusCode::UNAUTHORIZED,
-            refused("That API key is not valid."),
-        )
-            .into_response(),
-        Err(err) => {
-            tracing::warn!(error = ?err, "console sign-in failed");
-            Problem::unavailable().into_response()
-        }
-    }
+/// The session's CSRF token: a keyed digest of the session's stored digest, so it needs no
+/// storage of its own, cannot be made without the master key, and ends with the session.
+fn csrf_token(app: &AppState, session: &[u8; 32]) -> String {
+    hex(&app.keys.digest(&[b"console csrf v2", session]))
 }
 
 #[derive(Deserialize)]
 struct CsrfOnly {
     csrf: String,
-}
-
-async fn sign_out(operator: Operator, axum::Form(form): axum::Form<CsrfOnly>) -> Response {
-    if let Err(refused) = operator.acting(&form.csrf, Scope::Read) {
-        return refused.into_response();
-    }
-    let mut response = Redirect::to("/console/sign-in").into_response();
-    response.headers_mut().insert(
-        header::SET_COOKIE,
-        HeaderValue::from_static(
-            "verdict_console=; Path=/console; HttpOnly; SameSite=Strict; Max-Age=0",
-        ),
-    );
-    response
 }

@@ -44,7 +44,12 @@ pub async fn show(
     };
     let format = Format::from_name(&current.format).unwrap_or(Format::Toml);
     let body = html! {
-        (layout::notice(q.done.as_deref()))
+        @if q.notice() == Some(layout::Notice::Published) {
+            // The version is read, not taken from the link: a link cannot name one.
+            p.notice role="status" { "Version " (current.version) " is now in force." }
+        } @else {
+            (layout::notice(q.notice()))
+        }
         p { "In force: " strong { "version " (current.version) }
             @if current.version == 0 { " (the built-in default)" } }
         (editor(&operator, &current.source, format))
@@ -157,11 +162,11 @@ pub async fn publish(
     match playbook::upload(app.console_store(), tenant.id, &form.source, form.format()).await {
         Ok(version) => {
             tracing::info!(tenant_id = %tenant.id, version, "playbook published from the console");
-            let done: String = url::form_urlencoded::byte_serialize(
-                format!("Version {version} is now in force.").as_bytes(),
-            )
-            .collect();
-            Redirect::to(&format!("/console/playbook?done={done}")).into_response()
+            Redirect::to(&format!(
+                "/console/playbook?done={}",
+                layout::Notice::Published.name()
+            ))
+            .into_response()
         }
         Err(PlaybookStoreError::Invalid(err)) => {
             let body = html! {

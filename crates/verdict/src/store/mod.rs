@@ -25,6 +25,7 @@
 //! - [`deliveries`]: the callback outbox and its attempts;
 //! - [`pipeline`]: the group commit that writes a batch of signals' claims and effects at once;
 //! - [`activity`]: the console's reads (filtered events, live numbers, playbook history);
+//! - [`console_sessions`]: the console's sign-in sessions (stored hashed, tied to their key);
 //! - [`operator`]: an operator's way back (unlock, lift a deny, close a case);
 //! - [`feeds`]: SET transmitters and CAMARA subscriptions of the standard feeds.
 
@@ -32,6 +33,7 @@ pub mod actions;
 pub mod activity;
 pub mod api_keys;
 pub mod connectors;
+pub mod console_sessions;
 pub mod deliveries;
 pub mod events;
 /// Test hooks: named points where tests stop a request (compiled in with `failpoints`).
@@ -58,6 +60,7 @@ pub use actions::{ActionStore, ActionTarget, SubjectState};
 pub use activity::{Activity, ActivityStore, EventFilter, MinuteCount, PlaybookVersion};
 pub use api_keys::{ApiKeyRecord, ApiKeyStore, KeyGrant, NewApiKey, Scope, UnknownScope};
 pub use connectors::{ConnectorRecord, ConnectorStore, PutConnector};
+pub use console_sessions::{ConsoleSession, ConsoleSessionStore, NewConsoleSession};
 pub use deliveries::{
     AttemptRecord, AttemptRow, DeliveryRecord, DeliveryStore, DueDelivery, NewDelivery, Redelivery,
     Resolution, Resolved,
@@ -202,6 +205,7 @@ pub trait Store:
     + PipelineStore
     + FeedStore
     + ActivityStore
+    + ConsoleSessionStore
     + ports::TenantPort
     + ports::DeliveryPort
     + ports::FeedPort

@@ -4,8 +4,8 @@
 //! `Arc<dyn Store>` converts to each because `Store` names them.
 
 use super::{
-    ActionStore, ActivityStore, ApiKeyStore, ConnectorStore, DeliveryStore, EventStore, FeedStore,
-    KeyStore, OperatorStore, PipelineStore, PlaybookStore, TenantStore,
+    ActionStore, ActivityStore, ApiKeyStore, ConnectorStore, ConsoleSessionStore, DeliveryStore,
+    EventStore, FeedStore, KeyStore, OperatorStore, PipelineStore, PlaybookStore, TenantStore,
 };
 
 /// What tenant administration and [`Credentials`] read and write: tenants, their secrets and
@@ -38,11 +38,17 @@ impl<T: ?Sized + KeyStore + PlaybookStore + PipelineStore + DeliveryStore + Send
 {
 }
 
-/// What retention deletes from: events (with their deliveries) and playbook versions, and the
-/// expired idempotency keys the pruner deletes beside them.
-pub trait RetentionStore: EventStore + PlaybookStore + KeyStore + Send + Sync {}
+/// What retention deletes from: events (with their deliveries), playbook versions and ended
+/// console sessions, and the expired idempotency keys the pruner deletes beside them.
+pub trait RetentionStore:
+    EventStore + PlaybookStore + KeyStore + ConsoleSessionStore + Send + Sync
+{
+}
 
-impl<T: ?Sized + EventStore + PlaybookStore + KeyStore + Send + Sync> RetentionStore for T {}
+impl<T: ?Sized + EventStore + PlaybookStore + KeyStore + ConsoleSessionStore + Send + Sync>
+    RetentionStore for T
+{
+}
 
 /// What a playbook upload reads and writes: the tenant's playbook versions, and the
 /// connectors its actions may bind.
@@ -50,11 +56,17 @@ pub trait PlaybookPort: PlaybookStore + ConnectorStore + Send + Sync {}
 
 impl<T: ?Sized + PlaybookStore + ConnectorStore + Send + Sync> PlaybookPort for T {}
 
-/// What the console reads and writes: activity, events and their deliveries, playbooks (and
-/// the connectors a playbook binds).
-pub trait ConsoleStore: ActivityStore + EventStore + DeliveryStore + PlaybookPort {}
+/// What the console reads and writes: its sessions, activity, events and their deliveries,
+/// playbooks (and the connectors a playbook binds).
+pub trait ConsoleStore:
+    ConsoleSessionStore + ActivityStore + EventStore + DeliveryStore + PlaybookPort
+{
+}
 
-impl<T: ?Sized + ActivityStore + EventStore + DeliveryStore + PlaybookPort> ConsoleStore for T {}
+impl<T: ?Sized + ConsoleSessionStore + ActivityStore + EventStore + DeliveryStore + PlaybookPort>
+    ConsoleStore for T
+{
+}
 
 /// What connector administration reads and writes: the tenants' connectors.
 pub trait ConnectorPort: ConnectorStore + Send + Sync {}

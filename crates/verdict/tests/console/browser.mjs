@@ -4,7 +4,8 @@
 // look up a locked account on the Subjects page and unlock it. Screenshots of the main pages are
 // written to SHOTS and checked to be non-blank. Run by crates/verdict/tests/it/console.rs, which
 // starts the server and seeds the history, and checks afterwards what the unlock did in the
-// identity provider; exits non-zero on the first failed expectation.
+// identity provider. Last, a sign-in form posted from another page is refused (login CSRF).
+// Exits non-zero on the first failed expectation.
 //
 // Environment: BASE (http://127.0.0.1:PORT), API_KEY (an admin key), DEAD_EVENT (the id of an
 // event whose delivery is dead), SHOTS (a directory), GOOD_PLAYBOOK (a file), SUBJECTS_API_KEY
@@ -168,6 +169,18 @@ try {
   const recorded = await page.textContent("main");
   expect(recorded.includes("operator.unlock_account") && recorded.includes("customer verified in branch"), "the unlock is recorded as an event with its reason");
   expect(!recorded.includes(SUBJECT_ACCOUNT), "the recorded event shows no raw account");
+
+  // Login CSRF: a page elsewhere posts the sign-in form with a key of its choosing; the
+  // browser is refused and holds no session.
+  const elsewhere = await browser.newContext();
+  const attacker = await elsewhere.newPage();
+  await attacker.setContent(
+    `<form method="post" action="${BASE}/console/sign-in"><input name="api_key" value="${API_KEY}"><button>go</button></form>`,
+  );
+  const [posted] = await Promise.all([attacker.waitForNavigation(), attacker.click("button")]);
+  expect(posted && posted.status() === 403, `a sign-in posted from another site is refused (${posted && posted.status()})`);
+  expect((await elsewhere.cookies()).every((c) => c.name !== "verdict_console"), "a cross-site sign-in sets no session cookie");
+  await elsewhere.close();
 
   expect(violations.length === 0, `no console errors or CSP violations (${violations.join("; ")})`);
   console.log("console browser test passed");

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use crate::common::console::console_cookie;
 use crate::common::receiver::{Receiver, Step};
 use crate::common::{
     Backend, Reply, Server, Tenant, TestDb, action_outcome, new_key, post_json,
@@ -522,19 +523,21 @@ async fn the_console_resolves_an_unknown_outcome(backend: Backend) {
         .await
         .json();
     let event_id = decided["event_id"].as_str().unwrap();
-    let page = |key: &str| {
+    let reader_cookie = console_cookie(&server, &reader.api_key).await;
+    let admin_cookie = console_cookie(&server, &tenant.api_key).await;
+    let page = |cookie: &str| {
         server
             .client
             .get(format!("{}/console/events/{event_id}", server.base))
-            .header("cookie", format!("verdict_console={key}"))
+            .header("cookie", cookie)
             .send()
     };
-    let read_page = page(&reader.api_key).await.unwrap().text().await.unwrap();
+    let read_page = page(&reader_cookie).await.unwrap().text().await.unwrap();
     assert!(
         !read_page.contains("Resolve done"),
         "a read key is offered nothing to resolve"
     );
-    let html = page(&tenant.api_key).await.unwrap().text().await.unwrap();
+    let html = page(&admin_cookie).await.unwrap().text().await.unwrap();
     assert!(
         html.contains(">Resolve done<") && html.contains(">Resolve failed<"),
         "{html}"
@@ -556,24 +559,24 @@ async fn the_console_resolves_an_unknown_outcome(backend: Backend) {
         .and_then(|rest| rest.split('"').next())
         .unwrap()
         .to_owned();
-    let post = |key: &str, form: &[(&str, &str)]| {
+    let post = |cookie: &str, form: &[(&str, &str)]| {
         server
             .client
             .post(format!("{}{action}", server.base))
-            .header("cookie", format!("verdict_console={key}"))
+            .header("cookie", cookie)
             .header("content-type", "application/x-www-form-urlencoded")
             .body(form_encoded(form))
             .send()
     };
     let stale = post(
-        &tenant.api_key,
+        &admin_cookie,
         &[("csrf", "forged"), ("outcome", "done"), ("reason", "r")],
     )
     .await
     .unwrap();
     assert_eq!(stale.status(), 403, "a form without the session's token");
     let blank = post(
-        &tenant.api_key,
+        &admin_cookie,
         &[
             ("csrf", csrf.as_str()),
             ("outcome", "done"),
@@ -602,11 +605,11 @@ async fn the_console_resolves_an_unknown_outcome(backend: Backend) {
             "an outcome not done or failed",
         ),
     ] {
-        let refused = post(&tenant.api_key, &form).await.unwrap();
+        let refused = post(&admin_cookie, &form).await.unwrap();
         assert_eq!(refused.status(), 400, "{what}");
     }
     let read = post(
-        &reader.api_key,
+        &reader_cookie,
         &[
             ("csrf", csrf.as_str()),
             ("outcome", "done"),
@@ -621,7 +624,7 @@ async fn the_console_resolves_an_unknown_outcome(backend: Backend) {
         "a read key (with another session's token)"
     );
     let done = post(
-        &tenant.api_key,
+        &admin_cookie,
         &[
             ("csrf", csrf.as_str()),
             ("outcome", "failed"),
@@ -639,7 +642,7 @@ async fn the_console_resolves_an_unknown_outcome(backend: Backend) {
         action_outcome(&event, "open_case")["outcome"],
         "failed: resolved failed by an operator: no case in the case system"
     );
-    let html = page(&tenant.api_key).await.unwrap().text().await.unwrap();
+    let html = page(&admin_cookie).await.unwrap().text().await.unwrap();
     assert!(
         !html.contains(">Resolve done<"),
         "resolved: nothing left to resolve"

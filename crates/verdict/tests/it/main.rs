@@ -18,6 +18,7 @@ mod ambiguous_calls;
 mod connector_calls;
 mod connectors;
 mod console;
+mod console_sessions;
 mod console_subjects;
 mod crash_storm;
 mod custom_actions;

@@ -2,6 +2,7 @@
 //! on a real socket, tenants made with the real CLI, and signed requests.
 
 pub mod cluster;
+pub mod console;
 pub mod deliveries;
 pub mod effects;
 pub mod hostile;
