@@ -13,6 +13,7 @@ use verdict_webhooks::Secret;
 
 use crate::clock::now_ms;
 use crate::destination::{CallbackUrl, UrlError};
+use crate::domain::SuspendedCallbacks;
 use crate::secrets::{Keyring, SecretsError, api_key_hash};
 use crate::store::{
     ApiKeyRecord, KeyGrant, NewApiKey, NewTenant, Scope, SealedSecret, SecretPurpose, StoreError,
@@ -234,20 +235,19 @@ pub fn validate_callback_url(url: &str) -> Result<(), TenantError> {
     }
 }
 
-/// Sets a tenant's callback URL (or removes it) and re-enables its endpoint.
+/// Sets a tenant's callback URL (or removes it) and re-enables its endpoint, resuming or
+/// leaving the callbacks suspended while it was disabled; returns how many were resumed, or
+/// are left.
 pub async fn set_callback(
     store: &dyn TenantPort,
     tenant_id: Uuid,
     url: Option<&CallbackUrl>,
-) -> Result<(), TenantError> {
-    if store
-        .set_callback(tenant_id, url.map(CallbackUrl::as_str))
+    suspended: SuspendedCallbacks,
+) -> Result<u64, TenantError> {
+    store
+        .set_callback(tenant_id, url.map(CallbackUrl::as_str), suspended, now_ms())
         .await?
-    {
-        Ok(())
-    } else {
-        Err(TenantError::NotFound(tenant_id))
-    }
+        .ok_or(TenantError::NotFound(tenant_id))
 }
 
 /// Replaces a tenant's secret of `purpose`; the old ones stay valid for `grace_ms`.

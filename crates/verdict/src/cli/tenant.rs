@@ -8,6 +8,7 @@ use uuid::Uuid;
 
 use crate::config::{Config, DestinationArgs};
 use crate::destination::CallbackUrl;
+use crate::domain::SuspendedCallbacks;
 use crate::store::{Scope, SecretPurpose};
 use crate::tenant::{self, TenantSpec};
 
@@ -34,14 +35,20 @@ pub enum TenantCommand {
         #[arg(long)]
         env: bool,
     },
-    /// Set the callback URL and re-enable the endpoint (after a 410 disabled it).
+    /// Set the callback URL and re-enable the endpoint (after a 410 disabled it). The
+    /// callbacks suspended while it was disabled are sent, each once with its stored bytes
+    /// and webhook-id, unless `--leave-suspended`.
     SetCallback {
         /// The tenant's id.
         #[arg(long)]
         tenant: Uuid,
-        /// The new callback URL (omit to remove it).
+        /// The new callback URL (omit to remove it; suspended callbacks then wait for one).
         #[arg(long)]
         url: Option<String>,
+        /// Leave the suspended callbacks suspended: redeliver the ones wanted one by one
+        /// (`deliveries redeliver`); retention prunes the rest.
+        #[arg(long)]
+        leave_suspended: bool,
         #[command(flatten)]
         destinations: DestinationArgs,
     },
@@ -208,14 +215,26 @@ pub(super) async fn run_tenant(
         TenantCommand::SetCallback {
             tenant,
             url,
+            leave_suspended,
             destinations,
         } => {
             let policy = destinations.resolve(file);
             let url = url
                 .map(|url| CallbackUrl::parse(&url, policy))
                 .transpose()?;
-            tenant::set_callback(&*store, tenant, url.as_ref()).await?;
+            let suspended = if leave_suspended {
+                SuspendedCallbacks::Leave
+            } else {
+                SuspendedCallbacks::Resume
+            };
+            let n = tenant::set_callback(&*store, tenant, url.as_ref(), suspended).await?;
             println!("callback endpoint set and enabled");
+            match (suspended, &url) {
+                (SuspendedCallbacks::Resume, Some(_)) => {
+                    println!("{n} suspended callback(s) due again, each sent once");
+                }
+                _ => println!("{n} callback(s) left suspended"),
+            }
         }
         TenantCommand::RotateSecret {
             tenant,
