@@ -39,7 +39,19 @@ pub enum TenantError {
     KeyNotFound { tenant_id: Uuid, key_id: Uuid },
     #[error(transparent)]
     CallbackUrl(#[from] UrlError),
+    #[error(
+        "the tenant has {MAX_LIVE_KEYS_PER_TENANT} live API keys, the most it may have: revoke \
+         one first"
+    )]
+    TooManyKeys,
 }
+
+/// Unrevoked API keys a tenant may hold: a real tenant needs a few per system and person, and
+/// every key is a row and a credential that can leak.
+pub const MAX_LIVE_KEYS_PER_TENANT: i64 = 100;
+
+/// The most keys one page of a listing holds.
+pub const MAX_KEYS_PAGE: i64 = 500;
 
 /// What `tenant create` prints; the secrets are shown this once and never again. Its `Debug`
 /// leaves them out.
@@ -179,7 +191,9 @@ pub async fn issue_key(
         .await?
         .ok_or(TenantError::NotFound(tenant_id))?;
     let (api_key, row) = new_api_key(tenant_id, scope);
-    store.insert_api_key(&row).await?;
+    if !store.insert_api_key(&row, MAX_LIVE_KEYS_PER_TENANT).await? {
+        return Err(TenantError::TooManyKeys);
+    }
     Ok(IssuedKey {
         key_id: row.id,
         api_key,
@@ -187,16 +201,21 @@ pub async fn issue_key(
     })
 }
 
-/// A tenant's keys (never the keys themselves), oldest first.
+/// A page of a tenant's keys (never the keys themselves), oldest first: up to `limit`
+/// (brought within 1 to [`MAX_KEYS_PAGE`]) after the key `after`.
 pub async fn list_keys(
     store: &dyn TenantPort,
     tenant_id: Uuid,
+    after: Option<Uuid>,
+    limit: i64,
 ) -> Result<Vec<ApiKeyRecord>, TenantError> {
     store
         .tenant(tenant_id)
         .await?
         .ok_or(TenantError::NotFound(tenant_id))?;
-    Ok(store.api_keys(tenant_id).await?)
+    Ok(store
+        .api_keys(tenant_id, after, limit.clamp(1, MAX_KEYS_PAGE))
+        .await?)
 }
 
 /// Revokes one of a tenant's keys. Every instance refuses it within [`CREDENTIALS_TTL`].

@@ -333,11 +333,18 @@ async fn run_key(store: &dyn tenant::TenantPort, cmd: KeyCommand) -> anyhow::Res
             println!("key {key_id} revoked; every instance refuses it within 5 seconds");
         }
         KeyCommand::List { tenant, json } => {
-            let keys: Vec<crate::http::KeyView> = tenant::list_keys(store, tenant)
-                .await?
-                .into_iter()
-                .map(Into::into)
-                .collect();
+            // Every key, a page at a time: at most the live quota plus the revoked ones.
+            let mut keys: Vec<crate::http::KeyView> = Vec::new();
+            let mut after = None;
+            loop {
+                let page = tenant::list_keys(store, tenant, after, tenant::MAX_KEYS_PAGE).await?;
+                let full = page.len() as i64 == tenant::MAX_KEYS_PAGE;
+                after = page.last().map(|k| k.id);
+                keys.extend(page.into_iter().map(crate::http::KeyView::from));
+                if !full {
+                    break;
+                }
+            }
             if json {
                 println!("{}", serde_json::to_string(&keys)?);
             } else {
