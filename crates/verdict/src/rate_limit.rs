@@ -150,6 +150,16 @@ mod tests {
     }
 
     #[test]
+    fn the_default_admits_a_burst_of_1000_and_refuses_past_it() {
+        let default = crate::config::RateLimitArgs::default().resolve(&Default::default());
+        let limits = RateLimits::new(default);
+        let t = tenant(None);
+        // At most a few tokens refill while the loop runs (one a millisecond).
+        let admitted = (0..1_100).filter(|_| limits.admit(&t).is_ok()).count();
+        assert!((1_000..1_050).contains(&admitted), "{admitted} admitted");
+    }
+
+    #[test]
     fn waits_round_up_to_whole_seconds() {
         assert_eq!(whole_seconds(Duration::ZERO), 1);
         assert_eq!(whole_seconds(Duration::from_millis(200)), 1);

@@ -2,7 +2,11 @@
 //!
 //! - Events older than the retention window (90 days by default), with their deliveries, the
 //!   deliveries' attempts and the alerts they sent; never an event whose delivery is still
-//!   pending (waiting, retrying or leased). The state events produced stays: an account lock,
+//!   pending (waiting, retrying or leased). An event whose callback is suspended (decided
+//!   while the endpoint was disabled) is kept like a pending one, but only up to
+//!   [`SUSPENDED_RETENTION_FACTOR`] times the window from its creation: an endpoint left
+//!   disabled that long is abandoned, and its callbacks must not grow the database for ever.
+//!   The state events produced stays: an account lock,
 //!   a standing deny, an open case, an alert window and a ledger entry outlive the events that
 //!   made them, since deleting them would change later decisions.
 //! - Playbook versions older than each tenant's newest [`KEEP_PLAYBOOK_VERSIONS`], unless an
@@ -21,6 +25,9 @@ pub use crate::store::ports::RetentionStore;
 
 /// Playbook versions kept per tenant whatever their age.
 pub const KEEP_PLAYBOOK_VERSIONS: i64 = 50;
+
+/// How many retention windows an event with a suspended callback is kept from its creation.
+pub const SUSPENDED_RETENTION_FACTOR: i64 = 2;
 
 /// Rows deleted per statement batch.
 pub const BATCH: i64 = 500;
@@ -59,9 +66,10 @@ pub async fn prune(
 ) -> Result<Pruned, StoreError> {
     let window = i64::try_from(settings.events.as_millis()).unwrap_or(i64::MAX);
     let before = now.saturating_sub(window);
+    let suspended_before = now.saturating_sub(window.saturating_mul(SUSPENDED_RETENTION_FACTOR));
     let mut pruned = Pruned::default();
     for _ in 0..max_batches {
-        let batch = store.prune_events(before, BATCH).await?;
+        let batch = store.prune_events(before, suspended_before, BATCH).await?;
         pruned.events += batch.events;
         pruned.deliveries += batch.deliveries;
         pruned.delivery_attempts += batch.attempts;

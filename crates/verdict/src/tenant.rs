@@ -13,7 +13,7 @@ use verdict_webhooks::Secret;
 
 use crate::clock::now_ms;
 use crate::destination::{CallbackUrl, UrlError};
-use crate::domain::Feed;
+use crate::domain::{Feed, SuspendedCallbacks};
 use crate::secrets::{Keyring, SecretsError, api_key_hash};
 use crate::store::{
     ApiKeyRecord, KeyGrant, NewApiKey, NewTenant, Scope, SealedSecret, SecretPurpose, StoreError,
@@ -43,7 +43,19 @@ pub enum TenantError {
         "a key made for one feed must have the ingest scope, and the feed must be camara or set"
     )]
     FeedKey,
+    #[error(
+        "the tenant has {MAX_LIVE_KEYS_PER_TENANT} live API keys, the most it may have: revoke \
+         one first"
+    )]
+    TooManyKeys,
 }
+
+/// Unrevoked API keys a tenant may hold: a real tenant needs a few per system and person, and
+/// every key is a row and a credential that can leak.
+pub const MAX_LIVE_KEYS_PER_TENANT: i64 = 100;
+
+/// The most keys one page of a listing holds.
+pub const MAX_KEYS_PAGE: i64 = 500;
 
 /// What `tenant create` prints; the secrets are shown this once and never again. Its `Debug`
 /// leaves them out.
@@ -217,7 +229,9 @@ pub async fn issue_key(
         .await?
         .ok_or(TenantError::NotFound(tenant_id))?;
     let (api_key, row) = new_api_key(tenant_id, scope, feed);
-    store.insert_api_key(&row).await?;
+    if !store.insert_api_key(&row, MAX_LIVE_KEYS_PER_TENANT).await? {
+        return Err(TenantError::TooManyKeys);
+    }
     Ok(IssuedKey {
         key_id: row.id,
         api_key,
@@ -226,16 +240,21 @@ pub async fn issue_key(
     })
 }
 
-/// A tenant's keys (never the keys themselves), oldest first.
+/// A page of a tenant's keys (never the keys themselves), oldest first: up to `limit`
+/// (brought within 1 to [`MAX_KEYS_PAGE`]) after the key `after`.
 pub async fn list_keys(
     store: &dyn TenantPort,
     tenant_id: Uuid,
+    after: Option<Uuid>,
+    limit: i64,
 ) -> Result<Vec<ApiKeyRecord>, TenantError> {
     store
         .tenant(tenant_id)
         .await?
         .ok_or(TenantError::NotFound(tenant_id))?;
-    Ok(store.api_keys(tenant_id).await?)
+    Ok(store
+        .api_keys(tenant_id, after, limit.clamp(1, MAX_KEYS_PAGE))
+        .await?)
 }
 
 /// Revokes one of a tenant's keys. Every instance refuses it within [`CREDENTIALS_TTL`].
@@ -274,20 +293,19 @@ pub fn validate_callback_url(url: &str) -> Result<(), TenantError> {
     }
 }
 
-/// Sets a tenant's callback URL (or removes it) and re-enables its endpoint.
+/// Sets a tenant's callback URL (or removes it) and re-enables its endpoint, resuming or
+/// leaving the callbacks suspended while it was disabled; returns how many were resumed, or
+/// are left.
 pub async fn set_callback(
     store: &dyn TenantPort,
     tenant_id: Uuid,
     url: Option<&CallbackUrl>,
-) -> Result<(), TenantError> {
-    if store
-        .set_callback(tenant_id, url.map(CallbackUrl::as_str))
+    suspended: SuspendedCallbacks,
+) -> Result<u64, TenantError> {
+    store
+        .set_callback(tenant_id, url.map(CallbackUrl::as_str), suspended, now_ms())
         .await?
-    {
-        Ok(())
-    } else {
-        Err(TenantError::NotFound(tenant_id))
-    }
+        .ok_or(TenantError::NotFound(tenant_id))
 }
 
 /// Replaces a tenant's secret of `purpose`; the old ones stay valid for `grace_ms`.

@@ -222,6 +222,12 @@ impl ApiError {
             .detail(e.to_string()),
             Self::Resolve(ResolveError::Store(e)) if e.is_transient() => Problem::unavailable(),
             Self::Tenant(TenantError::Store(e)) if e.is_transient() => Problem::unavailable(),
+            Self::Tenant(e @ TenantError::TooManyKeys) => Problem::new(
+                "quota-exceeded",
+                "The tenant has the most live API keys it may have",
+                StatusCode::UNPROCESSABLE_ENTITY,
+            )
+            .detail(e.to_string()),
             Self::NotFound
             | Self::Tenant(TenantError::NotFound(_) | TenantError::KeyNotFound { .. }) => {
                 Problem::not_found()

@@ -18,7 +18,7 @@ pub enum DeliveriesCommand {
     List {
         #[arg(long)]
         tenant: Uuid,
-        /// pending, succeeded, failed, dead or unknown.
+        /// pending, succeeded, failed, dead, unknown or suspended.
         #[arg(long)]
         status: Option<crate::delivery::DeliveryStatus>,
         #[arg(long, default_value_t = 50)]

@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use crate::config::{Config, DestinationArgs};
 use crate::destination::CallbackUrl;
-use crate::domain::Feed;
+use crate::domain::{Feed, SuspendedCallbacks};
 use crate::store::{Scope, SecretPurpose};
 use crate::tenant::{self, TenantSpec};
 
@@ -35,14 +35,20 @@ pub enum TenantCommand {
         #[arg(long)]
         env: bool,
     },
-    /// Set the callback URL and re-enable the endpoint (after a 410 disabled it).
+    /// Set the callback URL and re-enable the endpoint (after a 410 disabled it). The
+    /// callbacks suspended while it was disabled are sent, each once with its stored bytes
+    /// and webhook-id, unless `--leave-suspended`.
     SetCallback {
         /// The tenant's id.
         #[arg(long)]
         tenant: Uuid,
-        /// The new callback URL (omit to remove it).
+        /// The new callback URL (omit to remove it; suspended callbacks then wait for one).
         #[arg(long)]
         url: Option<String>,
+        /// Leave the suspended callbacks suspended: redeliver the ones wanted one by one
+        /// (`deliveries redeliver`); retention prunes the rest.
+        #[arg(long)]
+        leave_suspended: bool,
         #[command(flatten)]
         destinations: DestinationArgs,
     },
@@ -226,14 +232,26 @@ pub(super) async fn run_tenant(
         TenantCommand::SetCallback {
             tenant,
             url,
+            leave_suspended,
             destinations,
         } => {
             let policy = destinations.resolve(file);
             let url = url
                 .map(|url| CallbackUrl::parse(&url, policy))
                 .transpose()?;
-            tenant::set_callback(&*store, tenant, url.as_ref()).await?;
+            let suspended = if leave_suspended {
+                SuspendedCallbacks::Leave
+            } else {
+                SuspendedCallbacks::Resume
+            };
+            let n = tenant::set_callback(&*store, tenant, url.as_ref(), suspended).await?;
             println!("callback endpoint set and enabled");
+            match (suspended, &url) {
+                (SuspendedCallbacks::Resume, Some(_)) => {
+                    println!("{n} suspended callback(s) due again, each sent once");
+                }
+                _ => println!("{n} callback(s) left suspended"),
+            }
         }
         TenantCommand::RotateSecret {
             tenant,
@@ -346,11 +364,18 @@ async fn run_key(store: &dyn tenant::TenantPort, cmd: KeyCommand) -> anyhow::Res
             println!("key {key_id} revoked; every instance refuses it within 5 seconds");
         }
         KeyCommand::List { tenant, json } => {
-            let keys: Vec<crate::http::KeyView> = tenant::list_keys(store, tenant)
-                .await?
-                .into_iter()
-                .map(Into::into)
-                .collect();
+            // Every key, a page at a time: at most the live quota plus the revoked ones.
+            let mut keys: Vec<crate::http::KeyView> = Vec::new();
+            let mut after = None;
+            loop {
+                let page = tenant::list_keys(store, tenant, after, tenant::MAX_KEYS_PAGE).await?;
+                let full = page.len() as i64 == tenant::MAX_KEYS_PAGE;
+                after = page.last().map(|k| k.id);
+                keys.extend(page.into_iter().map(crate::http::KeyView::from));
+                if !full {
+                    break;
+                }
+            }
             if json {
                 println!("{}", serde_json::to_string(&keys)?);
             } else {

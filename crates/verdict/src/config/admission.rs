@@ -165,21 +165,28 @@ impl InboundArgs {
     }
 }
 
+/// Requests per second (and burst) per tenant and instance when nothing is set: well above what
+/// one real tenant sends (its fraud system's signals), well below what would let one tenant
+/// take an instance from the others.
+pub const DEFAULT_RATE_LIMIT_PER_TENANT: u32 = 1_000;
+
 /// The rate limit of tenants that have none of their own (`verdict tenant set-rate-limit`).
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct RateLimitArgs {
-    /// Requests per second, with an equal burst, per tenant and instance; 0 or unset: unlimited.
+    /// Requests per second, with an equal burst, per tenant and instance (default 1000); 0:
+    /// unlimited.
     #[arg(long, env = "VERDICT_RATE_LIMIT_PER_TENANT")]
     pub rate_limit_per_tenant: Option<u32>,
 }
 
 impl RateLimitArgs {
-    /// The flag or environment, else the file; `None` when unset or 0 (unlimited).
+    /// The flag or environment, else the file, else [`DEFAULT_RATE_LIMIT_PER_TENANT`]; `None`
+    /// (unlimited) when set to 0.
     pub fn resolve(&self, file: &FileConfig) -> Option<NonZeroU32> {
         NonZeroU32::new(
             self.rate_limit_per_tenant
                 .or(file.rate_limit_per_tenant)
-                .unwrap_or(0),
+                .unwrap_or(DEFAULT_RATE_LIMIT_PER_TENANT),
         )
     }
 }

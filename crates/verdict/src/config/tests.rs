@@ -235,9 +235,9 @@ fn the_attempt_deadline_is_bounded() {
 }
 
 #[test]
-fn the_rate_limit_is_unlimited_unless_set_and_zero_means_unlimited() {
+fn the_rate_limit_defaults_to_1000_per_second_and_zero_means_unlimited() {
     let none = ServeConfig::resolve(&serve_args(), &FileConfig::default()).unwrap();
-    assert_eq!(none.rate_limit_per_tenant, None);
+    assert_eq!(none.rate_limit_per_tenant, NonZeroU32::new(1_000));
     let file: FileConfig = toml::from_str("rate_limit_per_tenant = 7").unwrap();
     let from_file = ServeConfig::resolve(&serve_args(), &file).unwrap();
     assert_eq!(from_file.rate_limit_per_tenant, NonZeroU32::new(7));

@@ -220,7 +220,8 @@ impl Outcome {
     pub fn of_request(status: super::DeliveryStatus, last_error: Option<&str>) -> Self {
         use super::DeliveryStatus as S;
         match status {
-            S::Pending => Self::Pending,
+            // A request is never suspended (only callbacks are), but would be waiting as one.
+            S::Pending | S::Suspended => Self::Pending,
             S::Succeeded => Self::Done,
             S::Unknown => Self::Unknown,
             S::Failed | S::Dead => Self::Failed(

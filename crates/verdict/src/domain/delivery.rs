@@ -18,16 +18,20 @@ pub enum DeliveryStatus {
     /// An at-most-once connector's call ended ambiguously (no answer, a timeout): it may or
     /// may not have acted, and is not retried; an operator resolves it.
     Unknown,
+    /// A callback decided while the tenant's endpoint was disabled (after a 410): stored with
+    /// its bytes, never attempted, and due again when the endpoint is re-enabled.
+    Suspended,
 }
 
 impl DeliveryStatus {
     /// Every status, in the order the API lists them.
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::Pending,
         Self::Succeeded,
         Self::Failed,
         Self::Dead,
         Self::Unknown,
+        Self::Suspended,
     ];
 
     /// The stored (and shown) name.
@@ -38,14 +42,16 @@ impl DeliveryStatus {
             Self::Failed => "failed",
             Self::Dead => "dead",
             Self::Unknown => "unknown",
+            Self::Suspended => "suspended",
         }
     }
 }
 
 impl DeliveryStatus {
-    /// Whether no attempt will follow unless someone redelivers it.
+    /// Whether no attempt will follow unless someone redelivers it (a suspended one waits for
+    /// its endpoint to be re-enabled).
     pub fn is_final(self) -> bool {
-        !matches!(self, Self::Pending)
+        !matches!(self, Self::Pending | Self::Suspended)
     }
 }
 
@@ -57,7 +63,10 @@ impl fmt::Display for DeliveryStatus {
 
 /// A name that is not a delivery status.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("`{0}` is not a delivery status (expected pending, succeeded, failed, dead or unknown)")]
+#[error(
+    "`{0}` is not a delivery status (expected pending, succeeded, failed, dead, unknown or \
+     suspended)"
+)]
 pub struct UnknownStatus(pub String);
 
 /// Decodes the stored name (for `sqlx::FromRow`).
@@ -78,6 +87,16 @@ impl FromStr for DeliveryStatus {
             .find(|status| status.as_str() == s)
             .ok_or_else(|| UnknownStatus(s.to_owned()))
     }
+}
+
+/// What re-enabling a tenant's callback endpoint does with the callbacks suspended while it
+/// was disabled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SuspendedCallbacks {
+    /// Make them due now: each is sent once, with its stored bytes and `webhook-id`.
+    Resume,
+    /// Leave them suspended (an operator redelivers the ones wanted; retention prunes the rest).
+    Leave,
 }
 
 /// The delivery's state after an attempt: what the store records with it.

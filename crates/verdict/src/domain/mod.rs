@@ -17,7 +17,7 @@ pub use connector::{
     MatchAttribute, UnknownConnectorValue,
 };
 pub use decision::{Decision, UnknownDecision};
-pub use delivery::{DeliveryStatus, Next, UnknownStatus};
+pub use delivery::{DeliveryStatus, Next, SuspendedCallbacks, UnknownStatus};
 pub use feed::{Feed, IGNORED_DECISION, RISC_CREDENTIAL_COMPROMISE, UNMAPPED_TYPE, UnknownFeed};
 pub use key::{KeyState, UnknownKeyState};
 pub use reason::{InvalidReason, MAX_REASON_CHARS, Reason};

@@ -40,8 +40,8 @@ pub struct DeliveryPage {
     next_cursor: Option<Uuid>,
 }
 
-/// `GET /v1/deliveries?status=pending|succeeded|failed|dead|unknown`: callbacks and connector
-/// calls.
+/// `GET /v1/deliveries?status=pending|succeeded|failed|dead|unknown|suspended`: callbacks and
+/// connector calls.
 #[utoipa::path(get, path = "/v1/deliveries", operation_id = "list_deliveries", tag = "deliveries", params(ListQuery),
     responses((status = 200, body = DeliveryPage, description = "OK"), (status = 400, body = Problem, description = "Invalid request")))]
 pub async fn list(
@@ -57,7 +57,9 @@ pub async fn list(
         .transpose()
         // Not echoed: a query string is the client's, and may be anything.
         .map_err(|_| {
-            ApiError::Invalid("`status` must be pending, succeeded, failed, dead or unknown".into())
+            ApiError::Invalid(
+                "`status` must be pending, succeeded, failed, dead, unknown or suspended".into(),
+            )
         })?;
     let limit = q.limit.unwrap_or(50).clamp(1, 500);
     let rows = app

@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use super::auth::Authenticated;
 use super::events::rfc3339;
-use super::extract::Path;
+use super::extract::{Path, Query};
 use crate::app::AppState;
 use crate::app::error::ApiError;
 use crate::domain::Feed;
@@ -85,7 +85,8 @@ impl NewKey {
 #[utoipa::path(post, path = "/v1/keys", operation_id = "create_key", tag = "keys",
     request_body(content = NewKey, content_type = "application/json"),
     responses((status = 201, body = IssuedKey, description = "Created; the key is shown this once"),
-        (status = 400, body = Problem, description = "Invalid request")))]
+        (status = 400, body = Problem, description = "Invalid request"),
+        (status = 422, body = Problem, description = "The tenant has 100 live keys (`quota-exceeded`)")))]
 pub async fn create(
     State(app): State<AppState>,
     auth: Authenticated,
@@ -133,23 +134,42 @@ impl From<ApiKeyRecord> for KeyView {
     }
 }
 
-/// The tenant's keys, oldest first.
+/// Query of `GET /v1/keys`.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ListQuery {
+    /// Page size, 1 to 500 (default 50); a value outside is brought within.
+    limit: Option<i64>,
+    /// The `next_cursor` of the previous page.
+    after: Option<Uuid>,
+}
+
+/// A page of the tenant's keys, oldest first.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct KeyList {
     data: Vec<KeyView>,
+    /// Where the next page starts (`after`); `null` on the last page.
+    next_cursor: Option<Uuid>,
 }
 
-/// `GET /v1/keys`: the tenant's keys, revoked ones included.
-#[utoipa::path(get, path = "/v1/keys", operation_id = "list_keys", tag = "keys",
-    responses((status = 200, body = KeyList, description = "OK")))]
+/// `GET /v1/keys`: the tenant's keys, revoked ones included, a page at a time.
+#[utoipa::path(get, path = "/v1/keys", operation_id = "list_keys", tag = "keys", params(ListQuery),
+    responses((status = 200, body = KeyList, description = "OK"),
+        (status = 400, body = Problem, description = "Invalid request")))]
 pub async fn list(
     State(app): State<AppState>,
     auth: Authenticated,
+    Query(q): Query<ListQuery>,
 ) -> Result<Json<KeyList>, ApiError> {
     let tenant = auth.require(Scope::Admin)?;
-    let keys = tenant::list_keys(&*app.store, tenant.id).await?;
+    let limit = q.limit.unwrap_or(50).clamp(1, tenant::MAX_KEYS_PAGE);
+    let keys = tenant::list_keys(&*app.store, tenant.id, q.after, limit).await?;
+    let next_cursor = (keys.len() as i64 == limit)
+        .then(|| keys.last().map(|k| k.id))
+        .flatten();
     Ok(Json(KeyList {
         data: keys.into_iter().map(KeyView::from).collect(),
+        next_cursor,
     }))
 }
 

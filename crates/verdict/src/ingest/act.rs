@@ -12,6 +12,7 @@ use super::{
 };
 use crate::clock::now_ms;
 use crate::delivery::schedule;
+use crate::domain::DeliveryStatus;
 use crate::store::failpoint::failpoint;
 use crate::store::{
     Act, ActionTarget, CallbackDraft, Claim, DueDelivery, HeldKey, KeyRef, StoreError,
@@ -112,18 +113,31 @@ impl Ingest {
             signal_type: signal.inbound.signal.signal_type.as_str(),
             now: now_ms(),
         };
-        let draft = Arc::new(Draft::new(
+        let mut draft = Draft::new(
             signal.inbound,
             &target,
             decided.clone(),
             callback_refusal(destination, decided),
             target.now.saturating_add(self.settings.lock_timeout_ms),
-        ));
+        );
+        // A disabled endpoint's callback is stored suspended, unleased: nothing is sent until
+        // the endpoint is re-enabled, and nothing is lost meanwhile.
+        draft.callback_suspended = destination.disabled;
+        let draft = Arc::new(draft);
         let wants_callback = decided.wants_callback() && draft.callback_refusal.is_none();
         let callback = wants_callback.then(|| CallbackDraft {
             id: Uuid::now_v7(),
             webhook_id: format!("msg_{}", event_id.simple()),
-            leased_until: target.now.saturating_add(crate::delivery::lease_ms()),
+            leased_until: if destination.disabled {
+                0
+            } else {
+                target.now.saturating_add(crate::delivery::lease_ms())
+            },
+            status: if destination.disabled {
+                DeliveryStatus::Suspended
+            } else {
+                DeliveryStatus::Pending
+            },
         });
         let requests = call::drafts(self, signal, event_id, decided, target.now);
         let act = Act::new(
@@ -157,7 +171,10 @@ impl Ingest {
         tracing::info!(%event_id, decision = decided.decision.as_str(), "signal decided");
         // Only the event whose commit inserted an outbox row makes its inline attempt; a
         // duplicate's callback and calls are the earlier event's.
-        let callback = committed.delivery.map(|delivery| {
+        let inline = committed
+            .delivery
+            .filter(|d| d.status == DeliveryStatus::Pending);
+        let callback = inline.map(|delivery| {
             let leased_until = delivery.leased_until;
             let due = DueDelivery {
                 id: delivery.id,
@@ -218,12 +235,12 @@ impl Ingest {
     }
 }
 
-/// Why a decision's callback cannot be recorded, if it cannot.
+/// Why a decision's callback cannot be recorded, if it cannot. A disabled endpoint's is
+/// recorded, suspended.
 fn callback_refusal(destination: &Destination, decided: &Decided) -> Option<&'static str> {
-    match (&destination.url, destination.disabled) {
+    match &destination.url {
         _ if !decided.wants_callback() => None,
-        (None, _) => Some("no callback URL is configured"),
-        (Some(_), true) => Some("the callback endpoint is disabled"),
-        (Some(_), false) => None,
+        None => Some("no callback URL is configured"),
+        Some(_) => None,
     }
 }

@@ -34,6 +34,9 @@ pub(super) struct Draft {
     feed: Feed,
     /// Why the decision's callback cannot be recorded, if it cannot.
     pub(super) callback_refusal: Option<&'static str>,
+    /// Whether its callback is stored suspended (the endpoint is disabled): `pending` until
+    /// the endpoint is re-enabled.
+    pub(super) callback_suspended: bool,
     /// Until when a key left `dispatched` stays locked to this request.
     lock_until: i64,
 }
@@ -58,6 +61,7 @@ impl Draft {
             decided,
             feed: inbound.feed,
             callback_refusal,
+            callback_suspended: false,
             lock_until,
         }
     }
@@ -74,6 +78,7 @@ impl Draft {
                 let outcome = match action {
                     ActionKind::Callback => match (self.callback_refusal, outcome.callback) {
                         (Some(why), _) => Outcome::Failed(why.to_owned()),
+                        (None, Some(Applied::Done)) if self.callback_suspended => Outcome::Pending,
                         (None, Some(applied)) => applied.into(),
                         (None, None) => Outcome::Failed("not recorded".into()),
                     },

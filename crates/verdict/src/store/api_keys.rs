@@ -104,12 +104,19 @@ pub struct KeyGrant {
 /// API keys.
 #[async_trait]
 pub trait ApiKeyStore {
-    /// Adds a key to its tenant.
-    async fn insert_api_key(&self, key: &NewApiKey) -> Result<(), StoreError>;
+    /// Adds a key to its tenant, unless the tenant has `max_live` unrevoked keys already;
+    /// returns whether it did. One statement decides it, the tenant's issues taking turns.
+    async fn insert_api_key(&self, key: &NewApiKey, max_live: i64) -> Result<bool, StoreError>;
     /// The tenant and scope of the unrevoked key whose hash is `key_hash`.
     async fn grant_by_key_hash(&self, key_hash: &[u8]) -> Result<Option<KeyGrant>, StoreError>;
-    /// A tenant's keys, oldest first, revoked ones included.
-    async fn api_keys(&self, tenant_id: Uuid) -> Result<Vec<ApiKeyRecord>, StoreError>;
+    /// A page of a tenant's keys, oldest first, revoked ones included: up to `limit` after
+    /// the key `after` (none if that is not one of the tenant's keys).
+    async fn api_keys(
+        &self,
+        tenant_id: Uuid,
+        after: Option<Uuid>,
+        limit: i64,
+    ) -> Result<Vec<ApiKeyRecord>, StoreError>;
     /// Revokes one of the tenant's keys at `now` (a revoked key keeps its first revocation
     /// time); false if the tenant has no such key.
     async fn revoke_api_key(
@@ -211,10 +218,34 @@ where
     async fn insert_api_key(
         &self,
         key: &crate::store::NewApiKey,
-    ) -> Result<(), crate::store::StoreError> {
-        let mut conn = self.write().acquire().await?;
-        insert_api_key_row(&mut *conn, key).await?;
-        Ok(())
+        max_live: i64,
+    ) -> Result<bool, crate::store::StoreError> {
+        // As with connectors: two statements at once could each count the other's key out
+        // (PostgreSQL's statements see what was committed when they began), so the tenant's
+        // issues take turns on its row first.
+        let mut tx = self.begin().await?;
+        if let Some(lock) = B::LOCK_TENANT {
+            sqlx::query(lock)
+                .bind(key.tenant_id)
+                .execute(&mut *tx)
+                .await?;
+        }
+        let done = sqlx::query(
+            "INSERT INTO api_keys (id, tenant_id, key_hash, scope, feed, created_at) \
+             SELECT $1, $2, $3, $4, $5, $6 WHERE (SELECT COUNT(*) FROM api_keys \
+                WHERE tenant_id = $2 AND revoked_at IS NULL) < $7",
+        )
+        .bind(key.id)
+        .bind(key.tenant_id)
+        .bind(&key.key_hash[..])
+        .bind(key.scope.as_str())
+        .bind(key.feed.map(Feed::as_str))
+        .bind(key.created_at)
+        .bind(max_live)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(DB::rows_affected(&done) == 1)
     }
 
     async fn grant_by_key_hash(
@@ -248,7 +279,11 @@ where
     async fn api_keys(
         &self,
         tenant_id: uuid::Uuid,
+        after: Option<uuid::Uuid>,
+        limit: i64,
     ) -> Result<Vec<crate::store::ApiKeyRecord>, crate::store::StoreError> {
+        // Keyset pagination on the listing's order; the cursor's own row gives its place (a
+        // first key moved over by migration 0005 has a random id, so the id alone would not).
         type KeyRow = (
             uuid::Uuid,
             String,
@@ -259,9 +294,13 @@ where
         );
         let rows: Vec<KeyRow> = sqlx::query_as(
             "SELECT id, scope, feed, created_at, last_used_at, revoked_at FROM api_keys \
-                 WHERE tenant_id = $1 ORDER BY created_at, id",
+             WHERE tenant_id = $1 AND ($2 IS NULL OR (created_at, id) > \
+                (SELECT c.created_at, c.id FROM api_keys c WHERE c.tenant_id = $1 AND c.id = $2)) \
+             ORDER BY created_at, id LIMIT $3",
         )
         .bind(tenant_id)
+        .bind(after)
+        .bind(limit)
         .fetch_all(self.read())
         .await?;
         rows.into_iter()

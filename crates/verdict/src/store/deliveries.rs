@@ -18,6 +18,8 @@ pub struct NewDelivery {
     pub payload: Vec<u8>,
     /// Reserved for the inline attempt until then; if the process dies, the worker takes it.
     pub leased_until: i64,
+    /// `Pending`, or `Suspended` while the tenant's endpoint is disabled (no attempt is made).
+    pub status: DeliveryStatus,
 }
 
 /// A delivery leased for an attempt, with where it goes.
@@ -261,6 +263,82 @@ where
     push_ids(&mut q, events);
     let deliveries = DB::rows_affected(&q.build().execute(&mut *conn).await?);
     Ok((deliveries, attempts))
+}
+
+/// Makes a tenant's suspended callbacks due at `now` (pending, unleased, never attempted, so
+/// with their whole retry budget); returns how many.
+pub(crate) async fn resume_suspended<DB, C>(
+    conn: &mut C,
+    tenant_id: Uuid,
+    now: i64,
+) -> Result<u64, sqlx::Error>
+where
+    DB: SqlDb + Database<Connection = C>,
+    C: sqlx::Connection<Database = DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    usize: ColumnIndex<DB::Row>,
+    for<'n> &'n str: ColumnIndex<DB::Row>,
+    for<'e> Uuid: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<Uuid>: Encode<'e, DB>,
+    for<'e> i64: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<i64>: Encode<'e, DB>,
+    for<'e> i32: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<i32>: Encode<'e, DB>,
+    for<'e> bool: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> String: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<String>: Encode<'e, DB>,
+    for<'e> Vec<u8>: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<Vec<u8>>: Encode<'e, DB>,
+    for<'e> &'e str: Encode<'e, DB> + Type<DB>,
+    for<'e> Option<&'e str>: Encode<'e, DB>,
+    for<'e> &'e [u8]: Encode<'e, DB> + Type<DB>,
+{
+    let done = sqlx::query(
+        "UPDATE deliveries SET status = 'pending', next_attempt_at = $2, leased_until = 0, \
+         updated_at = $2 WHERE tenant_id = $1 AND status = 'suspended'",
+    )
+    .bind(tenant_id)
+    .bind(now)
+    .execute(conn)
+    .await?;
+    Ok(DB::rows_affected(&done))
+}
+
+/// How many of a tenant's callbacks are suspended.
+pub(crate) async fn count_suspended<DB, C>(
+    conn: &mut C,
+    tenant_id: Uuid,
+) -> Result<u64, sqlx::Error>
+where
+    DB: SqlDb + Database<Connection = C>,
+    C: sqlx::Connection<Database = DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    usize: ColumnIndex<DB::Row>,
+    for<'n> &'n str: ColumnIndex<DB::Row>,
+    for<'e> Uuid: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<Uuid>: Encode<'e, DB>,
+    for<'e> i64: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<i64>: Encode<'e, DB>,
+    for<'e> i32: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<i32>: Encode<'e, DB>,
+    for<'e> bool: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> String: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<String>: Encode<'e, DB>,
+    for<'e> Vec<u8>: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> Option<Vec<u8>>: Encode<'e, DB>,
+    for<'e> &'e str: Encode<'e, DB> + Type<DB>,
+    for<'e> Option<&'e str>: Encode<'e, DB>,
+    for<'e> &'e [u8]: Encode<'e, DB> + Type<DB>,
+{
+    let n: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM deliveries WHERE tenant_id = $1 AND status = 'suspended'",
+    )
+    .bind(tenant_id)
+    .fetch_one(conn)
+    .await?;
+    Ok(u64::try_from(n).unwrap_or(0))
 }
 
 /// Records attempts and moves each delivery to its next state (and disables the

@@ -79,11 +79,13 @@ pub trait EventStore {
     /// Deletes up to `limit` events created before `created_before`, oldest first, in one
     /// transaction with their deliveries, the deliveries' attempts and the alerts they sent.
     /// An event with a delivery still pending (waiting, retrying or leased) is kept, delivery
-    /// and all. The state events produced (locks, denies, cases, alert windows, ledger
-    /// entries) is not theirs to take: it stays.
+    /// and all; so is one with a suspended callback, unless the event was created before
+    /// `suspended_before`. The state events produced (locks, denies, cases, alert windows,
+    /// ledger entries) is not theirs to take: it stays.
     async fn prune_events(
         &self,
         created_before: i64,
+        suspended_before: i64,
         limit: i64,
     ) -> Result<PrunedEvents, StoreError>;
 }
@@ -137,16 +139,21 @@ where
     async fn prune_events(
         &self,
         created_before: i64,
+        suspended_before: i64,
         limit: i64,
     ) -> Result<crate::store::PrunedEvents, crate::store::StoreError> {
         let mut tx = self.begin().await?;
+        // Only a delivery made at the insert is suspended, so one selected here stays past
+        // the bound: the deletes below take it, unless it was resumed (pending) meanwhile.
         let ids: Vec<uuid::Uuid> = sqlx::query_scalar(
             "SELECT e.id FROM events e WHERE e.created_at < $1 AND NOT EXISTS \
-             (SELECT 1 FROM deliveries d WHERE d.event_id = e.id AND d.status = 'pending') \
+             (SELECT 1 FROM deliveries d WHERE d.event_id = e.id AND (d.status = 'pending' \
+                OR (d.status = 'suspended' AND e.created_at >= $3))) \
              ORDER BY e.created_at LIMIT $2",
         )
         .bind(created_before)
         .bind(limit)
+        .bind(suspended_before)
         .fetch_all(&mut *tx)
         .await?;
         if ids.is_empty() {

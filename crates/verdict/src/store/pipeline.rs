@@ -71,6 +71,9 @@ pub struct CallbackDraft {
     pub webhook_id: String,
     /// Reserved for the inline attempt until then; if the process dies, the worker takes it.
     pub leased_until: i64,
+    /// `Pending`, or `Suspended` when the tenant's endpoint is disabled: then it is stored
+    /// with its bytes but not attempted until the endpoint is re-enabled.
+    pub status: crate::domain::DeliveryStatus,
 }
 
 /// A call to one of the tenant's connectors, recorded in the outbox with the act, its bytes
@@ -218,6 +221,7 @@ fn delivery_of(
         webhook_id: c.webhook_id.clone(),
         payload: render.envelope(effects),
         leased_until: c.leased_until,
+        status: c.status,
     })
 }
 

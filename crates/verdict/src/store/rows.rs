@@ -167,8 +167,9 @@ impl Row for NewEvent {
     }
 }
 
-/// A callback's outbox row, as the group commit inserts it: pending, not yet attempted, due
-/// now, and leased to the inline attempt until `leased_until`.
+/// A callback's outbox row, as the group commit inserts it: pending (or suspended while the
+/// endpoint is disabled), not yet attempted, due now, and leased to the inline attempt until
+/// `leased_until`.
 pub(crate) struct OutboxRow<'a> {
     pub target: &'a ActionTarget,
     pub delivery: &'a NewDelivery,
@@ -183,7 +184,7 @@ impl Row for OutboxRow<'_> {
             Col::Bytes("signal_key", |r| r.target.signal_key.clone()),
             Col::Text("webhook_id", |r| r.delivery.webhook_id.clone()),
             Col::Bytes("payload", |r| r.delivery.payload.clone()),
-            Col::Str("status", |_| "pending"),
+            Col::Str("status", |r| r.delivery.status.as_str()),
             Col::Int8("attempts", |_| 0),
             Col::Int8("next_attempt_at", |r| r.target.now),
             Col::Int8("leased_until", |r| r.delivery.leased_until),

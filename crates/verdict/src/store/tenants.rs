@@ -8,6 +8,8 @@ use uuid::Uuid;
 use super::StoreError;
 use super::api_keys::insert_api_key_row;
 use super::backend::{Backend, SqlDb};
+use super::deliveries::{count_suspended, resume_suspended};
+use crate::domain::SuspendedCallbacks;
 
 /// Which secret of a tenant's a row holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -109,8 +111,17 @@ pub trait TenantStore {
         secret: &SealedSecret,
         retire_at: i64,
     ) -> Result<(), StoreError>;
-    /// Sets the tenant's callback URL and re-enables its endpoint; false if no such tenant.
-    async fn set_callback(&self, tenant_id: Uuid, url: Option<&str>) -> Result<bool, StoreError>;
+    /// Sets the tenant's callback URL and re-enables its endpoint, in one transaction with
+    /// what `suspended` says to do with the callbacks suspended meanwhile (resumed only when
+    /// there is a URL to send them to). `None` if no such tenant, else how many suspended
+    /// callbacks were made due (`Resume`) or are left suspended.
+    async fn set_callback(
+        &self,
+        tenant_id: Uuid,
+        url: Option<&str>,
+        suspended: SuspendedCallbacks,
+        now: i64,
+    ) -> Result<Option<u64>, StoreError>;
     /// Sets (or, with `None`, removes) the tenant's own rate limit; false if no such tenant.
     async fn set_rate_limit(
         &self,
@@ -286,15 +297,29 @@ where
         &self,
         tenant_id: uuid::Uuid,
         url: Option<&str>,
-    ) -> Result<bool, crate::store::StoreError> {
+        suspended: SuspendedCallbacks,
+        now: i64,
+    ) -> Result<Option<u64>, crate::store::StoreError> {
+        let mut tx = self.begin().await?;
         let done = sqlx::query(
             "UPDATE tenants SET callback_url = $2, callback_disabled = FALSE WHERE id = $1",
         )
         .bind(tenant_id)
         .bind(url)
-        .execute(self.write())
+        .execute(&mut *tx)
         .await?;
-        Ok(DB::rows_affected(&done) == 1)
+        if DB::rows_affected(&done) != 1 {
+            return Ok(None);
+        }
+        // Without a URL a resumed callback could only fail: they wait for one.
+        let n = match (suspended, url) {
+            (SuspendedCallbacks::Resume, Some(_)) => {
+                resume_suspended(&mut *tx, tenant_id, now).await?
+            }
+            _ => count_suspended(&mut *tx, tenant_id).await?,
+        };
+        tx.commit().await?;
+        Ok(Some(n))
     }
 
     async fn set_rate_limit(

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use crate::common;
-use crate::common::deliveries::{delivery_of, wait_for_next_round};
+use crate::common::deliveries::{delivery_now, delivery_of, wait_for_next_round};
 use crate::common::receiver::{Receiver, Step};
 use crate::common::{Backend, MANUAL_WORKER, Reply, Server, TestDb, new_key, sim_swap};
 
@@ -173,8 +173,8 @@ async fn a_410_is_terminal_and_disables_the_endpoint_until_re_enabled(backend: B
         .unwrap()
         .clone();
     assert_eq!(
-        callback["outcome"],
-        "failed: the callback endpoint is disabled"
+        callback["outcome"], "pending",
+        "kept, suspended, for when the endpoint is re-enabled"
     );
     assert_eq!(
         receiver.received().len(),
@@ -197,6 +197,147 @@ async fn a_410_is_terminal_and_disables_the_endpoint_until_re_enabled(backend: B
         delivery_of(&server, &tenant, &third).await["status"],
         "succeeded"
     );
+}
+
+/// The stored bytes of the one suspended delivery, as text (callback envelopes are JSON).
+async fn suspended_payload(db: &TestDb) -> String {
+    db.text(match db.backend {
+        Backend::Sqlite => {
+            "SELECT CAST(payload AS TEXT) FROM deliveries WHERE status = 'suspended'"
+        }
+        Backend::Postgres => {
+            "SELECT convert_from(payload, 'UTF8') FROM deliveries WHERE status = 'suspended'"
+        }
+    })
+    .await
+}
+
+/// A 410 disables the endpoint; the signal decided next keeps its callback `suspended`.
+async fn a_suspended_callback(
+    db: &TestDb,
+    server: &Server,
+    tenant: &crate::common::Tenant,
+    receiver: &Receiver,
+) -> (Reply, serde_json::Value) {
+    let first = server
+        .send(tenant, Some(&new_key()), &sim_swap("+447700900521"))
+        .await;
+    assert_eq!(
+        delivery_of(server, tenant, &first).await["status"],
+        "failed"
+    );
+    let second = server
+        .send(tenant, Some(&new_key()), &sim_swap("+447700900522"))
+        .await;
+    assert_eq!(second.status, 200, "{}", second.text());
+    let callback = common::action_outcome(&second.json(), "callback")["outcome"].clone();
+    assert_eq!(callback, "pending", "{}", second.text());
+    let suspended = delivery_now(server, tenant, &second).await;
+    assert_eq!(suspended["status"], "suspended", "{suspended}");
+    assert_eq!(suspended["attempts"], serde_json::json!([]), "{suspended}");
+    let listed = server
+        .get(tenant, "/v1/deliveries?status=suspended")
+        .await
+        .json();
+    assert_eq!(listed["data"].as_array().unwrap().len(), 1, "{listed}");
+    wait_for_next_round().await;
+    assert_eq!(
+        db.worker_once(&RETRY_INTERVAL)["attempted"],
+        0,
+        "a suspended callback is not attempted"
+    );
+    assert_eq!(receiver.received().len(), 1, "only the 410");
+    (second, suspended)
+}
+
+async fn a_callback_decided_while_the_endpoint_is_disabled_is_sent_once_when_re_enabled(
+    backend: Backend,
+) {
+    let db = TestDb::new(backend).await;
+    let receiver = Receiver::start(vec![Step::status(410)]).await;
+    let tenant = db.tenant(&["--callback-url", &receiver.url]);
+    let server = Server::start(&db, &MANUAL_WORKER);
+    let (reply, _) = a_suspended_callback(&db, &server, &tenant, &receiver).await;
+    let stored = suspended_payload(&db).await;
+
+    let out = db.cli(&[
+        "tenant",
+        "set-callback",
+        "--tenant",
+        &tenant.id,
+        "--url",
+        &receiver.url,
+    ]);
+    assert!(out.contains("1 suspended callback(s) due again"), "{out}");
+    assert_eq!(
+        delivery_now(&server, &tenant, &reply).await["status"],
+        "pending"
+    );
+    wait_for_next_round().await;
+    assert_eq!(db.worker_once(&RETRY_INTERVAL)["delivered"], 1);
+    wait_for_next_round().await;
+    assert_eq!(db.worker_once(&RETRY_INTERVAL)["attempted"], 0, "sent once");
+
+    let got = receiver.received();
+    assert_eq!(got.len(), 2, "the 410, then the resumed callback once");
+    let event_id = reply.json()["event_id"].as_str().unwrap().replace('-', "");
+    assert_eq!(got[1].header("webhook-id"), format!("msg_{event_id}"));
+    assert_eq!(
+        String::from_utf8(got[1].body.clone()).unwrap(),
+        stored,
+        "the bytes stored when it was decided"
+    );
+    assert_eq!(got[1].json()["event_id"], reply.json()["event_id"]);
+    receiver.verify_all_with_python(&tenant.webhook_secret);
+    assert_eq!(
+        delivery_of(&server, &tenant, &reply).await["status"],
+        "succeeded"
+    );
+}
+
+async fn re_enabling_with_leave_suspended_sends_nothing_until_redelivered(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let receiver = Receiver::start(vec![Step::status(410)]).await;
+    let tenant = db.tenant(&["--callback-url", &receiver.url]);
+    let server = Server::start(&db, &MANUAL_WORKER);
+    let (reply, suspended) = a_suspended_callback(&db, &server, &tenant, &receiver).await;
+    let id = suspended["id"].as_str().unwrap().to_owned();
+
+    let out = db.cli(&[
+        "tenant",
+        "set-callback",
+        "--tenant",
+        &tenant.id,
+        "--url",
+        &receiver.url,
+        "--leave-suspended",
+    ]);
+    assert!(out.contains("1 callback(s) left suspended"), "{out}");
+    wait_for_next_round().await;
+    assert_eq!(db.worker_once(&RETRY_INTERVAL)["attempted"], 0);
+    assert_eq!(receiver.received().len(), 1);
+    assert_eq!(
+        delivery_now(&server, &tenant, &reply).await["status"],
+        "suspended"
+    );
+
+    // The operator sends the ones wanted, one by one.
+    let redelivered = Reply::from(
+        server
+            .client
+            .post(format!("{}/v1/deliveries/{id}/redeliver", server.base))
+            .bearer_auth(&tenant.api_key)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(redelivered.status, 202, "{}", redelivered.text());
+    assert_eq!(
+        delivery_of(&server, &tenant, &reply).await["status"],
+        "succeeded"
+    );
+    assert_eq!(receiver.received().len(), 2);
 }
 
 async fn four_500s_make_a_delivery_dead_and_redeliver_sends_the_same_webhook_id(backend: Backend) {
@@ -519,6 +660,8 @@ on_both_backends!(
     a_receiver_that_sleeps_10s_does_not_hold_the_response_past_the_deadline,
     a_400_is_terminal_after_one_attempt,
     a_410_is_terminal_and_disables_the_endpoint_until_re_enabled,
+    a_callback_decided_while_the_endpoint_is_disabled_is_sent_once_when_re_enabled,
+    re_enabling_with_leave_suspended_sends_nothing_until_redelivered,
     four_500s_make_a_delivery_dead_and_redeliver_sends_the_same_webhook_id,
     retry_after_longer_than_the_schedule_is_honoured,
     a_retry_after_past_a_day_is_clamped_to_a_day,

@@ -41,6 +41,7 @@ mod operations;
 mod pipeline;
 mod playbooks;
 mod privacy;
+mod quotas;
 mod rate_limits;
 mod readme;
 mod rejection;

@@ -161,6 +161,58 @@ async fn the_servers_pruner_applies_the_configured_retention(backend: Backend) {
     assert!(server.logged("pruned past retention").await);
 }
 
+async fn a_suspended_callback_keeps_its_event_past_retention_but_not_past_twice_it(
+    backend: Backend,
+) {
+    let db = TestDb::new(backend).await;
+    let receiver = Receiver::start(vec![Step::status(410)]).await;
+    let tenant = db.tenant(&["--callback-url", &receiver.url]);
+    let server = Server::start(&db, &quiet_pruner());
+    // A 410 disables the endpoint; the next signal's callback is kept suspended.
+    for phone in ["+447700900921", "+447700900922"] {
+        let reply = server
+            .send(&tenant, Some(&new_key()), &sim_swap(phone))
+            .await;
+        assert_eq!(reply.status, 200);
+        wait_for_attempts(&db, 1).await;
+    }
+    assert_eq!(
+        db.scalar("SELECT COUNT(*) FROM deliveries WHERE status = 'suspended'")
+            .await,
+        1
+    );
+
+    // 91 days: past the 90-day window, so the failed one goes; the suspended one waits.
+    let back_date = |days: i64| {
+        format!(
+            "UPDATE events SET created_at = created_at - {}",
+            days * DAY_MS
+        )
+    };
+    db.exec(back_date(91)).await;
+    let pruned = prune(&db);
+    assert_eq!(
+        (pruned["events"].as_i64(), pruned["deliveries"].as_i64()),
+        (Some(1), Some(1)),
+        "{pruned}"
+    );
+    assert_eq!(db.count("events").await, 1);
+    // 179 days: still within twice the window.
+    db.exec(back_date(88)).await;
+    assert_eq!(prune(&db)["events"], 0);
+    assert_eq!(db.count("deliveries").await, 1);
+    // 181 days: past twice the window, it goes with its event.
+    db.exec(back_date(2)).await;
+    let pruned = prune(&db);
+    assert_eq!(
+        (pruned["events"].as_i64(), pruned["deliveries"].as_i64()),
+        (Some(1), Some(1)),
+        "{pruned}"
+    );
+    assert_eq!(db.count("events").await, 0);
+    assert_eq!(db.count("deliveries").await, 0);
+}
+
 async fn playbook_versions_beyond_the_newest_50_go_unless_an_event_names_them(backend: Backend) {
     let db = TestDb::new(backend).await;
     let tenant = db.tenant(&[]);
@@ -226,5 +278,6 @@ async fn playbook_versions_beyond_the_newest_50_go_unless_an_event_names_them(ba
 on_both_backends!(
     events_past_retention_go_with_their_deliveries_but_never_a_pending_one,
     the_servers_pruner_applies_the_configured_retention,
+    a_suspended_callback_keeps_its_event_past_retention_but_not_past_twice_it,
     playbook_versions_beyond_the_newest_50_go_unless_an_event_names_them,
 );
