@@ -32,6 +32,7 @@ pub mod ingest;
 pub mod listen;
 pub mod playbook;
 pub mod problem;
+pub mod quota;
 pub mod rate_limit;
 pub mod retention;
 pub mod secrets;

@@ -92,6 +92,9 @@ pub async fn serve(config: &Config, serve: ServeConfig) -> anyhow::Result<()> {
         serve.ingest,
         deliverer.clone(),
     ));
+    let quota = Arc::new(crate::quota::DailyQuota::new(
+        serve.quota.max_events_per_day,
+    ));
     let state = AppState::new(Shared {
         ingest: ingest.clone(),
         deliverer: deliverer.clone(),
@@ -104,9 +107,16 @@ pub async fn serve(config: &Config, serve: ServeConfig) -> anyhow::Result<()> {
         metrics,
         metrics_token: serve.metrics_token.clone(),
         simulations: Default::default(),
+        quota: quota.clone(),
     });
     let shutdown = CancellationToken::new();
     let background = TaskTracker::new();
+    background.spawn(crate::quota::run(
+        quota,
+        store.clone(),
+        serve.quota.sync,
+        shutdown.clone(),
+    ));
     background.spawn(prune(
         store,
         Duration::from_secs(serve.prune_interval_secs),

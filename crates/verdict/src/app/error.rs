@@ -69,6 +69,8 @@ pub enum ApiError {
     #[error(transparent)]
     RateLimited(#[from] RateLimited),
     #[error(transparent)]
+    QuotaExceeded(#[from] crate::quota::QuotaExceeded),
+    #[error(transparent)]
     Ingest(#[from] IngestError),
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -157,6 +159,17 @@ impl ApiError {
             .detail(format!(
                 "This request needs a key with the `{needed}` scope, or an `admin` key."
             )),
+            Self::QuotaExceeded(exceeded) => Problem::new(
+                "quota-exceeded",
+                "The tenant's daily quota is used up",
+                StatusCode::TOO_MANY_REQUESTS,
+            )
+            .detail(format!(
+                "The tenant stored its {} events for today (UTC); retry after the Retry-After \
+                 interval, when the day ends.",
+                exceeded.max
+            ))
+            .retry_after(exceeded.retry_after_secs),
             Self::RateLimited(limited) => Problem::new(
                 "rate-limited",
                 "Too many requests",

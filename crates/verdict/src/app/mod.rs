@@ -73,6 +73,8 @@ pub struct Shared {
     pub metrics: Option<PrometheusHandle>,
     /// The bearer token `GET /metrics` requires, if one is configured.
     pub metrics_token: Option<crate::config::MetricsToken>,
+    /// Each tenant's daily quota of events, as this instance knows it.
+    pub quota: Arc<crate::quota::DailyQuota>,
     /// The playbook simulations running now: one per tenant, a few across tenants.
     pub simulations: crate::playbook::simulation::Simulations,
 }

@@ -165,6 +165,53 @@ impl InboundArgs {
     }
 }
 
+/// Events a tenant may store a day (UTC) when nothing is set: a hundred times what a large
+/// fraud team's systems send, well short of what fills a disk.
+pub const DEFAULT_MAX_EVENTS_PER_TENANT_PER_DAY: u64 = 10_000_000;
+
+/// The daily quota of events per tenant, and how often instances share their counts.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct QuotaArgs {
+    /// Events a tenant may store a day, UTC (default 10000000); 0: unlimited.
+    #[arg(long, env = "VERDICT_MAX_EVENTS_PER_TENANT_PER_DAY")]
+    pub max_events_per_tenant_per_day: Option<u64>,
+    /// How often, in seconds, each instance adds its counts and reads the sums (1 to 60;
+    /// default 5): a tenant can pass its quota by what it stores in that long.
+    #[arg(long, env = "VERDICT_QUOTA_SYNC_SECS")]
+    pub quota_sync_secs: Option<u64>,
+}
+
+/// [`QuotaArgs`], resolved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuotaSettings {
+    /// `None`: unlimited.
+    pub max_events_per_day: Option<std::num::NonZeroU64>,
+    pub sync: Duration,
+}
+
+impl QuotaArgs {
+    /// Flags and environment first, then the file, then defaults.
+    pub fn resolve(&self, file: &FileConfig) -> Result<QuotaSettings, ConfigError> {
+        let sync = self.quota_sync_secs.or(file.quota_sync_secs).unwrap_or(5);
+        if !(1..=60).contains(&sync) {
+            return Err(ConfigError::InboundLimit {
+                setting: "VERDICT_QUOTA_SYNC_SECS",
+                got: sync,
+                min: 1,
+                max: 60,
+            });
+        }
+        Ok(QuotaSettings {
+            max_events_per_day: std::num::NonZeroU64::new(
+                self.max_events_per_tenant_per_day
+                    .or(file.max_events_per_tenant_per_day)
+                    .unwrap_or(DEFAULT_MAX_EVENTS_PER_TENANT_PER_DAY),
+            ),
+            sync: Duration::from_secs(sync),
+        })
+    }
+}
+
 /// Requests per second (and burst) per tenant and instance when nothing is set: well above what
 /// one real tenant sends (its fraud system's signals), well below what would let one tenant
 /// take an instance from the others.

@@ -19,7 +19,7 @@ use crate::store;
 
 mod admission;
 
-pub use admission::{InboundArgs, RateLimitArgs, SetArgs, SetSettings};
+pub use admission::{InboundArgs, QuotaArgs, QuotaSettings, RateLimitArgs, SetArgs, SetSettings};
 
 /// The database used when none is configured: a file in the working directory.
 pub const DEFAULT_DATABASE_URL: &str = "sqlite://verdict.db";
@@ -147,6 +147,8 @@ pub struct FileConfig {
     pub set_max_ahead_secs: Option<u64>,
     pub set_jwks_refresh_secs: Option<u64>,
     pub metrics_token: Option<String>,
+    pub max_events_per_tenant_per_day: Option<u64>,
+    pub quota_sync_secs: Option<u64>,
     pub console_session_idle_secs: Option<u64>,
     pub console_session_max_secs: Option<u64>,
 }
@@ -360,6 +362,8 @@ pub struct ServeArgs {
     pub rate_limit: RateLimitArgs,
     #[command(flatten)]
     pub sets: SetArgs,
+    #[command(flatten)]
+    pub quota: QuotaArgs,
     /// A bearer token `GET /metrics` requires (32 to 256 visible ASCII characters); unset:
     /// `/metrics` is open to anyone who reaches the port. Set it in the environment or the
     /// config file, where a process list does not show it.
@@ -463,6 +467,8 @@ pub struct ServeConfig {
     pub console_sessions: SessionLifetimes,
     /// The bearer token `GET /metrics` requires, if any.
     pub metrics_token: Option<MetricsToken>,
+    /// Each tenant's daily quota of events.
+    pub quota: QuotaSettings,
 }
 
 /// The token `GET /metrics` requires; its `Debug` leaves it out.
@@ -538,6 +544,7 @@ impl ServeConfig {
             .max(1),
             rate_limit_per_tenant: args.rate_limit.resolve(file),
             sets: args.sets.resolve(file)?,
+            quota: args.quota.resolve(file)?,
             metrics_token: args
                 .metrics_token
                 .clone()

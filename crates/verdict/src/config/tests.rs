@@ -20,6 +20,7 @@ fn serve_args() -> ServeArgs {
         retention: RetentionArgs::default(),
         sets: SetArgs::default(),
         metrics_token: None,
+        quota: QuotaArgs::default(),
         console: ConsoleArgs::default(),
     }
 }

@@ -87,6 +87,7 @@ async fn receive_set(app: &AppState, headers: &HeaderMap, body: Body) -> Result<
     // 2. Authenticate and admit.
     let grant = grant(app, headers).await?;
     let tenant = super::auth::admit_feed(&grant, Feed::Set, &app.rate_limits)?;
+    app.quota.admit(tenant).map_err(ApiError::from)?;
 
     // 3. Verify: signature, issuer, audience, window, claims.
     let set = app
@@ -118,6 +119,9 @@ async fn receive_set(app: &AppState, headers: &HeaderMap, body: Body) -> Result<
         Some(signal_type) => run(app, event.into_signal(key, signal_type)).await?,
         None => app.ingest.record_ignored(event, key).await?,
     };
+    if matches!(reply, Reply::Fresh(_)) {
+        app.quota.stored(tenant.id);
+    }
     settled(reply)?;
     Ok(())
 }
@@ -168,6 +172,7 @@ async fn receive_camara(
     // no more than reading it.
     let grant = grant(app, headers).await?;
     let tenant = super::auth::admit_feed(&grant, Feed::Camara, &app.rate_limits)?;
+    app.quota.admit(tenant).map_err(ApiError::from)?;
 
     let (notification, value) = camara::parse(&body, OffsetDateTime::now_utc())?;
     let fingerprint = Fingerprint::of(&value)
@@ -199,7 +204,8 @@ async fn receive_camara(
 /// Runs a feed signal through the pipeline, counting it as signals are counted.
 async fn run(app: &AppState, inbound: Inbound<'_>) -> Result<Reply, ApiError> {
     metrics::counter!("verdict_signals_total").increment(1);
-    app.ingest.run(inbound).await.map_err(|err| {
+    let tenant_id = inbound.tenant.id;
+    let reply = app.ingest.run(inbound).await.map_err(|err| {
         let name = match err {
             IngestError::InProgress => "verdict_key_conflicts_total",
             IngestError::KeyReused => "verdict_key_mismatches_total",
@@ -207,7 +213,11 @@ async fn run(app: &AppState, inbound: Inbound<'_>) -> Result<Reply, ApiError> {
         };
         metrics::counter!(name).increment(1);
         ApiError::from(err)
-    })
+    })?;
+    if matches!(reply, Reply::Fresh(_)) {
+        app.quota.stored(tenant_id);
+    }
+    Ok(reply)
 }
 
 /// A fresh or replayed outcome: a decision (or an ignored event) is success; a final failure

@@ -61,6 +61,7 @@ pub async fn post_signal(
     // without a valid key (and signature) costs no more than reading it.
     let grant = authenticate(&app, &headers, &body).await?;
     app.rate_limits.admit(&grant.tenant)?;
+    app.quota.admit(&grant.tenant)?;
     let tenant = grant.tenant;
 
     // 3. Parse: nothing before this point claimed or wrote anything.
@@ -92,7 +93,10 @@ pub async fn post_signal(
             metrics::counter!(name).increment(1);
         })?;
     Ok(match reply {
-        Reply::Fresh(stored) => stored_response(stored, false),
+        Reply::Fresh(stored) => {
+            app.quota.stored(tenant.id);
+            stored_response(stored, false)
+        }
         Reply::Replayed(stored) => {
             metrics::counter!("verdict_replays_total").increment(1);
             stored_response(stored, true)

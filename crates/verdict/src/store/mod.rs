@@ -46,6 +46,7 @@ pub mod playbooks;
 pub mod ports;
 pub(crate) mod rows;
 pub mod tenants;
+pub mod usage;
 
 pub(crate) mod backend;
 
@@ -206,6 +207,7 @@ pub trait Store:
     + FeedStore
     + ActivityStore
     + ConsoleSessionStore
+    + usage::UsageStore
     + ports::TenantPort
     + ports::DeliveryPort
     + ports::FeedPort

@@ -295,7 +295,60 @@ async fn the_key_list_comes_in_pages_oldest_first_with_a_cursor(backend: Backend
     );
 }
 
+async fn a_tenant_past_its_events_for_the_day_is_refused_on_every_instance(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = db.tenant(&[]);
+    let other = db.tenant(&[]);
+    let env = [
+        ("VERDICT_MAX_EVENTS_PER_TENANT_PER_DAY", "3"),
+        ("VERDICT_QUOTA_SYNC_SECS", "1"),
+    ];
+    // Two instances share one count through the database.
+    let (a, b) = (Server::start(&db, &env), Server::start(&db, &env));
+    for (n, server) in [&a, &b, &a].into_iter().enumerate() {
+        let phone = format!("+44770090090{n}");
+        let reply = server
+            .send(
+                &tenant,
+                Some(&crate::common::new_key()),
+                &crate::common::sim_swap(&phone),
+            )
+            .await;
+        assert_eq!(reply.status, 200, "signal {n}: {}", reply.text());
+    }
+    // Once each has shared and read the counts, both refuse the fourth, claiming nothing.
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    for server in [&a, &b] {
+        let refused = server
+            .send(
+                &tenant,
+                Some(&crate::common::new_key()),
+                &crate::common::sim_swap("+447700900909"),
+            )
+            .await;
+        assert_eq!(refused.status, 429, "{}", refused.text());
+        assert_eq!(
+            refused.json()["type"],
+            "https://verdict.dev/problems/quota-exceeded"
+        );
+        let retry: u32 = refused.header("retry-after").unwrap().parse().unwrap();
+        assert!((1..=86_400).contains(&retry), "{retry}");
+    }
+    assert_eq!(db.count("events").await, 3);
+    assert_eq!(db.count("idempotency_keys").await, 3);
+    // Another tenant has its own day.
+    let elsewhere = b
+        .send(
+            &other,
+            Some(&crate::common::new_key()),
+            &crate::common::sim_swap("+447700900910"),
+        )
+        .await;
+    assert_eq!(elsewhere.status, 200, "{}", elsewhere.text());
+}
+
 on_both_backends!(
+    a_tenant_past_its_events_for_the_day_is_refused_on_every_instance,
     a_tenant_holds_at_most_100_live_keys_however_many_are_issued_at_once,
     the_key_list_comes_in_pages_oldest_first_with_a_cursor,
 );
