@@ -52,10 +52,10 @@ pub async fn open(config: &Config) -> anyhow::Result<(Keyring, Arc<dyn Store>)> 
                 .oldest_sealed_secret()
                 .await
                 .context("reading a sealed secret to check the master key against")?;
-            if let Some((tenant_id, secret)) = witness {
-                if !crate::tenant::opens_under(&keys, tenant_id, &secret) {
-                    return Err(SecretsError::WrongMasterKey.into());
-                }
+            if let Some((tenant_id, secret)) = witness
+                && !crate::tenant::opens_under(&keys, tenant_id, &secret)
+            {
+                return Err(SecretsError::WrongMasterKey.into());
             }
             store
                 .master_key_sentinel(&keys.sentinel(), now_ms())
