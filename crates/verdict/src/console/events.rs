@@ -218,7 +218,7 @@ fn event_summary(e: &EventRecord, actions: &[Value]) -> Markup {
         h2 { "Signal" }
         p.hint { "Identifiers are never stored; the subject appears only as its digest." }
         h3 { "Attributes" } pre { (pretty(&e.attributes)) }
-        h3 { "Metadata" } pre { (pretty(&e.metadata)) }
+        h3 { "Metadata" } pre { (pretty(&e.metadata())) }
     }
 }
 

@@ -98,13 +98,14 @@ pub fn parse_json(text: &str) -> Value {
 
 impl From<EventRecord> for EventView {
     fn from(e: EventRecord) -> Self {
+        let metadata = parse_json(&e.metadata());
         Self {
             id: e.id,
             signal_type: e.signal_type,
             subject_hash: hex(&e.subject_hash),
             observed_at: rfc3339(e.observed_at),
             attributes: parse_json(&e.attributes),
-            metadata: parse_json(&e.metadata),
+            metadata,
             decision: e.decision.as_str().to_owned(),
             playbook_version: e.playbook_version,
             rule: e.rule,

@@ -233,6 +233,7 @@ impl Ingest {
             observed_at: to_ms(ignored.observed_at),
             attributes: record::json(&ignored.attributes),
             metadata: record::json(&ignored.metadata),
+            metadata_in_callback: false,
             decision: Decision::Ignored,
             playbook_version: decided.playbook_version,
             rule: IGNORED_RULE.into(),

@@ -147,6 +147,10 @@ impl Render for Draft {
     /// The event and the response, from the effects' outcomes.
     fn finished(&self, outcome: &ActOutcome) -> Finished {
         let record = self.record(outcome);
+        // Stored once: in the callback's envelope when this event has an outbox row of its
+        // own (its bytes are kept for every retry and pruned with the event), else here.
+        let metadata_in_callback =
+            outcome.callback == Some(Applied::Done) && !self.metadata.is_empty();
         let actions = json(&record.actions);
         let body = SignalResponse {
             event_id: self.event_id,
@@ -161,7 +165,12 @@ impl Render for Draft {
                 subject_hash: self.subject_hash.clone(),
                 observed_at: self.observed_at,
                 attributes: self.attributes.clone(),
-                metadata: json(&self.metadata),
+                metadata: if metadata_in_callback {
+                    String::new()
+                } else {
+                    json(&self.metadata)
+                },
+                metadata_in_callback,
                 decision: self.decided.decision,
                 playbook_version: self.decided.playbook_version,
                 rule: self.decided.rule.clone(),

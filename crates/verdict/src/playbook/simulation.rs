@@ -382,7 +382,7 @@ mod tests {
             subject_hash: vec![0; 32],
             observed_at: now - age_hours * 3_600_000,
             attributes: r#"{"carrier":"x"}"#.into(),
-            metadata: "{}".into(),
+            stored_metadata: "{}".into(),
             decision: decision.parse().unwrap(),
             playbook_version: 1,
             rule: rule.into(),
@@ -392,6 +392,7 @@ mod tests {
             facts: facts.into(),
             feed: Feed::Signals,
             signal_key: Vec::new(),
+            callback_payload: None,
         }
     }
 

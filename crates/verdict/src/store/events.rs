@@ -20,7 +20,11 @@ pub struct NewEvent {
     pub subject_hash: Vec<u8>,
     pub observed_at: i64,
     pub attributes: String,
+    /// Empty when `metadata_in_callback`.
     pub metadata: String,
+    /// Whether the metadata is stored in the event's callback envelope (the event's own
+    /// callback holds it, in bytes kept fixed for every retry) rather than in `metadata`.
+    pub metadata_in_callback: bool,
     pub decision: Decision,
     pub playbook_version: i64,
     pub rule: String,
@@ -45,7 +49,10 @@ pub struct EventRecord {
     pub subject_hash: Vec<u8>,
     pub observed_at: i64,
     pub attributes: String,
-    pub metadata: String,
+    /// The metadata column: empty when the metadata is stored in the callback's envelope
+    /// instead (read it with [`EventRecord::metadata`]).
+    #[sqlx(rename = "metadata")]
+    pub stored_metadata: String,
     #[sqlx(try_from = "String")]
     pub decision: Decision,
     pub playbook_version: i64,
@@ -57,12 +64,30 @@ pub struct EventRecord {
     #[sqlx(try_from = "String")]
     pub feed: Feed,
     pub signal_key: Vec<u8>,
+    /// The callback's envelope, read only when the metadata is stored there.
+    pub callback_payload: Option<Vec<u8>>,
 }
 
-/// The columns of [`EventRecord`].
+impl EventRecord {
+    /// The signal's metadata, JSON: the event's own, or its callback envelope's `metadata`
+    /// where it is stored once for an event with a callback.
+    pub fn metadata(&self) -> String {
+        match &self.callback_payload {
+            None => self.stored_metadata.clone(),
+            Some(envelope) => serde_json::from_slice::<serde_json::Value>(envelope)
+                .ok()
+                .and_then(|mut envelope| envelope.get_mut("metadata").map(serde_json::Value::take))
+                .map_or_else(|| "{}".to_owned(), |metadata| metadata.to_string()),
+        }
+    }
+}
+
+/// The columns of [`EventRecord`], read `FROM events` (unaliased): the callback's envelope
+/// only for an event whose metadata is stored there.
 pub(crate) const EVENT_COLUMNS: &str = "id, signal_type, subject_hash, observed_at, attributes, \
      metadata, decision, playbook_version, rule, actions, created_at, evaluated_at, facts, feed, \
-     signal_key";
+     signal_key, (SELECT d.payload FROM deliveries d WHERE d.event_id = events.id \
+     AND d.action = 'callback' AND events.metadata_in_callback) AS callback_payload";
 
 /// Reads of events.
 #[async_trait]

@@ -154,6 +154,7 @@ impl Row for NewEvent {
             Col::Int8("observed_at", |e| e.observed_at),
             Col::Text("attributes", |e| e.attributes.clone()),
             Col::Text("metadata", |e| e.metadata.clone()),
+            Col::Bool("metadata_in_callback", |e| e.metadata_in_callback),
             Col::Str("decision", |e| e.decision.as_str()),
             Col::Int8("playbook_version", |e| e.playbook_version),
             Col::Text("rule", |e| e.rule.clone()),

@@ -346,6 +346,7 @@ async fn undo_now(
         attributes: "{}".into(),
         metadata: serde_json::json!({ "by_key": asked.operator.key_id, "reason": reason.as_str() })
             .to_string(),
+        metadata_in_callback: false,
         // An operator's event decides nothing; it is never simulated again.
         decision: Decision::Ignored,
         playbook_version,

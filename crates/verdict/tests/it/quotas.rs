@@ -347,7 +347,66 @@ async fn a_tenant_past_its_events_for_the_day_is_refused_on_every_instance(backe
     assert_eq!(elsewhere.status, 200, "{}", elsewhere.text());
 }
 
+async fn a_signals_metadata_is_stored_once_and_read_back_whole(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let receiver = crate::common::receiver::Receiver::start(vec![]).await;
+    let tenant = db.tenant(&["--callback-url", &receiver.url]);
+    let quiet = db.tenant(&[]);
+    let server = Server::start(&db, &[("VERDICT_ALLOW_PRIVATE_DESTINATIONS", "1")]);
+    let pad = "x".repeat(60_000);
+    let body = |phone: &str| {
+        let mut signal: Value = serde_json::from_str(&crate::common::sim_swap(phone)).unwrap();
+        signal["metadata"] = json!({"pad": pad, "ref": "case-1"});
+        signal.to_string()
+    };
+    let reply = server
+        .send(&tenant, Some(&crate::common::new_key()), &body("+447700900950"))
+        .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let event_id = reply.json()["event_id"].as_str().unwrap().to_owned();
+
+    // Once, in the callback's fixed bytes: the event keeps none of it.
+    assert_eq!(
+        db.scalar("SELECT COALESCE(SUM(LENGTH(metadata)), 0) FROM events")
+            .await,
+        0,
+        "the metadata is stored in the event as well as in its callback"
+    );
+    // Read back whole from the API, and sent whole in the callback.
+    let shown = server.get(&tenant, &format!("/v1/events/{event_id}")).await;
+    assert_eq!(shown.json()["metadata"]["pad"].as_str().map(str::len), Some(60_000));
+    assert_eq!(shown.json()["metadata"]["ref"], "case-1");
+    let listed = server.get(&tenant, "/v1/events?limit=1").await;
+    assert_eq!(listed.json()["data"][0]["metadata"]["ref"], "case-1");
+    for _ in 0..50 {
+        if !receiver.received().is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let sent = receiver.received();
+    assert_eq!(sent.len(), 1);
+    let envelope: Value = serde_json::from_slice(&sent[0].body).unwrap();
+    assert_eq!(envelope["metadata"]["pad"].as_str().map(str::len), Some(60_000));
+
+    // Without a callback of its own, the event keeps it.
+    let reply = server
+        .send(&quiet, Some(&crate::common::new_key()), &body("+447700900951"))
+        .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let shown = server
+        .get(&quiet, &format!("/v1/events/{}", reply.json()["event_id"].as_str().unwrap()))
+        .await;
+    assert_eq!(shown.json()["metadata"]["ref"], "case-1");
+    assert!(
+        db.scalar("SELECT COALESCE(SUM(LENGTH(metadata)), 0) FROM events")
+            .await
+            > 60_000
+    );
+}
+
 on_both_backends!(
+    a_signals_metadata_is_stored_once_and_read_back_whole,
     a_tenant_past_its_events_for_the_day_is_refused_on_every_instance,
     a_tenant_holds_at_most_100_live_keys_however_many_are_issued_at_once,
     the_key_list_comes_in_pages_oldest_first_with_a_cursor,
