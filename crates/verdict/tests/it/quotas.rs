@@ -360,7 +360,11 @@ async fn a_signals_metadata_is_stored_once_and_read_back_whole(backend: Backend)
         signal.to_string()
     };
     let reply = server
-        .send(&tenant, Some(&crate::common::new_key()), &body("+447700900950"))
+        .send(
+            &tenant,
+            Some(&crate::common::new_key()),
+            &body("+447700900950"),
+        )
         .await;
     assert_eq!(reply.status, 200, "{}", reply.text());
     let event_id = reply.json()["event_id"].as_str().unwrap().to_owned();
@@ -374,7 +378,10 @@ async fn a_signals_metadata_is_stored_once_and_read_back_whole(backend: Backend)
     );
     // Read back whole from the API, and sent whole in the callback.
     let shown = server.get(&tenant, &format!("/v1/events/{event_id}")).await;
-    assert_eq!(shown.json()["metadata"]["pad"].as_str().map(str::len), Some(60_000));
+    assert_eq!(
+        shown.json()["metadata"]["pad"].as_str().map(str::len),
+        Some(60_000)
+    );
     assert_eq!(shown.json()["metadata"]["ref"], "case-1");
     let listed = server.get(&tenant, "/v1/events?limit=1").await;
     assert_eq!(listed.json()["data"][0]["metadata"]["ref"], "case-1");
@@ -387,15 +394,25 @@ async fn a_signals_metadata_is_stored_once_and_read_back_whole(backend: Backend)
     let sent = receiver.received();
     assert_eq!(sent.len(), 1);
     let envelope: Value = serde_json::from_slice(&sent[0].body).unwrap();
-    assert_eq!(envelope["metadata"]["pad"].as_str().map(str::len), Some(60_000));
+    assert_eq!(
+        envelope["metadata"]["pad"].as_str().map(str::len),
+        Some(60_000)
+    );
 
     // Without a callback of its own, the event keeps it.
     let reply = server
-        .send(&quiet, Some(&crate::common::new_key()), &body("+447700900951"))
+        .send(
+            &quiet,
+            Some(&crate::common::new_key()),
+            &body("+447700900951"),
+        )
         .await;
     assert_eq!(reply.status, 200, "{}", reply.text());
     let shown = server
-        .get(&quiet, &format!("/v1/events/{}", reply.json()["event_id"].as_str().unwrap()))
+        .get(
+            &quiet,
+            &format!("/v1/events/{}", reply.json()["event_id"].as_str().unwrap()),
+        )
         .await;
     assert_eq!(shown.json()["metadata"]["ref"], "case-1");
     assert!(
