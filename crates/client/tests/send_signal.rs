@@ -196,7 +196,7 @@ async fn two_different_signals_get_two_different_random_keys() {
 }
 
 #[tokio::test]
-async fn the_signature_verifies_with_the_secret_over_timestamp_dot_body() {
+async fn the_signature_covers_the_key_and_verifies_over_timestamp_dot_body() {
     let server = TestServer::start(Vec::new()).await;
     let client = client(&server.url)
         .signing_secret(secret())
@@ -208,7 +208,16 @@ async fn the_signature_verifies_with_the_secret_over_timestamp_dot_body() {
     let seen = &server.requests()[0];
     assert_eq!(seen.body, body);
     let timestamp: i64 = seen.header("verdict-timestamp").parse().expect("integer");
-    let expected = secret().sign_content(&[format!("{timestamp}.").as_bytes(), body].concat());
+    let key = seen.header("idempotency-key");
+    // `v2` over the key too, for tenants that require it; `v1` beside it for older ones.
+    let expected = format!(
+        "{} {}",
+        secret().sign_content_as(
+            "v2",
+            &[format!("{timestamp}.{key}.").as_bytes(), body].concat()
+        ),
+        secret().sign_content(&[format!("{timestamp}.").as_bytes(), body].concat())
+    );
     assert_eq!(seen.header("verdict-signature"), expected);
     assert!(signature_verifies(seen, &secret()));
     assert!(!signature_verifies(seen, &Secret::generate()));
