@@ -7,8 +7,10 @@ use std::str::FromStr;
 pub enum KeyState {
     /// Claimed; the decision is recorded on the row, and no effect of it is stored yet.
     InFlight,
-    /// Effects recorded but not the response: written only by v1 of the pipeline, which
-    /// committed effects before the event. Resumed with the decision it recorded.
+    /// Effects, event and the connectors' action requests stored, the calls outstanding (the
+    /// recovery point before any call): completed when they answer; a retry that takes it
+    /// over calls again with the same bytes and key, never anew. (v1 of the pipeline also
+    /// wrote it, committing effects before the event.)
     Dispatched,
     /// Effects, outbox row, event and response stored together: replayed until expiry.
     Completed,

@@ -5,12 +5,12 @@ use std::sync::LazyLock;
 use sqlx::PgConnection;
 use sqlx::Row as _;
 
-use super::inputs::{ActIn, ClaimIn, DispatchedKey};
+use super::inputs::{ActIn, ClaimIn, DispatchedKey, Settling};
 use super::params::{Int8, Param, Rows, bind_all, render};
 use super::{Found, effects, index};
 use crate::domain::ActionKind;
-use crate::store::rows::OutboxRow;
-use crate::store::{Batch, NewEvent, StoreError, StoredResponse};
+use crate::store::rows::{OutboxRow, RequestRow};
+use crate::store::{Batch, NewEvent, StoreError};
 
 /// The held locks' re-check, the new claims, the live acts' effects, the inline attempts'
 /// records, the completions of dispatched signals whose calls answered, and the outbox rows, events and completions of the acts whose effects all came out
@@ -34,9 +34,9 @@ WITH claim_in AS (
         event_id, lock_token, locked_until, created_at, expires_at, ruling, response_status,
         response_body)
     SELECT tenant_id, endpoint, key_digest, fingerprint,
-        CASE WHEN act IS NULL THEN 'in_flight' ELSE 'completed' END, event_id, lock_token,
-        CASE WHEN act IS NULL THEN locked_until ELSE 0 END, now, expires_at, ruling, status,
-        body
+        CASE WHEN act IS NULL THEN 'in_flight' ELSE state END, event_id, lock_token,
+        CASE WHEN act IS NULL THEN locked_until ELSE act_locked_until END, now, expires_at,
+        ruling, status, body
     FROM claim_in ORDER BY tenant_id, endpoint, key_digest, i
     ON CONFLICT DO NOTHING RETURNING lock_token
 ), act_in AS (
@@ -91,7 +91,7 @@ WITH claim_in AS (
     -- The live acts whose every effect this statement wrote for them: their outbox row, event
     -- and response were built, before it ran, with every effect done.
     SELECT a.i FROM live a
-    WHERE NOT a.has_requests AND ({effects_written})
+    WHERE {effects_written}
 ), outbox_in AS (
     SELECT * FROM {outbox_rows}
 ), outbox_ins AS (
@@ -99,20 +99,35 @@ WITH claim_in AS (
     SELECT {outbox_rows.columns}
     FROM outbox_in WHERE i IN (SELECT i FROM expected) ORDER BY tenant_id, signal_key, i
     ON CONFLICT DO NOTHING RETURNING id
+), request_in AS (
+    SELECT * FROM {request_rows}
+), request_ins AS (
+    -- Their connector action requests (the `dispatched` recovery point's rows): one per
+    -- signal and action.
+    INSERT INTO deliveries ({request_rows.columns})
+    SELECT {request_rows.columns}
+    FROM request_in WHERE i IN (SELECT i FROM expected) ORDER BY tenant_id, signal_key, action, i
+    ON CONFLICT DO NOTHING RETURNING id
 ), settled AS (
-    -- Of those, the ones with no callback or whose outbox row this statement inserted: their
-    -- expected outcomes are their actual ones, so they are finished here.
+    -- Of those, the ones whose outbox row (if any) and every action request this statement
+    -- inserted: their expected outcomes are their actual ones, so they are finished here.
     SELECT e.i FROM expected e
-    WHERE NOT EXISTS (SELECT 1 FROM outbox_in o WHERE o.i = e.i)
-        OR EXISTS (SELECT 1 FROM outbox_in o JOIN outbox_ins x ON x.id = o.id WHERE o.i = e.i)
+    WHERE (NOT EXISTS (SELECT 1 FROM outbox_in o WHERE o.i = e.i)
+        OR EXISTS (SELECT 1 FROM outbox_in o JOIN outbox_ins x ON x.id = o.id WHERE o.i = e.i))
+        AND NOT EXISTS (SELECT 1 FROM request_in r WHERE r.i = e.i
+            AND NOT EXISTS (SELECT 1 FROM request_ins x WHERE x.id = r.id))
 ), event_ins AS (
     INSERT INTO events ({event_rows.columns})
     SELECT {event_rows.columns} FROM {event_rows}
     WHERE i IN (SELECT i FROM settled)
     ON CONFLICT DO NOTHING
 ), completed AS (
-    UPDATE idempotency_keys k SET state = 'completed', response_status = responses.status,
-        response_body = responses.body, lock_token = NULL, locked_until = 0
+    -- Completed, or dispatched (still locked) while the act's connector calls are out.
+    UPDATE idempotency_keys k SET state = responses.state, response_status = responses.status,
+        response_body = responses.body,
+        lock_token = CASE WHEN responses.state = 'completed' THEN NULL ELSE k.lock_token END,
+        locked_until = CASE WHEN responses.state = 'completed' THEN 0
+            ELSE responses.locked_until END
     FROM {responses}
     JOIN act_in a ON a.i = responses.i
     WHERE responses.i IN (SELECT i FROM settled) AND k.tenant_id = a.tenant_id
@@ -152,9 +167,12 @@ struct Inputs<'a> {
     outbox: Vec<OutboxRow<'a>>,
     outbox_index: Vec<i32>,
     events: Vec<&'a NewEvent>,
-    /// The keyed acts, and the responses their keys replay.
+    /// The keyed acts, and what their keys become.
     keyed: Vec<i32>,
-    responses: Vec<&'a StoredResponse>,
+    responses: Vec<Settling<'a>>,
+    /// Each act's connector action requests, under its position.
+    requests: Vec<RequestRow<'a>>,
+    requests_index: Vec<i32>,
     /// The dispatched keys still held whose calls answered.
     dispatched: Vec<DispatchedKey<'a>>,
 }
@@ -181,7 +199,25 @@ impl<'a> Inputs<'a> {
             .iter()
             .enumerate()
             .filter(|(_, act)| act.held.is_some())
-            .map(|(i, act)| (index(i), &act.expected.finished.response))
+            .map(|(i, act)| (index(i), Settling(&act.expected.finished)))
+            .unzip();
+        let (requests_index, requests) = batch
+            .acts
+            .iter()
+            .enumerate()
+            .flat_map(|(i, act)| {
+                act.requests_for(&act.expected.outcome.effects)
+                    .into_iter()
+                    .map(move |request| {
+                        (
+                            index(i),
+                            RequestRow {
+                                target: &act.target,
+                                request,
+                            },
+                        )
+                    })
+            })
             .unzip();
         Self {
             claims: ClaimIn::of(batch),
@@ -196,6 +232,8 @@ impl<'a> Inputs<'a> {
                 .collect(),
             keyed,
             responses,
+            requests,
+            requests_index,
             dispatched: batch
                 .calls_done
                 .iter()
@@ -224,8 +262,17 @@ impl<'a> Inputs<'a> {
                 self.outbox_index.clone(),
                 self.outbox.iter().collect(),
             ),
+            &Rows::indexed(
+                "request_rows",
+                self.requests_index.clone(),
+                self.requests.iter().collect(),
+            ),
             &Rows::indexed("event_rows", events_index, self.events.clone()),
-            &Rows::indexed("responses", self.keyed.clone(), self.responses.clone()),
+            &Rows::indexed(
+                "responses",
+                self.keyed.clone(),
+                self.responses.iter().collect(),
+            ),
         ])
     }
 

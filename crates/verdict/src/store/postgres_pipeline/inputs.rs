@@ -17,7 +17,7 @@ use crate::store::{
 pub(super) struct ClaimIn<'a> {
     claim: &'a Claim,
     alone: Option<i32>,
-    act: Option<(i32, &'a StoredResponse)>,
+    act: Option<(i32, &'a Finished)>,
 }
 
 impl<'a> ClaimIn<'a> {
@@ -32,7 +32,7 @@ impl<'a> ClaimIn<'a> {
             act.claim.as_ref().map(|claim| Self {
                 claim,
                 alone: None,
-                act: Some((index(i), &act.expected.finished.response)),
+                act: Some((index(i), &act.expected.finished)),
             })
         });
         alone.chain(with_act).collect()
@@ -54,8 +54,15 @@ impl Row for ClaimIn<'_> {
             Col::Int8("expires_at", |c| c.claim.expires_at),
             Col::Text("ruling", |c| c.claim.ruling.clone()),
             Col::OptInt4("act", |c| c.act.map(|(i, _)| i)),
-            Col::OptInt4("status", |c| c.act.map(|(_, r)| i32::from(r.status))),
-            Col::OptBytes("body", |c| c.act.map(|(_, r)| r.body.clone())),
+            Col::OptInt4("status", |c| {
+                c.act.map(|(_, f)| i32::from(f.response.status))
+            }),
+            Col::OptBytes("body", |c| c.act.map(|(_, f)| f.response.body.clone())),
+            // `completed`, or `dispatched` (locked until then) for an act with connector calls.
+            Col::OptStr("state", |c| c.act.map(|(_, f)| f.key_state.as_str())),
+            Col::Int8("act_locked_until", |c| {
+                c.act.map_or(0, |(_, f)| f.locked_until)
+            }),
         ]
     }
 }
@@ -107,9 +114,6 @@ impl Row for ActIn<'_> {
             Col::OptStr("endpoint", |a| a.held().map(|h| h.key.endpoint)),
             Col::OptBytes("key_digest", |a| a.held().map(|h| h.key.digest.clone())),
             Col::OptUuid("lock_token", |a| a.held().map(|h| h.lock_token)),
-            // An act with connector requests is never settled by `APPLY`: its requests go in
-            // with its actual outcomes, and its key to `dispatched`.
-            Col::Bool("has_requests", |a| !a.act.requests.is_empty()),
         ];
         // One boolean column per local action, named after it: whether the act asks for it.
         columns.extend(
@@ -197,6 +201,21 @@ impl Row for DispatchedKey<'_> {
             Col::Uuid("lock_token", |c| c.held.lock_token),
             Col::Int4("status", |c| i32::from(c.response.status)),
             Col::Bytes("body", |c| c.response.body.clone()),
+        ]
+    }
+}
+
+/// What a keyed act's key becomes if the act settles as expected: its response, and
+/// `completed`, or `dispatched` (locked until then) while its connector calls are out.
+pub(super) struct Settling<'a>(pub &'a Finished);
+
+impl Row for Settling<'_> {
+    fn columns() -> Vec<Col<Self>> {
+        vec![
+            Col::Int4("status", |s| i32::from(s.0.response.status)),
+            Col::Bytes("body", |s| s.0.response.body.clone()),
+            Col::Str("state", |s| s.0.key_state.as_str()),
+            Col::Int8("locked_until", |s| s.0.locked_until),
         ]
     }
 }

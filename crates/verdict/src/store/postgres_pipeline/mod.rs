@@ -45,12 +45,9 @@ use super::{Batch, BatchResult, NewDelivery, StoreError};
 use crate::domain::{ActionKind, Applied};
 
 /// Whether `batch` may run [`APPLY_ALONE`], committed as it ends: not when an attempt's
-/// record disables its endpoint (one more statement), nor when an act has connector requests
-/// (their statement needs the act's outcomes).
+/// record disables its endpoint (one more statement).
 pub(super) fn may_commit_alone(batch: &Batch) -> bool {
     !batch.attempts.iter().any(|a| a.next.disable_endpoint)
-        // An act with connector requests is never settled by it: running it would only abort.
-        && !batch.acts.iter().any(|a| !a.requests.is_empty())
 }
 
 /// Whether [`APPLY_ALONE`] aborted because an act it let go ahead was not settled.

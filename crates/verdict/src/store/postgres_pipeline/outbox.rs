@@ -24,7 +24,9 @@ WITH outbox_in AS (
     FROM outbox_in ORDER BY tenant_id, signal_key, i
     ON CONFLICT DO NOTHING RETURNING id, tenant_id, signal_key, event_id
 )
-SELECT o.i, mine.id IS NOT NULL AS fresh,
+SELECT o.i,
+    -- A row with this draft's id is this commit's: inserted now, or by APPLY before it.
+    mine.id IS NOT NULL OR EXISTS (SELECT 1 FROM deliveries y WHERE y.id = o.id) AS fresh,
     COALESCE(COALESCE(w.event_id, (SELECT x.event_id FROM deliveries x
         WHERE x.tenant_id = o.tenant_id AND x.signal_key = o.signal_key
         AND x.action = 'callback')) = o.event_id, FALSE)

@@ -24,7 +24,9 @@ WITH request_in AS (
     SELECT {r.columns} FROM request_in ORDER BY tenant_id, signal_key, action, i
     ON CONFLICT DO NOTHING RETURNING id
 )
-SELECT r.i, r.action, mine.id IS NOT NULL AS fresh,
+SELECT r.i, r.action,
+    -- A row with this draft's id is this commit's: inserted now, or by APPLY before it.
+    mine.id IS NOT NULL OR EXISTS (SELECT 1 FROM deliveries y WHERE y.id = r.id) AS fresh,
     mine.id IS NOT NULL OR EXISTS (SELECT 1 FROM deliveries x
         WHERE x.event_id = r.event_id AND x.action = r.action) AS ours
 FROM request_in r
