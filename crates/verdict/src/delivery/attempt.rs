@@ -86,7 +86,7 @@ pub async fn send(
         Ok(response) => response,
         Err(err) => {
             // A refused destination is configuration, not a passing fault: do not retry it.
-            if let Some(refused) = refused_in(&err) {
+            if let Some(refused) = DestinationRefused::found_in(&err) {
                 return failed(AttemptOutcome::Terminal, started, refused.to_string());
             }
             let outcome = AttemptOutcome::Retryable { retry_after: None };
@@ -138,11 +138,6 @@ pub fn classify(status: StatusCode, retry_after: Option<Duration>) -> AttemptOut
         500..=599 => AttemptOutcome::Retryable { retry_after: None },
         _ => AttemptOutcome::Terminal,
     }
-}
-
-/// The guard's refusal, if that is why the request failed.
-fn refused_in<'e>(err: &'e (dyn std::error::Error + 'static)) -> Option<&'e DestinationRefused> {
-    DestinationRefused::found_in(err)
 }
 
 /// The error as stored and shown: its cause chain, with the URL's query, fragment and userinfo

@@ -151,11 +151,13 @@ pub(crate) struct GrantRow {
     pub key_feed: Option<String>,
 }
 
-/// Inserts a key row (also used by tenant creation, in its transaction).
+/// Inserts a key row if its tenant has fewer than `max_live` unrevoked keys; whether it did
+/// (also used by tenant creation, in its transaction).
 pub(crate) async fn insert_api_key_row<DB, C>(
     conn: &mut C,
     key: &crate::store::NewApiKey,
-) -> Result<(), sqlx::Error>
+    max_live: i64,
+) -> Result<bool, sqlx::Error>
 where
     DB: SqlDb + Database<Connection = C>,
     C: sqlx::Connection<Database = DB>,
@@ -178,9 +180,10 @@ where
     for<'e> Option<&'e str>: Encode<'e, DB>,
     for<'e> &'e [u8]: Encode<'e, DB> + Type<DB>,
 {
-    sqlx::query(
+    let done = sqlx::query(
         "INSERT INTO api_keys (id, tenant_id, key_hash, scope, feed, created_at) \
-         VALUES ($1, $2, $3, $4, $5, $6)",
+         SELECT $1, $2, $3, $4, $5, $6 WHERE (SELECT COUNT(*) FROM api_keys \
+            WHERE tenant_id = $2 AND revoked_at IS NULL) < $7",
     )
     .bind(key.id)
     .bind(key.tenant_id)
@@ -188,9 +191,10 @@ where
     .bind(key.scope.as_str())
     .bind(key.feed.map(Feed::as_str))
     .bind(key.created_at)
+    .bind(max_live)
     .execute(conn)
     .await?;
-    Ok(())
+    Ok(DB::rows_affected(&done) == 1)
 }
 
 #[async_trait]
@@ -230,22 +234,9 @@ where
                 .execute(&mut *tx)
                 .await?;
         }
-        let done = sqlx::query(
-            "INSERT INTO api_keys (id, tenant_id, key_hash, scope, feed, created_at) \
-             SELECT $1, $2, $3, $4, $5, $6 WHERE (SELECT COUNT(*) FROM api_keys \
-                WHERE tenant_id = $2 AND revoked_at IS NULL) < $7",
-        )
-        .bind(key.id)
-        .bind(key.tenant_id)
-        .bind(&key.key_hash[..])
-        .bind(key.scope.as_str())
-        .bind(key.feed.map(Feed::as_str))
-        .bind(key.created_at)
-        .bind(max_live)
-        .execute(&mut *tx)
-        .await?;
+        let inserted = insert_api_key_row(&mut *tx, key, max_live).await?;
         tx.commit().await?;
-        Ok(DB::rows_affected(&done) == 1)
+        Ok(inserted)
     }
 
     async fn grant_by_key_hash(

@@ -220,7 +220,8 @@ where
         .bind(tenant.created_at)
         .execute(&mut *tx)
         .await?;
-        insert_api_key_row(&mut *tx, &tenant.admin_key).await?;
+        // A new tenant's first key: no other key of its can count against it.
+        insert_api_key_row(&mut *tx, &tenant.admin_key, 1).await?;
         for secret in secrets {
             insert_secret(&mut *tx, tenant.id, secret).await?;
         }

@@ -10,7 +10,7 @@ use crate::common::sets::{
     self, AUDIENCE, CREDENTIAL_COMPROMISE, ISSUER, JwksServer, SESSION_REVOKED, Transmitter,
     claims, email, phone, push, push_as,
 };
-use crate::common::{Backend, Reply, Server, TestDb, now};
+use crate::common::{Backend, Reply, Server, Tenant, TestDb, now};
 use serde_json::{Value, json};
 
 const ALLOW_LOOPBACK: [(&str, &str); 1] = [("VERDICT_ALLOW_PRIVATE_DESTINATIONS", "1")];
@@ -575,6 +575,22 @@ async fn a_set_retried_after_a_crash_stays_ignored_as_recorded_under_a_newer_pla
     assert!(receiver.received().is_empty(), "no callback");
 }
 
+/// Registers the tenant's transmitter with its keys at `url`.
+fn set_jwks_url(db: &TestDb, tenant: &Tenant, url: &str) {
+    db.cli(&[
+        "tenant",
+        "set-transmitter",
+        "--tenant",
+        &tenant.id,
+        "--issuer",
+        ISSUER,
+        "--audience",
+        AUDIENCE,
+        "--jwks-url",
+        url,
+    ]);
+}
+
 async fn a_jwks_url_is_fetched_through_the_guard_and_refreshed_for_an_unknown_kid(
     backend: Backend,
 ) {
@@ -602,18 +618,7 @@ async fn a_jwks_url_is_fetched_through_the_guard_and_refreshed_for_an_unknown_ki
     );
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("link-local"));
-    db.cli(&[
-        "tenant",
-        "set-transmitter",
-        "--tenant",
-        &tenant.id,
-        "--issuer",
-        ISSUER,
-        "--audience",
-        AUDIENCE,
-        "--jwks-url",
-        &jwks.url,
-    ]);
+    set_jwks_url(&db, &tenant, &jwks.url);
 
     // A server that does not allow loopback destinations never fetches it.
     let guarded = Server::start(&db, &[]);
@@ -641,18 +646,7 @@ async fn a_jwks_url_is_fetched_through_the_guard_and_refreshed_for_an_unknown_ki
         !resolved.is_empty() && resolved.iter().all(|a| a.ip().is_loopback()),
         "this test needs the machine's name to resolve to loopback: {resolved:?}"
     );
-    db.cli(&[
-        "tenant",
-        "set-transmitter",
-        "--tenant",
-        &tenant.id,
-        "--issuer",
-        ISSUER,
-        "--audience",
-        AUDIENCE,
-        "--jwks-url",
-        &format!("http://{hostname}:{port}/jwks.json"),
-    ]);
+    set_jwks_url(&db, &tenant, &format!("http://{hostname}:{port}/jwks.json"));
     let guarded = Server::start(&db, &[]);
     let by_name = transmitter.sign(
         "rsa-1",
@@ -668,18 +662,7 @@ async fn a_jwks_url_is_fetched_through_the_guard_and_refreshed_for_an_unknown_ki
     );
     assert_eq!(jwks.fetches(), 0, "nothing reached the loopback listener");
     guarded.kill();
-    db.cli(&[
-        "tenant",
-        "set-transmitter",
-        "--tenant",
-        &tenant.id,
-        "--issuer",
-        ISSUER,
-        "--audience",
-        AUDIENCE,
-        "--jwks-url",
-        &jwks.url,
-    ]);
+    set_jwks_url(&db, &tenant, &jwks.url);
 
     // Every token is signed before the clock starts: the refresh interval is short.
     let another = transmitter.sign(
@@ -730,18 +713,7 @@ async fn a_failing_jwks_url_is_fetched_once_per_backoff_whatever_the_set_rate(ba
     let transmitter = Transmitter::new(db.dir());
     // Not a JWKS: every fetch of it fails.
     let jwks = JwksServer::start(json!({"not": "a jwks"})).await;
-    db.cli(&[
-        "tenant",
-        "set-transmitter",
-        "--tenant",
-        &tenant.id,
-        "--issuer",
-        ISSUER,
-        "--audience",
-        AUDIENCE,
-        "--jwks-url",
-        &jwks.url,
-    ]);
+    set_jwks_url(&db, &tenant, &jwks.url);
     let tokens: Vec<String> = (0..40)
         .map(|i| {
             transmitter.sign(
