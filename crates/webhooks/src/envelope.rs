@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 /// One decision, as delivered to a tenant's callback URL.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Envelope {
     /// The event the decision belongs to.
     pub event_id: String,
@@ -19,8 +20,10 @@ pub struct Envelope {
     /// `allow`, `step_up` or `deny`.
     pub decision: String,
     /// Each action and its outcome.
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<Object>))]
     pub actions: serde_json::Value,
     /// The signal's metadata, untouched.
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub metadata: serde_json::Value,
     /// The feed the signal came in through: `signals` (`POST /v1/signals`), `set` (a Security
     /// Event Token) or `camara` (a CAMARA notification). Envelopes from before feeds existed

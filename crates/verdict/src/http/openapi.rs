@@ -3,9 +3,15 @@
 use axum::Json;
 use utoipa::openapi::header::Header;
 use utoipa::openapi::link::LinkBuilder;
-use utoipa::openapi::path::{Operation, PathItem};
-use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-use utoipa::openapi::{Content, ObjectBuilder, Ref, RefOr, Response, ResponseBuilder, Type};
+use utoipa::openapi::path::{
+    HttpMethod, Operation, OperationBuilder, ParameterBuilder, ParameterIn, PathItem, PathsBuilder,
+};
+use utoipa::openapi::request_body::RequestBodyBuilder;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
+use utoipa::openapi::{
+    ArrayBuilder, Content, ObjectBuilder, Ref, RefOr, Required, Response, ResponseBuilder, Schema,
+    Type,
+};
 use utoipa::{Modify, OpenApi};
 
 /// The OpenAPI document of the tenant API.
@@ -46,7 +52,8 @@ use utoipa::{Modify, OpenApi};
         super::metrics,
         document,
     ),
-    modifiers(&ApiKey, &ProblemJson, &Links),
+    components(schemas(verdict_webhooks::Envelope, crate::connectors::request::ActionRequest)),
+    modifiers(&ApiKey, &ProblemJson, &Links, &Webhooks),
     security(("api_key" = []))
 )]
 pub struct ApiDoc;
@@ -190,6 +197,120 @@ impl Modify for Links {
             }
         }
     }
+}
+
+/// What verdict sends: the decision callback and an `http` connector's action request, as
+/// OpenAPI 3.1 `webhooks`, so a receiver can generate its types from the same document.
+struct Webhooks;
+
+impl Modify for Webhooks {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        type_envelope_actions(openapi);
+        let decision = webhook(
+            "decision",
+            "A decision, to the tenant's callback URL",
+            "Sent once per decided event, byte for byte the same on every attempt. `webhook-id` is \
+             stable across retries and redeliveries: deduplicate on it.",
+            "Envelope",
+            &[],
+        );
+        let action_request = webhook(
+            "action_request",
+            "An action request, to an `http` connector",
+            "Sent once per action bound to the connector, the same bytes and `Idempotency-Key` on \
+             every attempt. 2xx is done; 409 (in progress), 429, 5xx, network errors and the \
+             deadline are retried; any other 4xx is a terminal failure.",
+            "ActionRequest",
+            &[(
+                "Idempotency-Key",
+                "`<event_id>:<action>`, identical on every attempt (also the `webhook-id`)",
+            )],
+        );
+        openapi.webhooks = Some(
+            PathsBuilder::new()
+                .path("decision", decision)
+                .path("action_request", action_request)
+                .build(),
+        );
+    }
+}
+
+/// The envelope's `actions` is free JSON to the webhooks crate; here it is what verdict puts
+/// there: one `ActionResult` per action.
+fn type_envelope_actions(openapi: &mut utoipa::openapi::OpenApi) {
+    let Some(components) = openapi.components.as_mut() else {
+        return;
+    };
+    if let Some(RefOr::T(Schema::Object(envelope))) = components.schemas.get_mut("Envelope") {
+        envelope.properties.insert(
+            "actions".to_owned(),
+            ArrayBuilder::new()
+                .items(Ref::from_schema_name("ActionResult"))
+                .description(Some("Each action and its outcome."))
+                .into(),
+        );
+    }
+}
+
+/// A signed `POST` verdict makes, with its Standard Webhooks headers and `extra` ones.
+fn webhook(
+    id: &str,
+    summary: &str,
+    description: &str,
+    body: &str,
+    extra: &[(&str, &str)],
+) -> PathItem {
+    let standard = [
+        (
+            verdict_webhooks::HEADER_ID,
+            "The message id: deduplicate on it",
+        ),
+        (
+            verdict_webhooks::HEADER_TIMESTAMP,
+            "Unix seconds the attempt was signed at; refuse stale ones",
+        ),
+        (
+            verdict_webhooks::HEADER_SIGNATURE,
+            "Space-separated `v1,<base64 HMAC-SHA256>` over `{webhook-id}.{webhook-timestamp}.{body}`, \
+             one per live secret during a rotation",
+        ),
+    ];
+    let string = || ObjectBuilder::new().schema_type(Type::String);
+    let mut operation = OperationBuilder::new()
+        .operation_id(Some(id))
+        .summary(Some(summary))
+        .description(Some(description))
+        .tag("webhooks")
+        .security(SecurityRequirement::default())
+        .request_body(Some(
+            RequestBodyBuilder::new()
+                .content(
+                    "application/json",
+                    Content::new(Some(Ref::from_schema_name(body))),
+                )
+                .required(Some(Required::True))
+                .build(),
+        ))
+        .response(
+            "2XX",
+            ResponseBuilder::new().description("Received; not sent again"),
+        )
+        .response(
+            "default",
+            ResponseBuilder::new()
+                .description("Retried (5xx, 429, 409 for a connector) or failed (other 4xx)"),
+        );
+    for (name, description) in standard.into_iter().chain(extra.iter().copied()) {
+        operation = operation.parameter(
+            ParameterBuilder::new()
+                .name(name)
+                .parameter_in(ParameterIn::Header)
+                .required(Required::True)
+                .description(Some(description))
+                .schema(Some(string())),
+        );
+    }
+    PathItem::new(HttpMethod::Post, operation)
 }
 
 /// Every operation of a path.

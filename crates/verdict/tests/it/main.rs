@@ -37,6 +37,7 @@ mod idempotency;
 mod inbound_limits;
 mod listen;
 mod openapi_fuzz;
+mod openapi_webhooks;
 mod operations;
 mod pipeline;
 mod playbooks;
