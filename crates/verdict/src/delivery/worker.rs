@@ -4,9 +4,11 @@
 //! before any HTTP call, so several workers share the queue without sending the same attempt
 //! and no transaction is held open across the network.
 //!
-//! Rounds are scheduled on the wall clock the store uses, `interval` apart: a round has a
-//! scheduled time, and a retry it makes is due one interval after that time, which is the
-//! next round's. A round leases what is due when it leases, except what was attempted since the
+//! Rounds are scheduled on the wall clock the store uses, at most `interval` apart, and sooner
+//! when a delivery is due before that: an inline attempt's retry is due one interval after
+//! the attempt, which need not be a round's time, and goes out when due, not at the round
+//! after. A round has a scheduled time, and a retry it makes is due one interval after that
+//! time. A round leases what is due when it leases, except what was attempted since the
 //! round began, so it never attempts a delivery twice. It leases only what it attempts at once,
 //! for longer than one attempt can take ([`super::lease_for`]).
 
@@ -47,6 +49,11 @@ const OUTAGE_BACKOFF_MIN: Duration = Duration::from_millis(500);
 /// The longest wait between rounds while the database stays unreachable: a long retry interval
 /// does not also delay the queue's recovery by that much once it returns.
 const OUTAGE_BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+/// The shortest wait between rounds that a due delivery brings forward: one the round could
+/// not lease (in flight elsewhere, or its tenant at its share) is tried again this much later,
+/// not in a loop.
+const MIN_ROUND_GAP_MS: i64 = 1000;
 
 /// A database outage as the worker meets it: logged once when it begins and once when it
 /// ends, whatever the number of rounds and rows it fails meanwhile.
@@ -108,6 +115,7 @@ pub async fn run(deliverer: Arc<Deliverer>, interval: Duration, stop: Cancellati
                         "delivery round done"
                     );
                 }
+                next = sooner_if_due(&deliverer, next).await;
             }
             Err(err) if err.is_transient() => {
                 // The same round again after the backoff: what was due is due still.
@@ -124,6 +132,21 @@ pub async fn run(deliverer: Arc<Deliverer>, interval: Duration, stop: Cancellati
             _ = tokio::time::sleep(Duration::from_millis(wait.unsigned_abs())) => {}
         }
         due_by = now_ms().max(next);
+    }
+}
+
+/// The next round's time: `scheduled`, or the earliest pending delivery's due time if that is
+/// sooner (but at least [`MIN_ROUND_GAP_MS`] from now). A delivery made after this is looked at
+/// is due an interval or more after its first attempt, so after `scheduled`, which is at most
+/// an interval away: the round at `scheduled` sees it.
+async fn sooner_if_due(deliverer: &Deliverer, scheduled: i64) -> i64 {
+    match deliverer.store.next_due().await {
+        Ok(Some(due)) => scheduled.min(due.max(now_ms().saturating_add(MIN_ROUND_GAP_MS))),
+        Ok(None) => scheduled,
+        Err(err) => {
+            tracing::debug!(error = %err, "could not read the next due delivery");
+            scheduled
+        }
     }
 }
 

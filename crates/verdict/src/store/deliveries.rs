@@ -191,6 +191,9 @@ pub trait DeliveryStore {
     ) -> Result<Option<(DeliveryRecord, Vec<AttemptRow>)>, StoreError>;
     /// Deliveries waiting for an attempt.
     async fn queue_depth(&self, now: i64) -> Result<i64, StoreError>;
+    /// When the earliest pending delivery is due (unix ms), if any is pending: one probe of
+    /// the `(status, next_attempt_at)` index.
+    async fn next_due(&self) -> Result<Option<i64>, StoreError>;
     /// Leases the pending action requests of one of the tenant's events until `lease_until`:
     /// all of them or none, none while any is leased to another call or waits for the time
     /// its schedule or its connector's `Retry-After` put it off to (`next_attempt_at`).
@@ -818,6 +821,14 @@ where
                 .fetch_one(self.read())
                 .await?,
         )
+    }
+
+    async fn next_due(&self) -> Result<Option<i64>, crate::store::StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT MIN(next_attempt_at) FROM deliveries WHERE status = 'pending'",
+        )
+        .fetch_one(self.read())
+        .await?)
     }
 
     async fn lease_requests(

@@ -654,7 +654,41 @@ async fn during_a_webhook_secret_rotation_callbacks_carry_both_signatures(backen
     receiver.verify_all_with_python(&new_secret);
 }
 
+/// A retry is due one interval after the inline attempt that failed, which falls between two
+/// of the worker's rounds: it goes out when due, not at the round after (which would be up to
+/// an interval late).
+async fn a_retry_between_two_rounds_goes_out_when_due(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let receiver = Receiver::start(vec![Step::status(503)]).await;
+    let tenant = db.tenant(&["--callback-url", &receiver.url]);
+    // Rounds at 0, 4, 8 s after start; the signal at about 2 s is retried at about 6 s.
+    let server = Server::start(
+        &db,
+        &[
+            ("VERDICT_ALLOW_PRIVATE_DESTINATIONS", "1"),
+            ("VERDICT_RETRY_INTERVAL_SECS", "4"),
+        ],
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let reply = server
+        .send(&tenant, Some(&new_key()), &sim_swap("+447700900509"))
+        .await;
+    assert_eq!(reply.status, 200);
+    let failed_at = Instant::now();
+    assert_eq!(receiver.received().len(), 1, "one inline attempt");
+    while receiver.received().len() < 2 && failed_at.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let retried_after = failed_at.elapsed();
+    assert_eq!(receiver.received().len(), 2, "the worker retried it");
+    assert!(
+        retried_after >= Duration::from_millis(3800) && retried_after < Duration::from_millis(5300),
+        "due 4 s after the inline attempt, retried after {retried_after:?}"
+    );
+}
+
 on_both_backends!(
+    a_retry_between_two_rounds_goes_out_when_due,
     during_a_webhook_secret_rotation_callbacks_carry_both_signatures,
     a_receiver_answering_503_twice_then_200_gets_three_identical_deliveries,
     a_receiver_that_sleeps_10s_does_not_hold_the_response_past_the_deadline,
