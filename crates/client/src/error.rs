@@ -62,10 +62,12 @@ pub enum ClientError {
     },
 }
 
-/// `: <title>` when the problem document has one.
+/// `: <title>: <detail>` from the problem document, each part where it has one: the detail
+/// is what says which field or header was wrong.
 fn title(problem: &Value) -> String {
-    match problem.get("title").and_then(Value::as_str) {
-        Some(title) => format!(": {title}"),
-        None => String::new(),
-    }
+    ["title", "detail"]
+        .into_iter()
+        .filter_map(|field| problem.get(field).and_then(Value::as_str))
+        .map(|part| format!(": {part}"))
+        .collect()
 }

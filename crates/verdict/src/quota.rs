@@ -188,6 +188,7 @@ mod tests {
             callback_url: None,
             callback_disabled: false,
             rate_limit_per_second: None,
+            created_at: 0,
         }
     }
 

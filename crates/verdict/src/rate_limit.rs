@@ -112,6 +112,7 @@ mod tests {
             callback_url: None,
             callback_disabled: false,
             rate_limit_per_second: rate,
+            created_at: 0,
         }
     }
 

@@ -5,15 +5,17 @@ use std::io::Read;
 use std::path::Path;
 
 use anyhow::Context;
-use verdict_client::Client;
+use verdict_client::{Client, ClientError};
 use verdict_webhooks::Secret;
 
-/// Reads a signal from `file` (`-` for stdin), sends it, prints the decision.
+/// Reads a signal from `file` (`-` for stdin), sends it under `key` (a fresh UUIDv4 if none),
+/// prints the decision.
 pub async fn run(
     file: &Path,
     url: &str,
     api_key: &str,
     signing_secret: Option<&str>,
+    key: Option<&str>,
 ) -> anyhow::Result<()> {
     let mut body = Vec::new();
     if file.as_os_str() == "-" {
@@ -30,7 +32,19 @@ pub async fn run(
             Secret::parse(secret).context("--signing-secret must be a whsec_… secret")?,
         );
     }
-    let outcome = builder.build()?.send_signal_bytes(&body).await?;
+    let client = builder.build()?;
+    let key = key.map_or_else(|| uuid::Uuid::new_v4().to_string(), str::to_owned);
+    let outcome = match client.resend_signal_bytes(&body, &key).await {
+        Ok(outcome) => outcome,
+        // Whether the signal got through is unknown: the same key and bytes find out.
+        Err(err @ (ClientError::Unavailable { .. } | ClientError::Network { .. })) => {
+            return Err(anyhow::Error::new(err).context(format!(
+                "the signal may or may not have been processed: send the same file again with \
+                 --idempotency-key {key}"
+            )));
+        }
+        Err(err) => return Err(err.into()),
+    };
     println!("{}", outcome.body);
     tracing::info!(
         attempts = outcome.attempts,

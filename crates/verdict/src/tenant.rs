@@ -57,6 +57,64 @@ pub const MAX_LIVE_KEYS_PER_TENANT: i64 = 100;
 /// The most keys one page of a listing holds.
 pub const MAX_KEYS_PAGE: i64 = 500;
 
+/// A tenant as `tenant list` and `tenant show` print it: its settings, never its secrets.
+#[derive(Debug, Serialize)]
+pub struct TenantView {
+    pub tenant_id: Uuid,
+    pub name: String,
+    pub created_at: String,
+    pub callback_url: Option<String>,
+    /// False once a 410 disabled the endpoint, until `set-callback` enables it again.
+    pub callback_enabled: bool,
+    pub inbound_signature_required: bool,
+    /// Whether inbound signatures must cover the idempotency key (`v1` is not taken).
+    pub inbound_signature_covers_key: bool,
+    /// The tenant's own rate limit; absent when the server's setting applies.
+    pub rate_limit_per_second: Option<i64>,
+}
+
+impl From<crate::store::TenantRecord> for TenantView {
+    fn from(t: crate::store::TenantRecord) -> Self {
+        Self {
+            tenant_id: t.id,
+            name: t.name,
+            created_at: crate::clock::rfc3339(t.created_at),
+            callback_url: t.callback_url,
+            callback_enabled: !t.callback_disabled,
+            inbound_signature_required: t.inbound_signature_required,
+            inbound_signature_covers_key: t.inbound_signature_covers_key,
+            rate_limit_per_second: t.rate_limit_per_second,
+        }
+    }
+}
+
+/// The most tenants one page of a listing holds.
+const TENANTS_PAGE: i64 = 500;
+
+/// Every tenant, oldest id first, read a page at a time.
+pub async fn list(store: &dyn TenantPort) -> Result<Vec<TenantView>, TenantError> {
+    let mut all = Vec::new();
+    let mut after = None;
+    loop {
+        let page = store.tenants(after, TENANTS_PAGE).await?;
+        let full = page.len() as i64 == TENANTS_PAGE;
+        after = page.last().map(|t| t.id);
+        all.extend(page.into_iter().map(TenantView::from));
+        if !full {
+            return Ok(all);
+        }
+    }
+}
+
+/// One tenant's settings.
+pub async fn show(store: &dyn TenantPort, tenant_id: Uuid) -> Result<TenantView, TenantError> {
+    store
+        .tenant(tenant_id)
+        .await?
+        .map(TenantView::from)
+        .ok_or(TenantError::NotFound(tenant_id))
+}
+
 /// What `tenant create` prints; the secrets are shown this once and never again. Its `Debug`
 /// leaves them out.
 #[derive(Serialize)]

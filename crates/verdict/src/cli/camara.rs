@@ -20,7 +20,7 @@ pub enum CamaraSubscriptionCommand {
     /// `phoneNumber` out (3-legged subscriptions). Both are stored only as keyed digests.
     Add {
         /// The tenant's id.
-        #[arg(long)]
+        #[arg(long, env = super::TENANT_ENV)]
         tenant: Uuid,
         /// The `subscriptionId` the carrier returned when the subscription was created.
         #[arg(long)]
@@ -32,7 +32,7 @@ pub enum CamaraSubscriptionCommand {
     /// Forget a registered subscription.
     Remove {
         /// The tenant's id.
-        #[arg(long)]
+        #[arg(long, env = super::TENANT_ENV)]
         tenant: Uuid,
         /// The subscription's `subscriptionId`.
         #[arg(long)]

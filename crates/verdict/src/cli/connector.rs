@@ -15,7 +15,7 @@ pub enum ConnectorCommand {
     /// Create or replace a connector. A new HTTP connector's signing secret is printed once.
     Set {
         /// The tenant's id.
-        #[arg(long)]
+        #[arg(long, env = super::TENANT_ENV)]
         tenant: Uuid,
         /// Its name, as the playbook binds actions to it.
         #[arg(long)]
@@ -45,25 +45,31 @@ pub enum ConnectorCommand {
         #[arg(long)]
         json: bool,
     },
-    /// List the tenant's connectors as JSON (never their credentials).
+    /// List the tenant's connectors (never their credentials).
     List {
         /// The tenant's id.
-        #[arg(long)]
+        #[arg(long, env = super::TENANT_ENV)]
         tenant: Uuid,
+        /// Print one JSON array.
+        #[arg(long)]
+        json: bool,
     },
-    /// Show one connector as JSON (never its credential).
+    /// Show one connector (never its credential).
     Show {
         /// The tenant's id.
-        #[arg(long)]
+        #[arg(long, env = super::TENANT_ENV)]
         tenant: Uuid,
         /// The connector's name.
         #[arg(long)]
         name: ConnectorName,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
     },
     /// Delete a connector.
     Delete {
         /// The tenant's id.
-        #[arg(long)]
+        #[arg(long, env = super::TENANT_ENV)]
         tenant: Uuid,
         /// The connector's name.
         #[arg(long)]
@@ -118,13 +124,35 @@ pub(super) async fn run_connector(
                 }
             }
         }
-        ConnectorCommand::List { tenant } => {
+        ConnectorCommand::List { tenant, json } => {
             let list = connectors::list(&*store, tenant).await?;
-            println!("{}", serde_json::to_string_pretty(&list)?);
+            if json {
+                println!("{}", serde_json::to_string(&list)?);
+            } else {
+                println!("{:<32}  {:<5}  {:<13}  url", "name", "kind", "guarantee");
+                for c in &list {
+                    println!(
+                        "{:<32}  {:<5}  {:<13}  {}",
+                        c.name, c.kind, c.guarantee, c.url
+                    );
+                }
+            }
         }
-        ConnectorCommand::Show { tenant, name } => {
+        ConnectorCommand::Show { tenant, name, json } => {
             let view = connectors::show(&*store, tenant, &name).await?;
-            println!("{}", serde_json::to_string_pretty(&view)?);
+            if json {
+                println!("{}", serde_json::to_string(&view)?);
+            } else {
+                println!("name       {}", view.name);
+                println!("kind       {}", view.kind);
+                println!("url        {}", view.url);
+                if let Some(attribute) = view.match_attribute {
+                    println!("match      {attribute}");
+                }
+                println!("guarantee  {}", view.guarantee);
+                println!("created    {}", view.created_at);
+                println!("updated    {}", view.updated_at);
+            }
         }
         ConnectorCommand::Delete { tenant, name } => {
             connectors::delete(&*store, tenant, &name).await?;

@@ -27,6 +27,9 @@ use subject::run_subject;
 use tenant::run_tenant;
 pub use tenant::{KeyCommand, Purpose, TenantCommand};
 
+/// What `--tenant` falls back to when it is not given: `tenant create --env` exports it.
+const TENANT_ENV: &str = "VERDICT_TENANT_ID";
+
 /// verdict: exactly-once trust decisions for identity-risk signals.
 #[derive(Debug, Parser)]
 #[command(name = "verdict", version)]
@@ -87,6 +90,10 @@ pub enum Command {
         /// The tenant's inbound signing secret (omit if the tenant accepts unsigned signals).
         #[arg(long, env = "VERDICT_SIGNING_SECRET", hide_env_values = true)]
         signing_secret: Option<String>,
+        /// Send under this key, to retry by hand a send that gave up (the same file, the same
+        /// key); default: a fresh UUIDv4.
+        #[arg(long)]
+        idempotency_key: Option<String>,
     },
     /// Register CAMARA SIM Swap subscriptions (for notifications without a phone number).
     #[command(subcommand)]
@@ -97,7 +104,11 @@ pub enum Command {
         #[arg(long, env = "VERDICT_WEBHOOK_SECRET", hide_env_values = true)]
         secret: String,
         /// Address to listen on.
-        #[arg(long, default_value = "127.0.0.1:9000")]
+        #[arg(
+            long,
+            env = "VERDICT_RECEIVER_LISTEN",
+            default_value = "127.0.0.1:9000"
+        )]
         listen: std::net::SocketAddr,
         /// Dedup store that survives restarts: `sqlite://PATH` or `postgres://…` (default: memory).
         #[arg(long)]
@@ -134,7 +145,17 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             url,
             api_key,
             signing_secret,
-        } => crate::send::run(&file, &url, &api_key, signing_secret.as_deref()).await,
+            idempotency_key,
+        } => {
+            crate::send::run(
+                &file,
+                &url,
+                &api_key,
+                signing_secret.as_deref(),
+                idempotency_key.as_deref(),
+            )
+            .await
+        }
         Command::Camara(CamaraCommand::Subscription(cmd)) => run_camara(&config, cmd).await,
         Command::Listen { secret, listen, db } => {
             crate::listen::run(&secret, listen, db.as_deref()).await
@@ -153,4 +174,36 @@ async fn run_prune(config: &Config, retention: RetentionSettings) -> anyhow::Res
     out["idempotency_keys"] = keys.into();
     println!("{out}");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    /// The commands, flags and arguments that `--help` would show without a word about them.
+    fn without_help(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+        if cmd.get_about().is_none() {
+            missing.push(path.to_owned());
+        }
+        for arg in cmd.get_arguments() {
+            let builtin = matches!(arg.get_id().as_str(), "help" | "version");
+            if !builtin && !arg.is_hide_set() && arg.get_help().is_none() {
+                missing.push(format!("{path} <{}>", arg.get_id()));
+            }
+        }
+        for sub in cmd.get_subcommands() {
+            without_help(sub, &format!("{path} {}", sub.get_name()), missing);
+        }
+    }
+
+    #[test]
+    fn every_command_flag_and_argument_has_help_text() {
+        let cli = Cli::command();
+        cli.clone().debug_assert();
+        let mut missing = Vec::new();
+        without_help(&cli, "verdict", &mut missing);
+        assert!(missing.is_empty(), "no help text: {missing:#?}");
+    }
 }

@@ -14,7 +14,7 @@ pub enum PlaybookCommand {
     /// Validate FILE (TOML, or JSON by `.json` extension) and make it the tenant's playbook.
     Set {
         /// The tenant's id.
-        #[arg(long)]
+        #[arg(long, env = super::TENANT_ENV)]
         tenant: Uuid,
         /// The playbook document; `-` reads standard input.
         file: std::path::PathBuf,
@@ -22,13 +22,13 @@ pub enum PlaybookCommand {
     /// Print the tenant's playbook in force and its version.
     Show {
         /// The tenant's id.
-        #[arg(long)]
+        #[arg(long, env = super::TENANT_ENV)]
         tenant: Uuid,
     },
     /// Run FILE against the tenant's stored events and print what would change; writes nothing.
     Simulate {
         /// The tenant's id.
-        #[arg(long)]
+        #[arg(long, env = super::TENANT_ENV)]
         tenant: Uuid,
         /// The newest this many events (1 to 10000).
         #[arg(long, default_value_t = playbook::simulation::DEFAULT_SIMULATED_EVENTS)]

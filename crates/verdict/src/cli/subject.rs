@@ -20,7 +20,7 @@ use crate::subjects::{self, Answer, Asked, Keying, Means, Operator};
 #[derive(Debug, Args)]
 pub struct Who {
     /// The tenant's id.
-    #[arg(long)]
+    #[arg(long, env = super::TENANT_ENV)]
     tenant: Uuid,
     /// The subject's phone number (E.164).
     #[arg(long, required_unless_present = "account", conflicts_with = "account")]
@@ -28,12 +28,15 @@ pub struct Who {
     /// The subject's account.
     #[arg(long)]
     account: Option<String>,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
 }
 
 /// `verdict subject …`.
 #[derive(Debug, Subcommand)]
 pub enum SubjectCommand {
-    /// Print the subject's lock, deny, open cases and newest events as JSON.
+    /// Print the subject's lock, deny, open cases and newest events.
     Lookup {
         #[command(flatten)]
         who: Who,
@@ -85,7 +88,11 @@ pub(super) async fn run_subject(
                 "open_cases": state.open_cases.iter().map(|c| c.0).collect::<Vec<_>>(),
                 "events": state.events,
             });
-            println!("{}", serde_json::to_string_pretty(&out)?);
+            if who.json {
+                println!("{out}");
+            } else {
+                print_state(&out);
+            }
             return Ok(());
         }
         SubjectCommand::Unlock(args) => (ActionKind::UnlockAccount, args),
@@ -93,6 +100,7 @@ pub(super) async fn run_subject(
         SubjectCommand::CloseCase(args) => (ActionKind::CloseCase, args),
     };
     let tenant = args.who.tenant;
+    let json = args.who.json;
     let subject = subject_of(args.who.phone, args.who.account)?;
     let stored = current_source(&*store, tenant).await?;
     let format = Format::from_name(&stored.format).unwrap_or(Format::Toml);
@@ -135,16 +143,49 @@ pub(super) async fn run_subject(
     let answer = subjects::undo(&means, &asked).await;
     background.close();
     background.wait().await;
-    match answer? {
-        Answer::Fresh(undone) => println!("{}", serde_json::to_string(&undone)?),
-        Answer::Replayed(stored) if stored.status == 200 => {
-            println!("{}", String::from_utf8_lossy(&stored.body));
-        }
+    let undone: serde_json::Value = match answer? {
+        Answer::Fresh(undone) => serde_json::to_value(&undone)?,
+        Answer::Replayed(stored) if stored.status == 200 => serde_json::from_slice(&stored.body)?,
         Answer::Replayed(stored) => anyhow::bail!(
             "the way back under this key failed earlier (HTTP {}): {}",
             stored.status,
             String::from_utf8_lossy(&stored.body)
         ),
+    };
+    if json {
+        println!("{undone}");
+    } else {
+        let text = |field: &str| undone[field].as_str().unwrap_or("-").to_owned();
+        println!("{}: {}", text("action"), text("outcome"));
+        println!("subject_hash  {}", text("subject_hash"));
+        println!("event_id      {}", text("event_id"));
+        println!("connector     {}", text("connector"));
     }
     Ok(())
+}
+
+/// A subject's state as lines for a person.
+fn print_state(state: &serde_json::Value) {
+    let or_dash = |v: &serde_json::Value| v.as_str().unwrap_or("-").to_owned();
+    println!("subject_hash  {}", or_dash(&state["subject_hash"]));
+    println!("locked by     {}", or_dash(&state["lock"]));
+    println!("denied by     {}", or_dash(&state["deny"]));
+    let cases: Vec<String> = state["open_cases"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| c.to_string())
+        .collect();
+    println!(
+        "open cases    {}",
+        if cases.is_empty() {
+            "-".to_owned()
+        } else {
+            cases.join(", ")
+        }
+    );
+    println!(
+        "events        {}",
+        state["events"].as_array().map_or(0, Vec::len)
+    );
 }

@@ -35,12 +35,27 @@ pub enum TenantCommand {
         #[arg(long)]
         env: bool,
     },
+    /// List every tenant: id, name, creation time and callback endpoint (never a secret).
+    List {
+        /// Print one JSON array.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one tenant's settings (never a secret).
+    Show {
+        /// The tenant's id.
+        #[arg(long, env = super::TENANT_ENV)]
+        tenant: Uuid,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// Set the callback URL and re-enable the endpoint (after a 410 disabled it). The
     /// callbacks suspended while it was disabled are sent, each once with its stored bytes
     /// and webhook-id, unless `--leave-suspended`.
     SetCallback {
         /// The tenant's id.
-        #[arg(long)]
+        #[arg(long, env = super::TENANT_ENV)]
         tenant: Uuid,
         /// The new callback URL (omit to remove it; suspended callbacks then wait for one).
         #[arg(long)]
@@ -55,7 +70,7 @@ pub enum TenantCommand {
     /// Replace a signing secret; the old one stays valid for the grace period.
     RotateSecret {
         /// The tenant's id.
-        #[arg(long)]
+        #[arg(long, env = super::TENANT_ENV)]
         tenant: Uuid,
         /// Which secret to rotate.
         #[arg(long, value_enum, default_value_t = Purpose::Inbound)]
@@ -74,7 +89,7 @@ pub enum TenantCommand {
     /// to `POST /v1/sets` must carry its issuer and audience and verify with its keys.
     SetTransmitter {
         /// The tenant's id.
-        #[arg(long)]
+        #[arg(long, env = super::TENANT_ENV)]
         tenant: Uuid,
         /// The transmitter's `iss`.
         #[arg(long)]
@@ -102,7 +117,7 @@ pub enum TenantCommand {
     /// Set the tenant's own rate limit, which wins over the server's setting.
     SetRateLimit {
         /// The tenant's id.
-        #[arg(long)]
+        #[arg(long, env = super::TENANT_ENV)]
         tenant: Uuid,
         /// Requests per second, with an equal burst; 0 removes the tenant's own limit.
         #[arg(long, required_unless_present = "clear", conflicts_with = "clear")]
@@ -117,7 +132,7 @@ pub enum TenantCommand {
     /// until this is run.
     RequireSignedKeys {
         /// The tenant's id.
-        #[arg(long)]
+        #[arg(long, env = super::TENANT_ENV)]
         tenant: Uuid,
         /// Take `v1` signatures again (for senders that cannot sign the key yet).
         #[arg(long)]
@@ -131,7 +146,7 @@ pub enum KeyCommand {
     /// Issue a key and print it (shown once).
     Create {
         /// The tenant's id.
-        #[arg(long)]
+        #[arg(long, env = super::TENANT_ENV)]
         tenant: Uuid,
         /// ingest (send signals), read (the GET endpoints) or admin (everything).
         #[arg(long)]
@@ -148,7 +163,7 @@ pub enum KeyCommand {
     /// Revoke a key: every instance refuses it within 5 seconds.
     Revoke {
         /// The tenant's id.
-        #[arg(long)]
+        #[arg(long, env = super::TENANT_ENV)]
         tenant: Uuid,
         /// The key's id (from `create` or `list`).
         #[arg(long)]
@@ -157,7 +172,7 @@ pub enum KeyCommand {
     /// List the tenant's keys (never the keys themselves), oldest first.
     List {
         /// The tenant's id.
-        #[arg(long)]
+        #[arg(long, env = super::TENANT_ENV)]
         tenant: Uuid,
         /// Print one JSON array.
         #[arg(long)]
@@ -227,6 +242,50 @@ pub(super) async fn run_tenant(
                 println!("signing_secret  {}", created.signing_secret);
                 println!("webhook_secret  {}", created.webhook_secret);
                 println!("(secrets are shown once; store them now)");
+            }
+        }
+        TenantCommand::List { json } => {
+            let tenants = tenant::list(&*store).await?;
+            if json {
+                println!("{}", serde_json::to_string(&tenants)?);
+            } else {
+                println!(
+                    "{:<36}  {:<20}  {:<25}  callback",
+                    "tenant_id", "name", "created"
+                );
+                for t in tenants {
+                    println!(
+                        "{:<36}  {:<20}  {:<25}  {}",
+                        t.tenant_id,
+                        t.name,
+                        t.created_at,
+                        callback_summary(&t)
+                    );
+                }
+            }
+        }
+        TenantCommand::Show { tenant, json } => {
+            let t = tenant::show(&*store, tenant).await?;
+            if json {
+                println!("{}", serde_json::to_string(&t)?);
+            } else {
+                let yes_no = |b: bool| if b { "yes" } else { "no" };
+                println!("tenant_id                     {}", t.tenant_id);
+                println!("name                          {}", t.name);
+                println!("created                       {}", t.created_at);
+                println!("callback                      {}", callback_summary(&t));
+                println!(
+                    "inbound signature required    {}",
+                    yes_no(t.inbound_signature_required)
+                );
+                println!(
+                    "signature covers the key      {}",
+                    yes_no(t.inbound_signature_covers_key)
+                );
+                match t.rate_limit_per_second {
+                    Some(n) => println!("rate limit                    {n}/s (the tenant's own)"),
+                    None => println!("rate limit                    the server's setting"),
+                }
             }
         }
         TenantCommand::SetCallback {
@@ -336,6 +395,15 @@ pub(super) async fn run_tenant(
         }
     }
     Ok(())
+}
+
+/// The callback endpoint in a few words: its URL, and whether a 410 disabled it.
+fn callback_summary(t: &tenant::TenantView) -> String {
+    match (&t.callback_url, t.callback_enabled) {
+        (None, _) => "-".to_owned(),
+        (Some(url), true) => url.clone(),
+        (Some(url), false) => format!("{url} (disabled by a 410)"),
+    }
 }
 
 async fn run_key(store: &dyn tenant::TenantPort, cmd: KeyCommand) -> anyhow::Result<()> {

@@ -202,11 +202,11 @@ pub struct DeliveryArgs {
 pub struct DestinationArgs {
     /// Allow callbacks to loopback and private addresses and `localhost` (tests, private
     /// networks). Link-local and cloud metadata addresses stay refused.
-    #[arg(long, env = "VERDICT_ALLOW_PRIVATE_DESTINATIONS", value_parser = clap::builder::BoolishValueParser::new())]
+    #[arg(long, env = "VERDICT_ALLOW_PRIVATE_DESTINATIONS", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub allow_private_destinations: Option<bool>,
     /// Allow callbacks to link-local addresses, cloud metadata endpoints among them
     /// (169.254.0.0/16, fe80::/10). Almost never what you want.
-    #[arg(long, env = "VERDICT_ALLOW_LINK_LOCAL_DESTINATIONS", value_parser = clap::builder::BoolishValueParser::new())]
+    #[arg(long, env = "VERDICT_ALLOW_LINK_LOCAL_DESTINATIONS", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub allow_link_local_destinations: Option<bool>,
 }
 

@@ -78,19 +78,19 @@ pub async fn list(
 /// An attempt as the API shows it.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct AttemptView {
-    attempted_at: String,
-    trigger: String,
-    status_code: Option<i32>,
-    latency_ms: i64,
-    error: Option<String>,
+    pub attempted_at: String,
+    pub trigger: String,
+    pub status_code: Option<i32>,
+    pub latency_ms: i64,
+    pub error: Option<String>,
     /// The first 1 KiB of the response, as text where it is UTF-8.
-    response: Option<String>,
+    pub response: Option<String>,
     /// A resolution's API key (`trigger` `resolve`; the nil key when the CLI resolved it).
     #[serde(skip_serializing_if = "Option::is_none")]
-    resolved_by: Option<Uuid>,
+    pub resolved_by: Option<Uuid>,
     /// A resolution's reason.
     #[serde(skip_serializing_if = "Option::is_none")]
-    reason: Option<String>,
+    pub reason: Option<String>,
 }
 
 impl From<AttemptRow> for AttemptView {
@@ -114,9 +114,19 @@ impl From<AttemptRow> for AttemptView {
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct DeliveryDetail {
     #[serde(flatten)]
-    delivery: DeliveryState,
+    pub delivery: DeliveryState,
     /// Every attempt, oldest first.
-    attempts: Vec<AttemptView>,
+    pub attempts: Vec<AttemptView>,
+}
+
+impl DeliveryDetail {
+    /// A delivery and its attempts, as stored.
+    pub fn new(delivery: crate::store::DeliveryRecord, attempts: Vec<AttemptRow>) -> Self {
+        Self {
+            delivery: delivery.into(),
+            attempts: attempts.into_iter().map(AttemptView::from).collect(),
+        }
+    }
 }
 
 /// `GET /v1/deliveries/{id}`.
@@ -139,10 +149,7 @@ async fn detail(app: &AppState, tenant_id: Uuid, id: Uuid) -> Result<DeliveryDet
         .delivery_with_attempts(tenant_id, id)
         .await?
         .ok_or(ApiError::NotFound)?;
-    Ok(DeliveryDetail {
-        delivery: delivery.into(),
-        attempts: attempts.into_iter().map(AttemptView::from).collect(),
-    })
+    Ok(DeliveryDetail::new(delivery, attempts))
 }
 
 /// `POST /v1/deliveries/{id}/redeliver`: another round of attempts, starting now, with the same

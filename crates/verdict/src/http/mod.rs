@@ -23,6 +23,8 @@ use axum::routing::{delete, get, post};
 use crate::app::AppState;
 use crate::problem::Problem;
 
+pub use deliveries::DeliveryDetail;
+pub use events::DeliveryView;
 pub use keys::KeyView;
 pub use signals::MAX_BODY_BYTES;
 

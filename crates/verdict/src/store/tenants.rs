@@ -73,6 +73,8 @@ pub struct TenantRecord {
     pub callback_disabled: bool,
     /// Requests per second (and burst) for this tenant, over the server's setting.
     pub rate_limit_per_second: Option<i64>,
+    /// Unix ms.
+    pub created_at: i64,
 }
 
 /// A signing secret sealed under the master key.
@@ -97,6 +99,12 @@ pub trait TenantStore {
     ) -> Result<(), StoreError>;
     /// A tenant by id.
     async fn tenant(&self, id: Uuid) -> Result<Option<TenantRecord>, StoreError>;
+    /// Up to `limit` tenants in id order, after `after` if given: a page of all of them.
+    async fn tenants(
+        &self,
+        after: Option<Uuid>,
+        limit: i64,
+    ) -> Result<Vec<TenantRecord>, StoreError>;
     /// Secrets of a purpose that are valid at `now`, newest first.
     async fn live_secrets(
         &self,
@@ -136,7 +144,7 @@ pub trait TenantStore {
 
 /// The columns of [`TenantRecord`].
 pub(crate) const TENANT_COLUMNS: &str = "id, name, inbound_signature_required, inbound_signature_covers_key, callback_url, \
-     callback_disabled, rate_limit_per_second";
+     callback_disabled, rate_limit_per_second, created_at";
 
 async fn insert_secret<DB, C>(
     conn: &mut C,
@@ -240,6 +248,22 @@ where
         Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
             .bind(id)
             .fetch_optional(self.read())
+            .await?)
+    }
+
+    async fn tenants(
+        &self,
+        after: Option<uuid::Uuid>,
+        limit: i64,
+    ) -> Result<Vec<crate::store::TenantRecord>, crate::store::StoreError> {
+        let sql = format!(
+            "SELECT {} FROM tenants WHERE $1 IS NULL OR id > $1 ORDER BY id LIMIT $2",
+            crate::store::tenants::TENANT_COLUMNS
+        );
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(after)
+            .bind(limit)
+            .fetch_all(self.read())
             .await?)
     }
 

@@ -439,6 +439,7 @@ async fn an_operator_resolves_an_unknown_outcome_done_or_failed(backend: Backend
         "failed",
         "--reason",
         "no case was opened",
+        "--json",
     ]))
     .unwrap();
     assert_eq!(out["status"], "failed", "{out}");

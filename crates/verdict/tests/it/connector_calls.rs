@@ -465,6 +465,7 @@ async fn an_operator_finds_a_subject_and_takes_the_way_back(backend: Backend) {
         &tenant.id,
         "--account",
         "frank",
+        "--json",
     ]))
     .unwrap();
     assert_eq!(looked["lock"], second["event_id"]);
@@ -477,6 +478,7 @@ async fn an_operator_finds_a_subject_and_takes_the_way_back(backend: Backend) {
         "frank",
         "--reason",
         "verified by phone",
+        "--json",
     ]))
     .unwrap();
     assert_eq!(unlocked["outcome"], "done", "{unlocked}");

@@ -434,7 +434,7 @@ async fn the_cli_prints_a_new_secret_once_and_reads_a_token_from_a_file(backend:
         "--match",
         "externalId",
     ]);
-    let list = db.cli(&["connector", "list", "--tenant", &tenant.id]);
+    let list = db.cli(&["connector", "list", "--tenant", &tenant.id, "--json"]);
     let list: Value = serde_json::from_str(&list).unwrap();
     assert_eq!(list[0]["name"], "idp");
     assert_eq!(list[0]["match"], "externalId");

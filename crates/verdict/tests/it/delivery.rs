@@ -137,6 +137,7 @@ async fn a_400_is_terminal_after_one_attempt(backend: Backend) {
         "--tenant",
         &tenant.id,
         delivery["id"].as_str().unwrap(),
+        "--json",
     ]))
     .unwrap();
     assert_eq!(shown["status"], "failed", "{shown}");

@@ -22,15 +22,9 @@ impl Listener {
             .unwrap()
             .port();
         let mut child = Command::new(env!("CARGO_BIN_EXE_verdict"))
-            .args([
-                "listen",
-                "--secret",
-                secret,
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--db",
-                db,
-            ])
+            .args(["listen", "--secret", secret, "--db", db])
+            // Its address from the environment, as `serve` takes VERDICT_LISTEN.
+            .env("VERDICT_RECEIVER_LISTEN", format!("127.0.0.1:{port}"))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()

@@ -15,6 +15,7 @@ mod common;
 
 mod actions;
 mod ambiguous_calls;
+mod cli;
 mod connector_calls;
 mod connectors;
 mod console;

@@ -3,6 +3,17 @@
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 
+/// A port that is free, with the one after it free too.
+fn free_port_pair() -> u16 {
+    loop {
+        let first = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = first.local_addr().unwrap().port();
+        if port < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", port + 1)).is_ok() {
+            return port;
+        }
+    }
+}
+
 #[test]
 fn readme_walkthrough_runs_as_printed() {
     let readme =
@@ -35,6 +46,8 @@ fn readme_walkthrough_runs_as_printed() {
         .args(["-euo", "pipefail", "-c", &script])
         .current_dir(&dir)
         .env("PATH", path)
+        // Not the default ports, which something else may hold: one variable moves them.
+        .env("PORT", free_port_pair().to_string())
         .env_remove("VERDICT_MASTER_KEY")
         .env_remove("VERDICT_LISTEN")
         .stdout(std::process::Stdio::piped())

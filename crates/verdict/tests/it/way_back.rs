@@ -229,6 +229,7 @@ async fn a_way_back_under_an_idempotency_key_is_taken_once(backend: Backend) {
             "luca",
             "--reason",
             "verified by phone",
+            "--json",
         ];
         if let Some(key) = key {
             args.extend(["--idempotency-key", key]);
