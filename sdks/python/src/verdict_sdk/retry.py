@@ -51,7 +51,8 @@ class Backoff:
     max: float = 30.0
 
     def ceiling(self, retry: int) -> float:
-        return min(self.max, self.base * (2 ** min(retry, 62)))
+        factor: int = 2 ** min(retry, 62)
+        return min(self.max, self.base * factor)
 
     def delay(self, retry: int) -> float:
         return random.uniform(0.0, self.ceiling(retry))
