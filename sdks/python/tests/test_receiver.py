@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from standardwebhooks.webhooks import Webhook
 
-from verdict_sdk import Delivery, Receiver, SqliteDedupStore
+from verdict_sdk import ConfigError, Delivery, Receiver, Sender, SqliteDedupStore
 
 from conftest import corpus
 
@@ -75,3 +75,17 @@ def test_a_horizon_shorter_than_verdicts_retries_is_refused(tmp_path: Path) -> N
 def test_an_oversized_body_is_refused_before_verifying(tmp_path: Path) -> None:
     receiver = Receiver(SECRET, SqliteDedupStore(tmp_path / "r.db"), max_body_bytes=16)
     assert receiver.receive(_signed("msg_5"), CASE["body"].encode(), lambda _: None).status == 413
+
+
+def test_a_signed_body_that_is_not_an_envelope_is_a_400(tmp_path: Path) -> None:
+    receiver = Receiver(SECRET, SqliteDedupStore(tmp_path / "r.db"))
+    now = int(time.time())
+    for body in ("[1, 2]", '{"event_id": "e"}', "not json"):
+        signature = Webhook(SECRET).sign("msg_6", datetime.fromtimestamp(now, tz=timezone.utc), body)
+        headers = {"webhook-id": "msg_6", "webhook-timestamp": str(now), "webhook-signature": signature}
+        assert receiver.receive(headers, body.encode(), lambda _: None).status == 400, body
+
+
+def test_an_unusable_signing_secret_is_refused_when_the_sender_is_built() -> None:
+    with pytest.raises(ConfigError):
+        Sender("http://127.0.0.1:9", "vk", "whsec_")

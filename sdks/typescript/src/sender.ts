@@ -75,7 +75,13 @@ export class Sender {
     const backoff = options.backoff ?? new Backoff();
     if (backoff.baseSeconds > backoff.maxSeconds) throw new ConfigError("backoff base must not exceed its maximum");
     // Refuses an empty or malformed secret now, not on every attempt.
-    if (options.signingSecret !== undefined) new Webhook(options.signingSecret);
+    if (options.signingSecret !== undefined) {
+      try {
+        new Webhook(options.signingSecret);
+      } catch {
+        throw new ConfigError("the signing secret is not a whsec_ base64 secret");
+      }
+    }
     this.url = `${baseUrl.replace(/\/+$/, "")}/v1/signals`;
     this.#apiKey = apiKey;
     this.#secret = options.signingSecret;

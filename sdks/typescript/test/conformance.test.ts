@@ -9,6 +9,7 @@ import { Webhook } from "standardwebhooks";
 
 import {
   Backoff,
+  ConfigError,
   KeyReusedError,
   MemoryDedupStore,
   NetworkError,
@@ -211,6 +212,18 @@ describe("the dedupe store", () => {
     assert.ok("Retry-After" in answer.headers);
     const later = new Receiver(c.webhook_secret, { store, clock: () => now + 301 });
     assert.equal((await later.receive(signed("msg_l"), bytes, () => {})).status, 204);
+  });
+
+  test("a signed body that is not an envelope is a 400", async () => {
+    const receiver = new Receiver(c.webhook_secret);
+    for (const body of ["[1, 2]", '{"event_id": "e"}', "not json"]) {
+      const headers = signedAt(c.webhook_secret, "msg_n", Math.floor(Date.now() / 1000), body);
+      assert.equal((await receiver.receive(headers, Buffer.from(body), () => {})).status, 400, body);
+    }
+  });
+
+  test("an unusable signing secret is refused when the sender is built", () => {
+    assert.throws(() => new Sender("http://127.0.0.1:9", "vk", { signingSecret: "whsec_" }), ConfigError);
   });
 
   test("a processed id is kept for the horizon, then pruned", async () => {

@@ -130,6 +130,8 @@ class Envelope:
     @staticmethod
     def from_json(value: Mapping[str, Any]) -> Envelope:
         """Parses an envelope; envelopes from before feeds existed lack `feed` and read as `signals`."""
+        if not isinstance(value, Mapping):
+            raise ValueError("not a verdict envelope: not a JSON object")
         required = ("event_id", "tenant", "event_type", "subject_hash", "timestamp", "decision")
         missing = [name for name in required if not isinstance(value.get(name), str)]
         if missing or "actions" not in value or "metadata" not in value:

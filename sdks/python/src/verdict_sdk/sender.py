@@ -80,7 +80,10 @@ class Sender:
         if not base_url.startswith(("http://", "https://")):
             raise ConfigError("base URL must be http or https")
         if signing_secret is not None:
-            Webhook(signing_secret)  # Refuses an empty or malformed secret now, not per attempt.
+            try:
+                Webhook(signing_secret)  # Refuses an empty or malformed secret now, not per attempt.
+            except Exception as error:
+                raise ConfigError("the signing secret is not a whsec_ base64 secret") from error
         self._url = base_url.rstrip("/") + "/v1/signals"
         self._api_key = api_key
         self._secret = signing_secret
