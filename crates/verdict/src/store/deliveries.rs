@@ -191,8 +191,8 @@ pub trait DeliveryStore {
     ) -> Result<Option<(DeliveryRecord, Vec<AttemptRow>)>, StoreError>;
     /// Deliveries waiting for an attempt.
     async fn queue_depth(&self, now: i64) -> Result<i64, StoreError>;
-    /// When the earliest pending delivery is due (unix ms), if any is pending: one probe of
-    /// the `(status, next_attempt_at)` index.
+    /// When the earliest pending delivery with retries left is due (unix ms), if any: a walk
+    /// of the `(status, next_attempt_at)` index that stops at the first such row.
     async fn next_due(&self) -> Result<Option<i64>, StoreError>;
     /// Leases the pending action requests of one of the tenant's events until `lease_until`:
     /// all of them or none, none while any is leased to another call or waits for the time
@@ -825,7 +825,8 @@ where
 
     async fn next_due(&self) -> Result<Option<i64>, crate::store::StoreError> {
         Ok(sqlx::query_scalar(
-            "SELECT MIN(next_attempt_at) FROM deliveries WHERE status = 'pending'",
+            "SELECT MIN(next_attempt_at) FROM deliveries \
+             WHERE status = 'pending' AND retries_left > 0",
         )
         .fetch_one(self.read())
         .await?)
