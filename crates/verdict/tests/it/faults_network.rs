@@ -254,8 +254,8 @@ async fn a_slow_database_slows_signals_and_fails_none() {
 /// One in four commits is cut after the server finished it and before its answer reached
 /// verdict, for a while under load: the requests in those batches get a 503 (never a 200 for
 /// what verdict could not confirm, never a stored 5xx), and their retries find what was
-/// committed: a completed key replays its record, a rolled-back one is decided afresh;
-/// nothing is acted on or recorded twice.
+/// committed: a completed key replays its record, a rolled-back one is decided afresh, and no
+/// key is ever left in flight between the two (no 409); nothing is acted on or recorded twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_whose_answer_is_lost_is_replayed_never_repeated() {
     let scenario = "ambiguous commit";
@@ -299,6 +299,13 @@ async fn a_commit_whose_answer_is_lost_is_replayed_never_repeated() {
          nothing done or recorded twice"
     );
     assert!(cuts > 0, "{scenario}: some commits were cut");
+    // A fresh key's claim commits with its act, so a lost answer leaves all of the signal or
+    // none of it, never a claim in flight without its effects: no retry meets a 409.
+    assert_eq!(
+        Tally::get(&tally.conflicts_409),
+        0,
+        "{scenario}: a lost answer left a key in flight"
+    );
     // A cut batch may hold only inline attempts' records, so the replays are not counted
     // against the cuts one for one; that no lost answer was taken for a failure (a stored 5xx,
     // an act done again) is what the checks above hold.
