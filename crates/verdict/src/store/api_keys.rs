@@ -251,11 +251,15 @@ where
              ) k ON k.key_tenant = tenants.id",
             crate::store::tenants::TENANT_COLUMNS
         );
-        let row: Option<crate::store::api_keys::GrantRow> =
+        // Every request whose credentials are not cached asks this first: a silent database
+        // must not hold it.
+        let row: Option<crate::store::api_keys::GrantRow> = crate::store::answered_within(
+            B::ANSWER_DEADLINE,
             sqlx::query_as(sqlx::AssertSqlSafe(sql))
                 .bind(key_hash)
-                .fetch_optional(self.read())
-                .await?;
+                .fetch_optional(self.read()),
+        )
+        .await?;
         row.map(|row| {
             Ok(crate::store::KeyGrant {
                 key_id: row.key_id,

@@ -31,6 +31,10 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn lease_due() -> &'static str;
     /// How many group commits may run at once.
     const COMMITS: usize;
+    /// The longest a request waits for one database call on its path (a connection and a
+    /// statement) before answering 503 ([`super::answered_within`]); `None` where the
+    /// database cannot go silent.
+    const ANSWER_DEADLINE: Option<std::time::Duration>;
     /// Applies the backend's pending migrations.
     fn migrate_schema(
         &self,

@@ -354,62 +354,67 @@ where
     ) -> Result<crate::store::ClaimOutcome, crate::store::StoreError> {
         use crate::store::ClaimOutcome;
         use crate::store::keys::Judgement;
-        let key = &claim.key;
-        for _ in 0..crate::store::keys::CLAIM_ATTEMPTS {
-            let mut conn = self.write().acquire().await?;
-            if !insert_claims(&mut conn, &[claim]).await?.is_empty() {
-                return Ok(ClaimOutcome::Started);
-            }
-            drop(conn);
-            let Some(row) = existing_key(self.write(), key).await? else {
-                continue; // pruned between our two statements
-            };
-            let (event_id, expires_at) = (row.event_id, row.expires_at);
-            match crate::store::judge(row, &claim.fingerprint, claim.now)? {
-                Judgement::Final(outcome) => return Ok(outcome),
-                Judgement::Expired => {
-                    sqlx::query(
-                        "DELETE FROM idempotency_keys WHERE tenant_id = $1 \
-                         AND endpoint = $2 AND key_digest = $3 AND expires_at <= $4",
-                    )
-                    .bind(key.tenant_id)
-                    .bind(key.endpoint)
-                    .bind(&key.digest)
-                    .bind(claim.now)
-                    .execute(self.write())
-                    .await?;
+        // The slow path of a claim that found its key taken: a retry after a 503 comes here,
+        // and must meet a silent database with a 503 too, not wait on it.
+        crate::store::answered_within(B::ANSWER_DEADLINE, async {
+            let key = &claim.key;
+            for _ in 0..crate::store::keys::CLAIM_ATTEMPTS {
+                let mut conn = self.write().acquire().await?;
+                if !insert_claims(&mut conn, &[claim]).await?.is_empty() {
+                    return Ok(ClaimOutcome::Started);
                 }
-                Judgement::TakeOver { state, token, from } => {
-                    // Compare-and-set on exactly what was read: of several takers one
-                    // wins, and a holder that finished meanwhile changed the state.
-                    let taken = sqlx::query(
-                        "UPDATE idempotency_keys SET lock_token = $4, locked_until = $5 \
-                         WHERE tenant_id = $1 AND endpoint = $2 AND key_digest = $3 \
-                         AND state = $6 AND locked_until <= $8 \
-                         AND (lock_token = $7 OR (lock_token IS NULL AND $7 IS NULL))",
-                    )
-                    .bind(key.tenant_id)
-                    .bind(key.endpoint)
-                    .bind(&key.digest)
-                    .bind(claim.lock_token)
-                    .bind(claim.locked_until)
-                    .bind(state.as_str())
-                    .bind(token)
-                    .bind(claim.now)
-                    .execute(self.write())
-                    .await?;
-                    if DB::rows_affected(&taken) == 1 {
-                        return Ok(ClaimOutcome::TakenOver {
-                            event_id,
-                            from,
-                            expires_at,
-                        });
+                drop(conn);
+                let Some(row) = existing_key(self.write(), key).await? else {
+                    continue; // pruned between our two statements
+                };
+                let (event_id, expires_at) = (row.event_id, row.expires_at);
+                match crate::store::judge(row, &claim.fingerprint, claim.now)? {
+                    Judgement::Final(outcome) => return Ok(outcome),
+                    Judgement::Expired => {
+                        sqlx::query(
+                            "DELETE FROM idempotency_keys WHERE tenant_id = $1 \
+                             AND endpoint = $2 AND key_digest = $3 AND expires_at <= $4",
+                        )
+                        .bind(key.tenant_id)
+                        .bind(key.endpoint)
+                        .bind(&key.digest)
+                        .bind(claim.now)
+                        .execute(self.write())
+                        .await?;
                     }
-                    // Someone changed the row since we read it: judge it again.
+                    Judgement::TakeOver { state, token, from } => {
+                        // Compare-and-set on exactly what was read: of several takers one
+                        // wins, and a holder that finished meanwhile changed the state.
+                        let taken = sqlx::query(
+                            "UPDATE idempotency_keys SET lock_token = $4, locked_until = $5 \
+                             WHERE tenant_id = $1 AND endpoint = $2 AND key_digest = $3 \
+                             AND state = $6 AND locked_until <= $8 \
+                             AND (lock_token = $7 OR (lock_token IS NULL AND $7 IS NULL))",
+                        )
+                        .bind(key.tenant_id)
+                        .bind(key.endpoint)
+                        .bind(&key.digest)
+                        .bind(claim.lock_token)
+                        .bind(claim.locked_until)
+                        .bind(state.as_str())
+                        .bind(token)
+                        .bind(claim.now)
+                        .execute(self.write())
+                        .await?;
+                        if DB::rows_affected(&taken) == 1 {
+                            return Ok(ClaimOutcome::TakenOver {
+                                event_id,
+                                from,
+                                expires_at,
+                            });
+                        }
+                        // Someone changed the row since we read it: judge it again.
+                    }
                 }
             }
-        }
-        Ok(ClaimOutcome::InProgress)
+            Ok::<_, crate::store::StoreError>(ClaimOutcome::InProgress)
+        })
+        .await
     }
 
     async fn release(

@@ -106,13 +106,19 @@ pub enum StoreError {
     /// A failure of a whole group commit, reported to each request in it.
     #[error("the group commit failed")]
     Batch(#[source] Arc<StoreError>),
+    /// The database did not answer a statement on a request's path within its deadline
+    /// ([`answered_within`]): the connection may have gone silent (a network partition, a
+    /// host that stopped without closing it). What was sent may still commit, so this is as
+    /// ambiguous as a connection lost mid-statement, and as transient.
+    #[error("the database did not answer within {0:?}")]
+    Unanswered(std::time::Duration),
 }
 
 impl StoreError {
     /// A transient failure leaves work at its last recovery point for a retry to resume.
     pub fn is_transient(&self) -> bool {
         match self {
-            Self::Unavailable(_) | Self::LockLost => true,
+            Self::Unavailable(_) | Self::LockLost | Self::Unanswered(_) => true,
             Self::Batch(inner) => inner.is_transient(),
             _ => false,
         }
@@ -146,9 +152,36 @@ impl StoreError {
                     .is_some_and(|code| code.starts_with("08") || code.starts_with("57P")),
                 _ => false,
             },
+            // Work queued behind a silent connection would wait out a deadline of its own.
+            Self::Unanswered(_) => true,
             Self::Batch(inner) => inner.is_unreachable(),
             _ => false,
         }
+    }
+}
+
+/// Runs `work` (database calls on a request's path), failing it as
+/// [`StoreError::Unanswered`] once `deadline` has passed; `None` waits as long as it takes.
+///
+/// Nothing else bounds a connection that goes silent without closing: sqlx has no read
+/// timeout, TCP keepalives are not set on its sockets (and a peer's kernel that still
+/// acknowledges would answer them anyway), and a server-side `statement_timeout` cannot
+/// reach the client across the same silence. Dropping `work` drops its connection mid-use;
+/// the pool tests it before reuse (sqlx pings every returned connection), so it is reused only
+/// once the database answers it again.
+pub(crate) async fn answered_within<T, E>(
+    deadline: Option<std::time::Duration>,
+    work: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, StoreError>
+where
+    StoreError: From<E>,
+{
+    let Some(deadline) = deadline else {
+        return Ok(work.await?);
+    };
+    match tokio::time::timeout(deadline, work).await {
+        Ok(done) => Ok(done?),
+        Err(_) => Err(StoreError::Unanswered(deadline)),
     }
 }
 
@@ -289,7 +322,11 @@ where
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        sqlx::query("SELECT 1").execute(self.read()).await?;
+        answered_within(
+            B::ANSWER_DEADLINE,
+            sqlx::query("SELECT 1").execute(self.read()),
+        )
+        .await?;
         Ok(())
     }
 
@@ -366,6 +403,24 @@ pub use sqlite::SqliteStore;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A statement on a silent connection never answers; the request must not wait on it,
+    /// and its failure is a 503 (transient) that fails what queued behind it (unreachable).
+    #[tokio::test]
+    async fn a_call_unanswered_by_its_deadline_fails_as_transient_and_unreachable() {
+        let deadline = std::time::Duration::from_millis(50);
+        let silent = std::future::pending::<Result<(), sqlx::Error>>();
+        let err = answered_within(Some(deadline), silent)
+            .await
+            .expect_err("a silent database is given up on");
+        assert!(
+            matches!(err, StoreError::Unanswered(d) if d == deadline),
+            "{err:?}"
+        );
+        assert!(err.is_transient() && err.is_unreachable(), "{err:?}");
+        let answered = answered_within(Some(deadline), async { Ok::<_, sqlx::Error>(7) }).await;
+        assert_eq!(answered.unwrap(), 7);
+    }
 
     /// A full SQLite database (here: one page allowed) leaves work at its recovery point, as a
     /// full disk must: a moment of it during a fuzzing run stored a 500 on the key it hit.

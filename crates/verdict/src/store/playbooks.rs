@@ -194,8 +194,11 @@ where
              LEFT JOIN account_locks l ON l.tenant_id = v.column1 \
              AND l.subject_hash = v.column2",
         );
-        let rows: Vec<crate::store::playbooks::DecisionInputsRow> =
-            q.build_query_as().fetch_all(self.decisions()).await?;
+        let rows: Vec<crate::store::playbooks::DecisionInputsRow> = crate::store::answered_within(
+            B::ANSWER_DEADLINE,
+            q.build_query_as().fetch_all(self.decisions()),
+        )
+        .await?;
         Ok(rows
             .into_iter()
             .map(|r| ((r.tenant_id, r.subject_hash), r.inputs))

@@ -9,7 +9,7 @@ use sqlx::{Postgres, Transaction};
 use tokio::sync::Notify;
 
 use super::postgres_hosts::{self, Switched, follow_writable};
-use super::{AbortOnDrop, StoreError};
+use super::{AbortOnDrop, StoreError, answered_within};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
 
@@ -23,6 +23,23 @@ const COMMITTERS: usize = 2;
 /// within about this (work queued behind a batch that met the outage fails with it) instead of
 /// waiting out the outage. At normal load a connection is idle or opened in milliseconds.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The longest a statement on a request's path (with the connection it waits for) waits for
+/// PostgreSQL's answer before it fails as transient: a connection gone silent without closing
+/// (a partition) is otherwise waited on until TCP gives up, and with it the group committer
+/// holding it and every signal queued behind. Longer than [`ACQUIRE_TIMEOUT`], so an outage
+/// still fails as one, and than any statement of a loaded but healthy database (a batch
+/// commits in milliseconds, tens under load); short enough that a signal meeting the silence
+/// answers 503 within 2 s, as it does during an outage.
+const ANSWER_DEADLINE: Duration = Duration::from_millis(1500);
+
+/// `work` within [`ANSWER_DEADLINE`].
+async fn answered<T, E>(work: impl Future<Output = Result<T, E>>) -> Result<T, StoreError>
+where
+    StoreError: From<E>,
+{
+    answered_within(Some(ANSWER_DEADLINE), work).await
+}
 
 /// PostgreSQL connections a process opens at most, both pools together (docs/scale-out.md).
 const CONNECTIONS: u32 = 16;
@@ -312,6 +329,7 @@ impl super::backend::Backend for PostgresStore {
         &LEASE_DUE
     }
     const COMMITS: usize = COMMITTERS;
+    const ANSWER_DEADLINE: Option<Duration> = Some(ANSWER_DEADLINE);
 
     async fn migrate_schema(&self) -> Result<(), sqlx::migrate::MigrateError> {
         MIGRATOR.run(&self.pool).await
@@ -328,9 +346,11 @@ impl super::PipelineStore for PostgresStore {
     async fn commit(&self, batch: &super::Batch) -> Result<super::BatchResult, StoreError> {
         use super::postgres_pipeline as fused;
         if fused::may_commit_alone(batch) {
-            let mut conn = self.pipeline.acquire().await?;
+            let mut conn = answered(self.pipeline.acquire()).await?;
             stop_before_one_statement(batch).await?;
-            match fused::apply(&mut conn, batch, fused::APPLY_ALONE.as_str()).await {
+            // An answer lost here leaves the batch committed or not: the requests get a 503,
+            // and their retries find out which (a completed key replays).
+            match answered(fused::apply(&mut conn, batch, fused::APPLY_ALONE.as_str())).await {
                 Ok(found) => {
                     let live = fused::live(batch, &found);
                     return fused::result(batch, &found, live, Default::default());
@@ -381,10 +401,12 @@ impl PostgresStore {
         use super::postgres_pipeline as fused;
         use crate::domain::ActionKind;
         use crate::store::failpoint::failpoint;
-        let mut tx = begin_on(&self.pipeline, "BEGIN").await?;
-        let found = fused::apply(&mut tx, batch, fused::APPLY.as_str()).await?;
-        super::deliveries::disable_endpoints(&mut *tx, &batch.attempts.iter().collect::<Vec<_>>())
-            .await?;
+        // Each statement within its own deadline, so that the failpoints between them (which
+        // tests hold for seconds) are not counted.
+        let mut tx = answered(begin_on(&self.pipeline, "BEGIN")).await?;
+        let found = answered(fused::apply(&mut tx, batch, fused::APPLY.as_str())).await?;
+        let attempts: Vec<_> = batch.attempts.iter().collect();
+        answered(super::deliveries::disable_endpoints(&mut *tx, &attempts)).await?;
         let live = fused::live(batch, &found);
         for action in ActionKind::LOCAL {
             if live
@@ -397,8 +419,8 @@ impl PostgresStore {
         // The acts APPLY did not settle are finished with their actual outcomes.
         let unsettled = fused::unsettled(&live, &found);
         let mut outcomes = fused::outcomes_of(batch, &unsettled, &found);
-        let deliveries = fused::outbox(&mut tx, batch, &unsettled, &mut outcomes).await?;
-        fused::requests(&mut tx, batch, &unsettled, &mut outcomes).await?;
+        let deliveries = answered(fused::outbox(&mut tx, batch, &unsettled, &mut outcomes)).await?;
+        answered(fused::requests(&mut tx, batch, &unsettled, &mut outcomes)).await?;
         let finished: Vec<super::pipeline::Finished> = unsettled
             .iter()
             .zip(&outcomes)
@@ -409,11 +431,11 @@ impl PostgresStore {
             .zip(&finished)
             .filter_map(|(&i, f)| batch.acts[i].held.as_ref().map(|h| (h, f)))
             .collect();
-        fused::finish(&mut tx, &finished, &completions).await?;
+        answered(fused::finish(&mut tx, &finished, &completions)).await?;
         if !live.is_empty() {
             failpoint!("act::before_commit");
         }
-        tx.commit().await?;
+        answered(tx.commit()).await?;
         fused::result(batch, &found, live, (outcomes, finished, deliveries))
     }
 }

@@ -273,15 +273,20 @@ where
         purpose: crate::store::SecretPurpose,
         now: i64,
     ) -> Result<Vec<crate::store::SealedSecret>, crate::store::StoreError> {
-        let rows: Vec<(uuid::Uuid, Vec<u8>, i64, Option<i64>)> = sqlx::query_as(
-            "SELECT id, sealed, created_at, retired_at FROM tenant_secrets \
-             WHERE tenant_id = $1 AND purpose = $2 \
-             AND (retired_at IS NULL OR retired_at > $3) ORDER BY created_at DESC",
+        // A signed request whose tenant's secrets are not cached asks this: a silent database
+        // must not hold it.
+        let rows: Vec<(uuid::Uuid, Vec<u8>, i64, Option<i64>)> = crate::store::answered_within(
+            B::ANSWER_DEADLINE,
+            sqlx::query_as(
+                "SELECT id, sealed, created_at, retired_at FROM tenant_secrets \
+                 WHERE tenant_id = $1 AND purpose = $2 \
+                 AND (retired_at IS NULL OR retired_at > $3) ORDER BY created_at DESC",
+            )
+            .bind(tenant_id)
+            .bind(purpose.as_str())
+            .bind(now)
+            .fetch_all(self.read()),
         )
-        .bind(tenant_id)
-        .bind(purpose.as_str())
-        .bind(now)
-        .fetch_all(self.read())
         .await?;
         Ok(rows
             .into_iter()

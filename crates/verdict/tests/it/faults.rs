@@ -7,8 +7,7 @@
 //! and promote PostgreSQL clusters of their own (`common::cluster`), which needs root or the
 //! `postgres` user, and the long sizes take minutes.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -16,331 +15,14 @@ use crate::common;
 use crate::common::cluster::Cluster;
 use crate::common::receiver::{Receiver, Step};
 use crate::common::retrying::{
-    SIM_SWAP_ACTIONS, Tally, UNAVAILABLE_WITHIN, action_outcomes, send_until_answered,
-    wrong_sim_swap_answer,
+    SIM_SWAP_ACTIONS, Tally, action_outcomes, send_until_answered, wrong_sim_swap_answer,
 };
-use crate::common::{
-    Backend, Reply, Server, Tenant, TestDb, new_key, random_between, signed, sim_swap,
+use crate::common::scenario::{
+    KeepLog, Load, SIGNAL_DEADLINE, Sent, Size, check_callbacks, check_exactly_once,
+    check_no_key_locked_after, check_unavailable, first_answer_after, log_lines, probe_for,
+    retry_probe_signals, server_env, start_server,
 };
-use serde_json::Value;
-
-/// How big a run is: `VERDICT_FAULTS=short` for CI, `long` for a person; unset skips.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Size {
-    Short,
-    Long,
-}
-
-impl Size {
-    fn from_env(scenario: &str) -> Option<Size> {
-        match std::env::var("VERDICT_FAULTS").as_deref() {
-            Ok("short") => Some(Size::Short),
-            Ok("long") => Some(Size::Long),
-            Ok(other) => panic!("VERDICT_FAULTS is `short` or `long`, not `{other}`"),
-            Err(_) => {
-                eprintln!("{scenario}: skipped (run it with scripts/faults)");
-                None
-            }
-        }
-    }
-
-    fn pick<T>(self, short: T, long: T) -> T {
-        match self {
-            Size::Short => short,
-            Size::Long => long,
-        }
-    }
-}
-
-/// Gives up on a signal after this long.
-const SIGNAL_DEADLINE: Duration = Duration::from_secs(180);
-/// The lock timeout the outage and failover servers run with: short enough that a key left
-/// locked would show, long enough that a live holder on a busy machine never overruns it.
-const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// A server's environment in these scenarios: callbacks to this machine, and the worker
-/// inside `serve` retrying every second.
-fn server_env() -> Vec<(&'static str, String)> {
-    vec![
-        ("VERDICT_ALLOW_PRIVATE_DESTINATIONS", "1".into()),
-        ("VERDICT_RETRY_INTERVAL_SECS", "1".into()),
-        (
-            "VERDICT_LOCK_TIMEOUT_SECS",
-            LOCK_TIMEOUT.as_secs().to_string(),
-        ),
-    ]
-}
-
-fn start_server(db: &TestDb, env: &[(&'static str, String)]) -> Server {
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    Server::start(db, &env)
-}
-
-/// One signal a sender got a final answer for.
-struct Sent {
-    key: String,
-    body: String,
-    reply: Reply,
-    answered_at: Instant,
-}
-
-/// Senders that each send fresh keyed SIM swaps one after another, each until it gets a final
-/// answer (same key, same bytes), until stopped.
-struct Load {
-    senders: Vec<tokio::task::JoinHandle<Vec<Sent>>>,
-    stop: Arc<AtomicBool>,
-}
-
-impl Load {
-    fn start(base: Arc<Mutex<String>>, tenant: &Tenant, senders: usize, tally: Arc<Tally>) -> Load {
-        let stop = Arc::new(AtomicBool::new(false));
-        let senders = (0..senders)
-            .map(|s| {
-                let (base, tenant, tally, stop) =
-                    (base.clone(), tenant.clone(), tally.clone(), stop.clone());
-                tokio::spawn(async move {
-                    let client = common::retrying::client();
-                    let mut sent = Vec::new();
-                    for n in 0.. {
-                        if stop.load(Ordering::SeqCst) {
-                            break;
-                        }
-                        let key = new_key();
-                        let body = sim_swap(&format!("+447{s:03}{n:06}"));
-                        let reply = send_until_answered(
-                            &client,
-                            &base,
-                            &tenant,
-                            Some(&key),
-                            &body,
-                            &tally,
-                            SIGNAL_DEADLINE,
-                        )
-                        .await;
-                        sent.push(Sent {
-                            key,
-                            body,
-                            reply,
-                            answered_at: Instant::now(),
-                        });
-                    }
-                    sent
-                })
-            })
-            .collect();
-        Load { senders, stop }
-    }
-
-    /// Stops sending new signals and waits for every signal sent to be answered.
-    async fn finish(self) -> Vec<Sent> {
-        self.stop.store(true, Ordering::SeqCst);
-        let mut all = Vec::new();
-        for sender in self.senders {
-            all.extend(sender.await.unwrap());
-        }
-        all
-    }
-}
-
-/// Every answer a fresh SIM swap must get, one event per signal, each key replayed from its
-/// record, no key left in flight or holding a stored 5xx. Returns the event ids and the
-/// duplicates sent to check the replays.
-async fn check_exactly_once(
-    scenario: &str,
-    db: &TestDb,
-    server: &Server,
-    tenant: &Tenant,
-    sent: &[Sent],
-) -> (BTreeSet<String>, usize) {
-    let wrong: Vec<String> = sent
-        .iter()
-        .filter_map(|s| wrong_sim_swap_answer(&s.reply).map(|w| format!("{}: {w}", s.key)))
-        .collect();
-    assert!(
-        wrong.is_empty(),
-        "{scenario}: {} of {} signals did not end with deny by recent_sim_swap and every action done:\n{}",
-        wrong.len(),
-        sent.len(),
-        wrong.join("\n")
-    );
-    let event_ids: BTreeSet<String> = sent
-        .iter()
-        .map(|s| s.reply.json()["event_id"].as_str().unwrap().to_owned())
-        .collect();
-    assert_eq!(
-        event_ids.len(),
-        sent.len(),
-        "{scenario}: one event per signal"
-    );
-
-    // A deliberate duplicate of every signal: answered from the record, byte for byte.
-    for s in sent {
-        let again = server.send(tenant, Some(&s.key), &s.body).await;
-        assert_eq!(again.status, 200, "{scenario}: {}", s.key);
-        assert!(again.replayed(), "{scenario}: {} is replayed", s.key);
-        assert_eq!(
-            again.json(),
-            s.reply.json(),
-            "{scenario}: the replay is the record"
-        );
-    }
-
-    let n = sent.len() as i64;
-    let rows = [
-        ("events", db.count("events").await),
-        ("account_locks", db.count("account_locks").await),
-        ("cases", db.count("cases").await),
-        ("alerts", db.count("alerts").await),
-        ("denies", db.count("denies").await),
-        ("deliveries", db.count("deliveries").await),
-    ];
-    eprintln!(
-        "{scenario}: rows per table: {}",
-        rows.iter()
-            .map(|(t, c)| format!("{t} {c}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-    for (table, count) in rows {
-        assert_eq!(count, n, "{scenario}: {table} must hold one row per signal");
-    }
-    assert_eq!(
-        db.scalar("SELECT COUNT(*) FROM idempotency_keys WHERE response_status >= 500")
-            .await,
-        0,
-        "{scenario}: a 5xx was stored on a key"
-    );
-    assert_eq!(
-        db.scalar("SELECT COUNT(*) FROM idempotency_keys WHERE state <> 'completed'")
-            .await,
-        0,
-        "{scenario}: a key was left unfinished"
-    );
-    (event_ids, sent.len())
-}
-
-/// Waits until every delivery has succeeded, then checks that every event got exactly one
-/// callback (one webhook-id) whose bytes never changed between attempts. Returns the attempts
-/// the receiver got.
-async fn check_callbacks(
-    scenario: &str,
-    db: &TestDb,
-    receiver: &Receiver,
-    event_ids: &BTreeSet<String>,
-) -> usize {
-    let n = event_ids.len() as i64;
-    let started = Instant::now();
-    // An inline attempt whose record the fault cut off waits out its lease (60 s) first.
-    while db
-        .scalar("SELECT COUNT(*) FROM deliveries WHERE status = 'succeeded'")
-        .await
-        < n
-    {
-        assert!(
-            started.elapsed() < Duration::from_secs(120),
-            "{scenario}: callbacks still undelivered after 120 s: {} of {n} succeeded",
-            db.scalar("SELECT COUNT(*) FROM deliveries WHERE status = 'succeeded'")
-                .await
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    let mut by_webhook: BTreeMap<String, Vec<Vec<u8>>> = BTreeMap::new();
-    for r in receiver.received() {
-        by_webhook
-            .entry(r.header("webhook-id").to_owned())
-            .or_default()
-            .push(r.body);
-    }
-    let mut called_back = BTreeSet::new();
-    let mut attempts = 0;
-    for (id, bodies) in &by_webhook {
-        attempts += bodies.len();
-        assert!(
-            bodies.iter().all(|b| b == &bodies[0]),
-            "{scenario}: webhook-id {id}: the callback bytes changed between attempts"
-        );
-        let envelope: Value = serde_json::from_slice(&bodies[0]).unwrap();
-        assert!(
-            called_back.insert(envelope["event_id"].as_str().unwrap().to_owned()),
-            "{scenario}: two webhook-ids for event {}",
-            envelope["event_id"]
-        );
-    }
-    assert_eq!(
-        &called_back, event_ids,
-        "{scenario}: every event got its callback, and no other"
-    );
-    attempts
-}
-
-/// How many log lines contain `needle`.
-fn log_lines(server: &Server, needle: &str) -> usize {
-    server.logs().lines().filter(|l| l.contains(needle)).count()
-}
-
-/// Keeps the server's log (`common::keep_log`) when the scenario ends, passed or failed.
-struct KeepLog<'a>(&'a Server, &'a str);
-
-impl Drop for KeepLog<'_> {
-    fn drop(&mut self) {
-        common::keep_log(self.1, &self.0.logs());
-    }
-}
-
-/// What the probes saw while the database was down.
-#[derive(Default)]
-struct Probes {
-    healthz: Vec<u16>,
-    readyz: Vec<(u16, Duration)>,
-    /// A fresh keyed signal each: its first answer and how long it took.
-    signals: Vec<(String, String, Reply, Duration)>,
-}
-
-/// Probes `/healthz`, `/readyz` and a fresh keyed signal, at once, every 250 ms for `time`.
-async fn probe_for(server: &Server, tenant: &Tenant, time: Duration) -> Probes {
-    let started = Instant::now();
-    let mut rounds = tokio::task::JoinSet::new();
-    let mut n = 0;
-    while started.elapsed() < time {
-        let (client, base, tenant) = (server.client.clone(), server.base.clone(), tenant.clone());
-        rounds.spawn(async move {
-            let timed_get = |path: &str| {
-                let (client, url) = (client.clone(), format!("{base}{path}"));
-                async move {
-                    let asked = Instant::now();
-                    let status = client.get(url).send().await.unwrap().status().as_u16();
-                    (status, asked.elapsed())
-                }
-            };
-            let key = new_key();
-            let body = sim_swap(&format!("+447999{n:06}"));
-            let signal = async {
-                let asked = Instant::now();
-                let req = signed(
-                    client.post(format!("{base}/v1/signals")),
-                    &tenant,
-                    Some(&key),
-                    &body,
-                    common::now(),
-                );
-                let reply = Reply::from(req.send().await.unwrap()).await;
-                (reply, asked.elapsed())
-            };
-            let ((health, _), ready, (reply, took)) =
-                tokio::join!(timed_get("/healthz"), timed_get("/readyz"), signal);
-            (health, ready, (key, body, reply, took))
-        });
-        n += 1;
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    let mut probes = Probes::default();
-    for (health, ready, signal) in rounds.join_all().await {
-        probes.healthz.push(health);
-        probes.readyz.push(ready);
-        probes.signals.push(signal);
-    }
-    probes
-}
+use crate::common::{Backend, Reply, TestDb, new_key, random_between, sim_swap};
 
 /// The database stopped under load for several seconds, then started: while it is down,
 /// `/healthz` answers 200, `/readyz` 503 and signals 503 with `Retry-After`, each within 2 s;
@@ -391,102 +73,19 @@ async fn a_database_outage_answers_503_at_once_and_loses_nothing() {
     let load_signals = sent.len();
 
     // The probes' signals, retried now with the same key and bytes.
-    let client = common::retrying::client();
-    let here = Mutex::new(server.base.clone());
-    for (key, body, _, _) in &probes.signals {
-        let reply = send_until_answered(
-            &client,
-            &here,
-            &tenant,
-            Some(key),
-            body,
-            &tally,
-            SIGNAL_DEADLINE,
-        )
-        .await;
-        sent.push(Sent {
-            key: key.clone(),
-            body: body.clone(),
-            reply,
-            answered_at: Instant::now(),
-        });
-    }
-
-    // While it was down.
-    let slowest = |v: &mut dyn Iterator<Item = Duration>| v.max().unwrap_or_default();
-    let readyz_slowest = slowest(&mut probes.readyz.iter().map(|(_, t)| *t));
-    let signal_slowest = slowest(&mut probes.signals.iter().map(|(_, _, _, t)| *t));
-    eprintln!(
-        "{scenario}: PostgreSQL down {} ms under {senders} senders; {} probes: /healthz {:?}, \
-         /readyz {:?} (slowest {} ms), fresh signals {:?} (slowest {} ms)",
-        down_for.as_millis(),
-        probes.healthz.len(),
-        counts(probes.healthz.iter().copied()),
-        counts(probes.readyz.iter().map(|(s, _)| *s)),
-        readyz_slowest.as_millis(),
-        counts(probes.signals.iter().map(|(_, _, r, _)| r.status)),
-        signal_slowest.as_millis(),
-    );
-    assert!(
-        probes.healthz.iter().all(|&s| s == 200),
-        "{scenario}: /healthz answers 200 while the database is down"
-    );
-    assert!(
-        probes
-            .readyz
-            .iter()
-            .all(|&(s, t)| s == 503 && t <= UNAVAILABLE_WITHIN),
-        "{scenario}: /readyz answers 503 within {UNAVAILABLE_WITHIN:?} while the database is down: {:?}",
-        probes.readyz
-    );
-    for (key, _, reply, took) in &probes.signals {
-        assert_eq!(reply.status, 503, "{scenario}: signal {key} while down");
-        assert!(
-            reply.header("retry-after").is_some(),
-            "{scenario}: a 503 carries Retry-After"
-        );
-        assert_eq!(
-            reply.json()["type"],
-            "https://verdict.dev/problems/temporarily-unavailable"
-        );
-        assert!(
-            *took <= UNAVAILABLE_WITHIN,
-            "{scenario}: signal {key} took {took:?} to be refused"
-        );
-    }
-    assert_eq!(
-        Tally::get(&tally.unavailable_slow),
-        0,
-        "{scenario}: every 503 the senders got came within {UNAVAILABLE_WITHIN:?}: {}",
-        tally.summary()
-    );
-    assert_eq!(
-        Tally::get(&tally.unavailable_without_retry_after),
-        0,
-        "{scenario}: every 503 carries Retry-After"
-    );
-    assert_eq!(
-        Tally::get(&tally.slow_answers),
-        0,
-        "{scenario}: no request waited out the outage: {}",
-        tally.summary()
+    sent.extend(retry_probe_signals(&server, &tenant, &probes, &tally).await);
+    check_unavailable(
+        scenario,
+        "PostgreSQL down",
+        down_for,
+        senders,
+        &probes,
+        &tally,
     );
 
     // Afterwards.
-    let last_conflict = *tally.last_conflict.lock().unwrap();
-    if let Some(last) = last_conflict {
-        assert!(
-            last <= up_at + LOCK_TIMEOUT,
-            "{scenario}: a key was still locked {:?} after the database returned (lock timeout {LOCK_TIMEOUT:?})",
-            last - up_at
-        );
-    }
-    let first_after = sent
-        .iter()
-        .filter(|s| s.answered_at > up_at)
-        .map(|s| s.answered_at - up_at)
-        .min()
-        .unwrap_or_default();
+    let last_conflict = check_no_key_locked_after(scenario, &tally, up_at);
+    let first_after = first_answer_after(&sent, up_at);
     let signals = sent.len();
     let (event_ids, duplicates) = check_exactly_once(scenario, &db, &server, &tenant, &sent).await;
     eprintln!(
@@ -510,17 +109,12 @@ async fn a_database_outage_answers_503_at_once_and_loses_nothing() {
     let per_row_logs = log_lines(&server, "could not record a delivery attempt");
     let round_failures = log_lines(&server, "delivery round failed");
     eprintln!(
-        "{scenario}: first decision {} ms after the database returned; last 409 {}; \
+        "{scenario}: first decision {} ms after the database returned; last 409 {last_conflict}; \
          {queued} callbacks queued for the worker, {signals} delivered in {attempts} attempts; \
          the worker logged the outage {worker_outage_logs} time(s), {round_failures} failed \
          rounds, {per_row_logs} per-row record failures; nothing lost: {signals} of {signals} \
          signals decided once, acted on once, called back once",
         first_after.as_millis(),
-        match last_conflict {
-            Some(t) if t > up_at => format!("{} ms after it returned", (t - up_at).as_millis()),
-            Some(_) => "before it returned".into(),
-            None => "never".into(),
-        },
     );
     assert!(
         queued > 0,
@@ -841,13 +435,4 @@ async fn a_duplicate_storm_has_one_effect_per_signal(backend: Backend) {
     for (table, count, expected) in rows {
         assert_eq!(count, expected, "{scenario}: {table}");
     }
-}
-
-/// How often each status came, in order.
-fn counts(statuses: impl Iterator<Item = u16>) -> BTreeMap<u16, usize> {
-    let mut counts = BTreeMap::new();
-    for s in statuses {
-        *counts.entry(s).or_default() += 1;
-    }
-    counts
 }

@@ -61,19 +61,23 @@ WITH claim_in AS (
 ), attempt_in AS (
     SELECT * FROM {attempt_rows}
 ), attempt_ins AS (
+    -- A record is sent again when the answer to the commit that stored it was lost (the
+    -- connection cut after the commit): its row is there, and is neither stored again (a
+    -- duplicate key would fail the whole batch it joined) nor moves its delivery on twice.
     INSERT INTO delivery_attempts (id, delivery_id, attempted_at, trigger_kind, status_code,
         latency_ms, error, response_excerpt)
     SELECT id, delivery_id, attempted_at, trigger_kind, status_code, latency_ms, error, excerpt
     FROM attempt_in
+    ON CONFLICT (id) DO NOTHING RETURNING id
 ), attempt_moved AS (
-    -- Each delivery moves on with its attempt.
+    -- Each delivery moves on with its attempt, once.
     UPDATE deliveries d SET status = t.status, attempts = d.attempts + 1,
         retries_left = t.retries_left, next_attempt_at = t.next_attempt_at, leased_until = 0,
         sent_at = NULL, last_error = t.error, updated_at = t.attempted_at,
         payload = CASE WHEN d.action <> 'callback'
             AND t.status IN ('succeeded', 'failed', 'unknown')
             THEN substr(d.payload, 1, 0) ELSE d.payload END
-    FROM attempt_in t WHERE d.id = t.delivery_id
+    FROM attempt_in t WHERE d.id = t.delivery_id AND t.id IN (SELECT id FROM attempt_ins)
 ), calls_recorded AS (
     -- Dispatched signals whose connector calls answered: their events' action outcomes ...
     UPDATE events e SET actions = calls_done_rows.actions FROM {calls_done_rows}

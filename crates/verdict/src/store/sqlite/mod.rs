@@ -188,6 +188,8 @@ impl super::backend::Backend for SqliteStore {
         &LEASE_DUE
     }
     const COMMITS: usize = 1;
+    /// A local file: a statement is slow, never unanswered.
+    const ANSWER_DEADLINE: Option<std::time::Duration> = None;
 
     async fn migrate_schema(&self) -> Result<(), sqlx::migrate::MigrateError> {
         MIGRATOR.run(&self.writer).await

@@ -5,10 +5,12 @@ pub mod cluster;
 pub mod console;
 pub mod deliveries;
 pub mod effects;
+pub mod fault_proxy;
 pub mod hostile;
 pub mod proxy;
 pub mod receiver;
 pub mod retrying;
+pub mod scenario;
 pub mod sets;
 
 use std::io::{BufRead, BufReader};
