@@ -6,6 +6,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::common::receiver::{Receiver, Step};
+use serde_json::Value;
+
 use crate::common::{Backend, MANUAL_WORKER, Reply, Server, TestDb, new_key, sim_swap};
 
 /// A server whose own worker runs every second, with callbacks to this machine allowed.
@@ -190,7 +192,97 @@ async fn an_unknown_status_filter_is_a_400_problem(backend: Backend) {
     assert_eq!(bad.json()["status"], 400);
 }
 
+/// A `verdict worker` process on the test's database, retrying every second.
+fn spawn_worker(db: &TestDb) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_verdict"))
+        .arg("worker")
+        .env("VERDICT_DATABASE_URL", &db.url)
+        .env("VERDICT_MASTER_KEY", &db.master_key)
+        .env("VERDICT_ALLOW_PRIVATE_DESTINATIONS", "1")
+        .env("VERDICT_RETRY_INTERVAL_SECS", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits until the receiver has `n` requests, for at most `within`; returns how long it took.
+async fn wait_for_requests(receiver: &Receiver, n: usize, within: Duration) -> Duration {
+    let started = Instant::now();
+    while receiver.received().len() < n {
+        assert!(
+            started.elapsed() < within,
+            "{} of {n} requests after {within:?}",
+            receiver.received().len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    started.elapsed()
+}
+
+/// Issue 28, item 3: a worker SIGKILLed while one of its attempts is in flight. The other
+/// delivery it was sending is not held up, and the one it held goes out again, with the same
+/// `webhook-id` and bytes, once its lease (the deadline and 30 s) is over, not before.
+async fn a_worker_killed_mid_send_holds_up_only_its_own_delivery(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    // Both inline attempts refused; of the worker's two attempts, the first to arrive hangs.
+    let receiver = Receiver::start(vec![
+        Step::status(503),
+        Step::status(503),
+        Step::slow(200, Duration::from_secs(20)),
+    ])
+    .await;
+    let tenant = db.tenant(&["--callback-url", &receiver.url]);
+    let server = Server::start(&db, &MANUAL_WORKER);
+    for phone in ["+447700900621", "+447700900622"] {
+        let reply = server
+            .send(&tenant, Some(&new_key()), &sim_swap(phone))
+            .await;
+        assert_eq!(reply.status, 200);
+    }
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+
+    let mut first = spawn_worker(&db);
+    wait_for_requests(&receiver, 4, Duration::from_secs(10)).await;
+    let got = receiver.received();
+    let (stuck, other) = (&got[2], &got[3]);
+    let other_id = other.header("webhook-id").to_owned();
+    let delivered: Vec<Value> = server
+        .get(&tenant, "/v1/deliveries?status=succeeded")
+        .await
+        .json()["data"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert!(
+        delivered
+            .iter()
+            .any(|d| d["webhook_id"] == other_id.as_str()),
+        "the other delivery went through while the first hung: {delivered:?}"
+    );
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let killed = Instant::now();
+
+    let mut second = spawn_worker(&db);
+    wait_for_requests(&receiver, 5, Duration::from_secs(45)).await;
+    let again_after = killed.elapsed();
+    let resent = &receiver.received()[4];
+    second.kill().unwrap();
+    second.wait().unwrap();
+    assert_eq!(resent.header("webhook-id"), stuck.header("webhook-id"));
+    assert_eq!(resent.body, stuck.body, "the same bytes");
+    // The lease was taken about a second before the kill and lasts 35 s.
+    assert!(
+        again_after > Duration::from_secs(30) && again_after < Duration::from_secs(40),
+        "sent again {again_after:?} after the kill, the lease being 35 s"
+    );
+    assert_eq!(receiver.received().len(), 5, "nothing else sent twice");
+}
+
 on_both_backends!(
+    a_worker_killed_mid_send_holds_up_only_its_own_delivery,
     a_running_worker_retries_at_every_interval,
     retry_after_as_an_http_date_is_honoured,
     an_attempt_deadline_out_of_bounds_is_refused,
