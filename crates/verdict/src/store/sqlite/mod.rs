@@ -131,7 +131,21 @@ impl SqliteStore {
     }
 
     async fn begin(&self) -> Result<Transaction<'static, Sqlite>, sqlx::Error> {
-        self.writer.begin_with("BEGIN IMMEDIATE").await
+        match self.writer.begin_with("BEGIN IMMEDIATE").await {
+            // SQLite ends a transaction on its own after some failures (a full disk, an I/O
+            // error), and sqlx's count of open transactions on the connection then stays one
+            // too high: every later `BEGIN` on it is refused as a savepoint statement, for
+            // good. The writer's one connection is closed (the pool opens a fresh one) and the
+            // transaction begun again once. Found by `faults_disk`.
+            Err(sqlx::Error::InvalidSavePointStatement) => {
+                tracing::warn!(
+                    "the SQLite writer connection lost its transaction state; reopening it"
+                );
+                self.writer.acquire().await?.close().await?;
+                self.writer.begin_with("BEGIN IMMEDIATE").await
+            }
+            begun => begun,
+        }
     }
 }
 

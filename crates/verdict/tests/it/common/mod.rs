@@ -98,6 +98,17 @@ impl TestDb {
         }
     }
 
+    /// A fresh SQLite database in `dir` (which the test made, e.g. a small filesystem).
+    pub fn sqlite_in(dir: std::path::PathBuf) -> TestDb {
+        TestDb {
+            backend: Backend::Sqlite,
+            url: format!("sqlite://{}", dir.join("verdict.db").display()),
+            master_key: base64::engine::general_purpose::STANDARD.encode(rand_bytes()),
+            dir,
+            pg_name: None,
+        }
+    }
+
     /// A fresh database in a cluster of the test's own; it goes when the cluster is dropped.
     pub async fn in_cluster(cluster: &cluster::Cluster) -> TestDb {
         let mut db = TestDb::new(Backend::Sqlite).await;
