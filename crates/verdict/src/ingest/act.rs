@@ -166,9 +166,22 @@ impl Ingest {
             },
             Keying::Claim(claim) => act.claiming(claim),
         };
-        // The request's part of the group commit: its wait for a batch, and the batch's commit.
-        let span = telemetry::span!("commit", event_id = %event_id, phase = "act");
-        let committed = self.commits.act(act).instrument(span).await?;
+        // The request's part of the group commit: its wait for a batch, and the batch's commit,
+        // with how many signals that commit carried.
+        let span = telemetry::span!(
+            "commit",
+            event_id = %event_id,
+            phase = "act",
+            signals = tracing::field::Empty,
+        );
+        let shared = self
+            .commits
+            .act_shared(act)
+            .instrument(span.clone())
+            .await?;
+        // As i64: the trace layer exports a u64 as a string.
+        span.record("signals", i64::try_from(shared.signals).unwrap_or(i64::MAX));
+        let committed = shared.answer?;
         failpoint!("ingest::after_dispatch");
         metrics::counter!("verdict_decisions_total", "decision" => decided.decision.as_str())
             .increment(1);

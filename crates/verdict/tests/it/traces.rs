@@ -200,6 +200,12 @@ async fn a_signal_is_one_trace_from_the_caller_to_the_tenants_systems(backend: B
     assert_eq!(decide["attributes"]["decision"], "deny");
     let commit = span(&in_trace, "commit", "phase", "act");
     assert_eq!(commit["attributes"]["event_id"], event_id.as_str());
+    assert!(
+        commit["attributes"]["signals"]
+            .as_i64()
+            .is_some_and(|n| n >= 1),
+        "{commit:#}"
+    );
 
     // The callback, as received, names the callback span; so does the connector call its own.
     let sent = callback.received();
