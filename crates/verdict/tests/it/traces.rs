@@ -1,14 +1,18 @@
 //! OpenTelemetry traces, end to end: the real binary exports over OTLP/HTTP to a collector that
 //! decodes with the official `opentelemetry-proto` package, and the span tree, the caller's
 //! trace context and the `traceparent` the tenant's systems receive are checked against each
-//! other. With the variable unset, nothing is exported and nothing propagated.
+//! other. A worker's retry is a trace of its own. With the variable unset, nothing is exported
+//! and nothing propagated.
 
 use serde_json::Value;
 
 use crate::common::collector::Collector;
+use crate::common::deliveries::wait_for_next_round;
 use crate::common::effects::EffectReceiver;
-use crate::common::receiver::Receiver;
-use crate::common::{Backend, Reply, Server, Tenant, TestDb, new_key, now, signed, sim_swap};
+use crate::common::receiver::{Receiver, Step};
+use crate::common::{
+    Backend, MANUAL_WORKER, Reply, Server, Tenant, TestDb, new_key, now, signed, sim_swap,
+};
 
 /// The caller's trace and span, as its `traceparent` names them.
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
@@ -305,7 +309,51 @@ async fn with_the_variable_unset_nothing_is_exported_or_propagated(backend: Back
     assert!(calls[0].headers.get("traceparent").is_none());
 }
 
+async fn a_worker_retry_is_a_trace_of_its_own(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let collector = Collector::start(db.dir());
+    let callback = Receiver::start(vec![Step::status(503)]).await;
+    let tenant = db.tenant(&["--callback-url", &callback.url]);
+    let endpoint = ("OTEL_EXPORTER_OTLP_ENDPOINT", collector.endpoint.as_str());
+    let mut env = MANUAL_WORKER.to_vec();
+    env.push(endpoint);
+    let server = Server::start(&db, &env);
+    let traceparent = format!("00-{TRACE_ID}-{CALLER_SPAN}-01");
+    let reply = send_traced(&server, &tenant, &new_key(), PHONE, Some(&traceparent)).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    wait_for_next_round().await;
+    let round = db.worker_once(&[("VERDICT_RETRY_INTERVAL_SECS", "1"), endpoint]);
+    assert_eq!(round["delivered"], 1, "{round}");
+    assert!(server.terminate(), "verdict serve did not stop cleanly");
+
+    let spans = collector.spans();
+    let inline = spans
+        .iter()
+        .find(|s| s["name"] == "callback" && s["trace_id"] == TRACE_ID)
+        .unwrap_or_else(|| panic!("no inline callback span: {spans:#?}"));
+    assert_eq!(inline["attributes"]["http.response.status_code"], 503);
+    assert_eq!(inline["status"], "STATUS_CODE_ERROR");
+    // The worker's attempt: a root of its own, not the long-gone request's.
+    let attempt = span(&spans, "delivery", "trigger", "worker");
+    assert_eq!(attempt["parent_span_id"], "", "{attempt:#}");
+    assert_ne!(attempt["trace_id"], TRACE_ID);
+    let retry = spans
+        .iter()
+        .find(|s| s["name"] == "callback" && s["parent_span_id"] == attempt["span_id"])
+        .unwrap_or_else(|| panic!("no callback under the worker's attempt: {spans:#?}"));
+    let sent = callback.received();
+    assert_eq!(sent.len(), 2, "the inline attempt and the retry");
+    assert_eq!(
+        named_by(sent[1].header("traceparent")),
+        (
+            attempt["trace_id"].as_str().unwrap().to_owned(),
+            retry["span_id"].as_str().unwrap().to_owned()
+        )
+    );
+}
+
 on_both_backends!(
     a_signal_is_one_trace_from_the_caller_to_the_tenants_systems,
     with_the_variable_unset_nothing_is_exported_or_propagated,
+    a_worker_retry_is_a_trace_of_its_own,
 );
