@@ -7,13 +7,13 @@
 //! (Security Event Tokens, CAMARA notifications) into the same pipeline; [`connectors`] manages
 //! the tenant's own systems that actions call. [`secrets`] derives
 //! every server key from one master key; [`config`] and [`cli`] wire it together for the
-//! `verdict` binary.
+//! `verdict` binary, and [`telemetry`] exports its spans as OpenTelemetry traces when asked.
 //!
 //! Each layer imports only the ones below it: [`domain`] (which imports nothing from the crate)
 //! ← [`store`] ← [`ingest`], [`delivery`], [`feeds`], [`playbook`], [`connectors`] ← [`app`] (what the HTTP
 //! edges share: state, errors, connections, layers) ← the edges [`http`], [`console`] and
 //! [`cli`], which import neither each other nor are imported below; [`server`] composes the API
-//! and the console. [`problem`], [`signal`], [`secrets`] and [`destination`] import nothing
+//! and the console. [`problem`], [`signal`], [`secrets`], [`destination`] and [`telemetry`] import nothing
 //! above them, so any layer may use them.
 
 pub mod app;
@@ -41,4 +41,5 @@ pub mod server;
 pub mod signal;
 pub mod store;
 pub mod subjects;
+pub mod telemetry;
 pub mod tenant;

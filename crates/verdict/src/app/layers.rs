@@ -6,11 +6,12 @@ use axum::extract::MatchedPath;
 use axum::http::{HeaderName, HeaderValue, Request, header};
 use axum::response::Response;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
-use tower_http::trace::{DefaultOnResponse, TraceLayer};
+use tower_http::trace::{DefaultOnResponse, OnResponse, TraceLayer};
 use tracing::Level;
 
 use super::AppState;
 use crate::problem::Problem;
+use crate::telemetry;
 
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
@@ -30,7 +31,9 @@ pub fn layered(routes: Router<AppState>, state: AppState) -> Router {
                 .layer(
                     // The span carries the request id and the route's template; it
                     // deliberately records no headers, query or raw path, any of which could
-                    // hold keys or identifiers (a phone number put in a path).
+                    // hold keys or identifiers (a phone number put in a path). With traces on
+                    // it is the trace's root (or the caller's span's child), and records the
+                    // response's status.
                     TraceLayer::new_for_http()
                         .make_span_with(|req: &Request<_>| {
                             let id = req
@@ -42,14 +45,22 @@ pub fn layered(routes: Router<AppState>, state: AppState) -> Router {
                                 .extensions()
                                 .get::<MatchedPath>()
                                 .map_or(UNMATCHED, MatchedPath::as_str);
-                            tracing::info_span!(
+                            let span = tracing::info_span!(
                                 "request",
                                 request_id = %id,
                                 method = %req.method(),
                                 route = %logged_path(route),
-                            )
+                            );
+                            // The caller's trace goes on here, if it sent a usable one.
+                            telemetry::continue_trace(&span, req.headers());
+                            span
                         })
-                        .on_response(DefaultOnResponse::new().level(Level::INFO)),
+                        .on_response(|response: &Response, latency, span: &tracing::Span| {
+                            DefaultOnResponse::new()
+                                .level(Level::INFO)
+                                .on_response(response, latency, span);
+                            telemetry::record_response(span, response.status().as_u16());
+                        }),
                 )
                 .layer(PropagateRequestIdLayer::new(REQUEST_ID)),
         )

@@ -9,6 +9,7 @@ use verdict_webhooks::{Secret, signed_headers};
 
 use super::schedule::AttemptOutcome;
 use crate::destination::{DestinationPolicy, DestinationRefused, UrlError, check_url};
+use crate::telemetry;
 
 /// How much of a response body is kept with the attempt.
 const EXCERPT_BYTES: usize = 1024;
@@ -81,6 +82,9 @@ pub async fn send(
         .body(out.payload.to_vec());
     for (name, value) in signed_headers(out.secrets, out.webhook_id, timestamp, out.payload) {
         request = request.header(name, value);
+    }
+    if let Some(trace) = telemetry::outbound_headers() {
+        request = request.headers(trace);
     }
     let response = match request.send().await {
         Ok(response) => response,

@@ -92,6 +92,7 @@ async fn http(
     for (name, value) in signed_headers(&secrets, call.key, timestamp, call.body) {
         request = request.header(name, value);
     }
+    let request = traced(request);
     let during = abort_during_call();
     let response = request.send().await;
     drop(during);
@@ -194,13 +195,15 @@ async fn scim(
     lookup
         .query_pairs_mut()
         .append_pair("filter", &filter(call.connector.match_attribute, account));
-    let found = client
-        .get(lookup)
-        .timeout(deadline)
-        .header(AUTHORIZATION, format!("Bearer {token}"))
-        .header(ACCEPT, "application/scim+json, application/json")
-        .send()
-        .await;
+    let found = traced(
+        client
+            .get(lookup)
+            .timeout(deadline)
+            .header(AUTHORIZATION, format!("Bearer {token}"))
+            .header(ACCEPT, "application/scim+json, application/json"),
+    )
+    .send()
+    .await;
     let found = match found {
         Ok(r) => r,
         Err(err) => {
@@ -248,18 +251,28 @@ async fn scim(
     });
     let remaining = deadline.saturating_sub(started.elapsed());
     let during = abort_during_call();
-    let patched = client
-        .patch(format!("{users}/{}", urlencode_segment(&user.id)))
-        .timeout(remaining)
-        .header(AUTHORIZATION, format!("Bearer {token}"))
-        .header(CONTENT_TYPE, "application/scim+json")
-        .body(patch.to_string())
-        .send()
-        .await;
+    let patched = traced(
+        client
+            .patch(format!("{users}/{}", urlencode_segment(&user.id)))
+            .timeout(remaining)
+            .header(AUTHORIZATION, format!("Bearer {token}"))
+            .header(CONTENT_TYPE, "application/scim+json")
+            .body(patch.to_string()),
+    )
+    .send()
+    .await;
     drop(during);
     match patched {
         Ok(r) => answered(r.status(), r.headers(), started),
         Err(err) => unsent_or_ambiguous(err, &base, started),
+    }
+}
+
+/// `request` with the `traceparent` of the call's span, while traces are on.
+fn traced(request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+    match crate::telemetry::outbound_headers() {
+        Some(trace) => request.headers(trace),
+        None => request,
     }
 }
 

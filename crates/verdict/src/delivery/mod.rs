@@ -17,6 +17,7 @@ pub mod worker;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::clock::now_ms;
@@ -28,6 +29,7 @@ use crate::store::failpoint::failpoint;
 use crate::store::{
     AttemptRecord, ConnectorRecord, DueDelivery, Redelivery, SecretPurpose, StoreError,
 };
+use crate::telemetry;
 use crate::tenant;
 use attempt::Outgoing;
 use schedule::Trigger;
@@ -171,7 +173,10 @@ impl Deliverer {
     /// Attempts a leased delivery once and records the attempt; a retry is scheduled from
     /// `due_at` (a worker round's scheduled time), not from when the send ended, so it is due
     /// by the next round.
-    #[tracing::instrument(skip_all, fields(delivery_id = %due.id, trigger = trigger.as_str()))]
+    ///
+    /// Its `delivery` span is a worker attempt's root span: the request that stored the
+    /// delivery is long gone, so a retry's trace is its own.
+    #[tracing::instrument(name = "delivery", skip_all, fields(delivery_id = %due.id, trigger = trigger.as_str()))]
     pub async fn attempt_due_at(
         &self,
         due: &DueDelivery,
@@ -240,7 +245,14 @@ impl Deliverer {
             })?;
         Ok(match &due.callback_url {
             Some(url) => {
-                attempt::send(
+                let span = telemetry::span!(
+                    "callback",
+                    otel.kind = "client",
+                    event_id = %due.event_id,
+                    delivery_id = %due.id,
+                    webhook_id = %due.webhook_id,
+                );
+                let attempt = attempt::send(
                     &self.client,
                     &Outgoing {
                         url,
@@ -251,7 +263,10 @@ impl Deliverer {
                     self.settings.deadline,
                     self.settings.destinations,
                 )
-                .await
+                .instrument(span.clone())
+                .await;
+                record_on(&span, &attempt);
+                attempt
             }
             None => not_sent(AttemptOutcome::Terminal, "no callback URL is configured"),
         })
@@ -340,13 +355,25 @@ impl Deliverer {
             );
             return Ok(not_sent(AttemptOutcome::Unknown, SENT_BEFORE));
         }
+        let span = telemetry::span!(
+            "connector_call",
+            otel.kind = "client",
+            event_id = %due.event_id,
+            delivery_id = %due.id,
+            action = %due.action,
+            connector = %connector.name,
+            connector_kind = connector.kind.as_str(),
+            webhook_id = %due.webhook_id,
+        );
         let attempt = connector::call(
             &self.client,
             &call,
             self.settings.deadline,
             self.settings.destinations,
         )
+        .instrument(span.clone())
         .await;
+        record_on(&span, &attempt);
         failpoint!("connector::after_call");
         Ok(attempt)
     }
@@ -430,6 +457,17 @@ fn not_sent(outcome: AttemptOutcome, why: &str) -> attempt::Attempt {
         already_done: false,
         sent: false,
     }
+}
+
+/// Records an attempt's answer on its span (traces only).
+fn record_on(span: &tracing::Span, attempt: &attempt::Attempt) {
+    let delivered = attempt.outcome == AttemptOutcome::Delivered;
+    telemetry::record_call(
+        span,
+        attempt.status_code,
+        outcome_label(&attempt.outcome),
+        delivered,
+    );
 }
 
 /// Counts and logs a recorded attempt.

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use tracing::Instrument;
 use uuid::Uuid;
 
 use super::call;
@@ -18,6 +19,7 @@ use crate::store::{
     Act, ActionTarget, CallbackDraft, Claim, DueDelivery, HeldKey, KeyRef, StoreError,
     StoredResponse,
 };
+use crate::telemetry;
 
 impl Ingest {
     /// A fresh key's claim committed with its act: one commit, and nothing of the signal is
@@ -164,7 +166,22 @@ impl Ingest {
             },
             Keying::Claim(claim) => act.claiming(claim),
         };
-        let committed = self.commits.act(act).await?;
+        // The request's part of the group commit: its wait for a batch, and the batch's commit,
+        // with how many signals that commit carried.
+        let span = telemetry::span!(
+            "commit",
+            event_id = %event_id,
+            phase = "act",
+            signals = tracing::field::Empty,
+        );
+        let shared = self
+            .commits
+            .act_shared(act)
+            .instrument(span.clone())
+            .await?;
+        // As i64: the trace layer exports a u64 as a string.
+        span.record("signals", i64::try_from(shared.signals).unwrap_or(i64::MAX));
+        let committed = shared.answer?;
         failpoint!("ingest::after_dispatch");
         metrics::counter!("verdict_decisions_total", "decision" => decided.decision.as_str())
             .increment(1);

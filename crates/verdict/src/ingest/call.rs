@@ -19,6 +19,7 @@ use crate::domain::{ActionKind, Outcome};
 use crate::signal::Subject;
 use crate::store::failpoint::failpoint;
 use crate::store::{CallsDone, DueDelivery, HeldKey, RequestDraft, StoreError, StoredResponse};
+use crate::telemetry;
 
 use super::Decided;
 
@@ -154,7 +155,8 @@ impl Ingest {
             held: held.cloned(),
             response: response.clone(),
         };
-        self.commits.complete_calls(done).await?;
+        let span = telemetry::span!("commit", event_id = %event_id, phase = "calls");
+        self.commits.complete_calls(done).instrument(span).await?;
         Ok(response)
     }
 

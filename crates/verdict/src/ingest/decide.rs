@@ -1,10 +1,13 @@
 //! Phase 1, **decide**: one batched read (the playbook version in force and the subject's
 //! facts before this signal), then the playbook, in process.
 
+use tracing::Instrument;
+
 use super::{Decided, Destination, Ingest, Mapping, Prepared};
 use crate::clock::to_ms;
 use crate::playbook::SubjectFacts;
 use crate::store::{DecisionInputs, StoreError};
+use crate::telemetry;
 
 impl Ingest {
     /// Where the signal's callback goes, read now.
@@ -24,8 +27,24 @@ impl Ingest {
             .ok_or_else(|| StoreError::Corrupt("the tenant is gone".into()))
     }
 
-    /// Decides the signal from the playbook in force and the subject's facts before it.
+    /// Decides the signal from the playbook in force and the subject's facts before it, in a
+    /// `decide` span (traces only) that records the decision and the playbook's version.
     pub(super) async fn decide(
+        &self,
+        signal: &Prepared<'_>,
+    ) -> Result<(Decided, Destination), StoreError> {
+        let span = telemetry::span!(
+            "decide",
+            decision = tracing::field::Empty,
+            playbook_version = tracing::field::Empty,
+        );
+        let decided = self.decide_now(signal).instrument(span.clone()).await?;
+        span.record("decision", decided.0.decision.as_str());
+        span.record("playbook_version", decided.0.playbook_version);
+        Ok(decided)
+    }
+
+    async fn decide_now(
         &self,
         signal: &Prepared<'_>,
     ) -> Result<(Decided, Destination), StoreError> {

@@ -21,9 +21,19 @@ const QUEUE: usize = 4096;
 
 enum Job {
     Claim(Box<Claim>, oneshot::Sender<Result<bool, StoreError>>),
-    Act(Box<Act>, oneshot::Sender<Result<Committed, StoreError>>),
+    Act(
+        Box<Act>,
+        oneshot::Sender<Shared<Result<Committed, StoreError>>>,
+    ),
     Attempt(Box<AttemptRecord>, oneshot::Sender<Result<(), StoreError>>),
     CallsDone(Box<CallsDone>, oneshot::Sender<Result<(), StoreError>>),
+}
+
+/// A job's answer, and how many signals' work its commit carried (the job's own included): a
+/// trace shows one request's `commit` span as the share of a batch that it is.
+pub struct Shared<T> {
+    pub answer: T,
+    pub signals: usize,
 }
 
 /// The queue in front of the committers.
@@ -52,9 +62,17 @@ impl GroupCommit {
     /// Applies a decided signal's effects and stores its event and response, with its key's
     /// claim if it carries one (`Err(LockLost)` if the claim or the held lock was lost).
     pub async fn act(&self, act: Act) -> Result<Committed, StoreError> {
+        self.act_shared(act).await?.answer
+    }
+
+    /// [`Self::act`], with the number of signals its commit carried.
+    pub async fn act_shared(
+        &self,
+        act: Act,
+    ) -> Result<Shared<Result<Committed, StoreError>>, StoreError> {
         let (reply, answer) = oneshot::channel();
         self.submit(Job::Act(Box::new(act), reply)).await?;
-        answer.await.map_err(|_| stopped())?
+        answer.await.map_err(|_| stopped())
     }
 
     /// Records an inline callback attempt and moves its delivery on.
@@ -197,6 +215,7 @@ fn batch_of(jobs: &[Job], alert_window_ms: i64) -> Batch {
 }
 
 fn answer(jobs: Vec<Job>, result: BatchResult) {
+    let signals = jobs.len();
     let mut claims = result.claims.into_iter();
     let mut acts = result.acts.into_iter();
     for job in jobs {
@@ -206,7 +225,8 @@ fn answer(jobs: Vec<Job>, result: BatchResult) {
                 let _ = reply.send(claims.next().ok_or(StoreError::LockLost));
             }
             Job::Act(_, reply) => {
-                let _ = reply.send(acts.next().unwrap_or(Err(StoreError::LockLost)));
+                let answer = acts.next().unwrap_or(Err(StoreError::LockLost));
+                let _ = reply.send(Shared { answer, signals });
             }
             Job::Attempt(_, reply) | Job::CallsDone(_, reply) => {
                 let _ = reply.send(Ok(()));
@@ -216,6 +236,7 @@ fn answer(jobs: Vec<Job>, result: BatchResult) {
 }
 
 fn fail(jobs: Vec<Job>, err: Arc<StoreError>) {
+    let signals = jobs.len();
     for job in jobs {
         let shared = StoreError::Batch(err.clone());
         match job {
@@ -223,7 +244,10 @@ fn fail(jobs: Vec<Job>, err: Arc<StoreError>) {
                 let _ = reply.send(Err(shared));
             }
             Job::Act(_, reply) => {
-                let _ = reply.send(Err(shared));
+                let _ = reply.send(Shared {
+                    answer: Err(shared),
+                    signals,
+                });
             }
             Job::Attempt(_, reply) | Job::CallsDone(_, reply) => {
                 let _ = reply.send(Err(shared));

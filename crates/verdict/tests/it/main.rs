@@ -54,4 +54,5 @@ mod robustness;
 mod scopes;
 mod signed_keys;
 mod simulation;
+mod traces;
 mod way_back;

@@ -2,6 +2,7 @@
 //! on a real socket, tenants made with the real CLI, and signed requests.
 
 pub mod cluster;
+pub mod collector;
 pub mod console;
 pub mod deliveries;
 pub mod effects;
@@ -420,6 +421,9 @@ impl Server {
             .env("VERDICT_LOG_FORMAT", "json")
             .env("VERDICT_LOG", "debug,sqlx=warn,hyper=info,h2=info")
             .env_remove("FAILPOINTS")
+            // Traces only where a test asks for them, whatever the machine's environment says.
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         for (k, v) in env {
