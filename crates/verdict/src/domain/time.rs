@@ -14,11 +14,6 @@ impl UnixMillis {
         Self(ms)
     }
 
-    /// Now, by the wall clock.
-    pub fn now() -> Self {
-        Self::from(OffsetDateTime::now_utc())
-    }
-
     /// The milliseconds, as stored.
     pub const fn as_i64(self) -> i64 {
         self.0

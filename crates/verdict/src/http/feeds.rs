@@ -11,7 +11,6 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
-use time::OffsetDateTime;
 
 use crate::app::AppState;
 use crate::app::error::{ApiError, AuthError};
@@ -92,7 +91,7 @@ async fn receive_set(app: &AppState, headers: &HeaderMap, body: Body) -> Result<
     // 3. Verify: signature, issuer, audience, window, claims.
     let set = app
         .sets
-        .verify(tenant.id, token, OffsetDateTime::now_utc())
+        .verify(tenant.id, token, crate::clock::now_utc())
         .await?;
 
     // 4. Map with the playbook in force, then claim, decide, act and send (or record it as
@@ -174,7 +173,7 @@ async fn receive_camara(
     let tenant = super::auth::admit_feed(&grant, Feed::Camara, &app.rate_limits)?;
     app.quota.admit(tenant).map_err(ApiError::from)?;
 
-    let (notification, value) = camara::parse(&body, OffsetDateTime::now_utc())?;
+    let (notification, value) = camara::parse(&body, crate::clock::now_utc())?;
     let fingerprint = Fingerprint::of(&value)
         .map_err(|_| CamaraError("the notification cannot be put in RFC 8785 canonical form"))?;
 

@@ -65,7 +65,7 @@ pub async fn post_signal(
     let tenant = grant.tenant;
 
     // 3. Parse: nothing before this point claimed or wrote anything.
-    let (signal, value) = Signal::parse(&body, time::OffsetDateTime::now_utc())?;
+    let (signal, value) = Signal::parse(&body, crate::clock::now_utc())?;
     let fingerprint = Fingerprint::of(&value).map_err(|err| {
         tracing::debug!(error = ?err, "a signal could not be canonicalised");
         SignalError::Schema("the body cannot be put in RFC 8785 canonical form".into())

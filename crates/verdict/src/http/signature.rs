@@ -95,7 +95,7 @@ fn fresh(timestamp: &str) -> Result<&str, AuthError> {
     let ts: i64 = timestamp
         .parse()
         .map_err(|_| AuthError::MalformedTimestamp)?;
-    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    let now = crate::clock::now_utc().unix_timestamp();
     if now.abs_diff(ts) > TIMESTAMP_TOLERANCE_SECS.unsigned_abs() {
         return Err(AuthError::StaleTimestamp);
     }

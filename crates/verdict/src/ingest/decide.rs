@@ -57,7 +57,7 @@ impl Ingest {
         let facts = SubjectFacts {
             locked: inputs.subject_locked,
         };
-        let now = time::OffsetDateTime::now_utc();
+        let now = crate::clock::now_utc();
         let ruling = playbook.decide(&signal.inbound.signal, facts, now);
         let bound = playbook.bindings_of(&ruling.actions);
         let decided = Decided {

@@ -133,7 +133,7 @@ impl Render for Draft {
             tenant: self.tenant_id.to_string(),
             event_type: format!("decision.{}", self.signal_type),
             subject_hash: hex(&self.subject_hash),
-            timestamp: time::OffsetDateTime::now_utc()
+            timestamp: crate::clock::now_utc()
                 .format(&time::format_description::well_known::Rfc3339)
                 .unwrap_or_default(),
             decision: self.decided.decision.as_str().to_owned(),

@@ -393,6 +393,7 @@ impl Drop for AbortOnDrop {
 }
 
 mod postgres;
+mod postgres_clock;
 mod postgres_hosts;
 mod postgres_pipeline;
 mod sqlite;

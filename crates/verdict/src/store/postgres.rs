@@ -8,6 +8,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Postgres, Transaction};
 use tokio::sync::Notify;
 
+use super::postgres_clock;
 use super::postgres_hosts::{self, Switched, follow_writable};
 use super::{AbortOnDrop, StoreError, answered_within};
 
@@ -145,6 +146,8 @@ pub struct PostgresStore {
     /// With several hosts, the task that keeps new connections on the one that takes writes;
     /// it stops with the last clone of the store.
     _follower: Option<Arc<AbortOnDrop>>,
+    /// The task that keeps this process's clock on the database's ([`postgres_clock`]).
+    _clock: Arc<AbortOnDrop>,
 }
 
 impl PostgresStore {
@@ -173,10 +176,12 @@ impl PostgresStore {
                 .await?;
             let pipeline = pool_options(PIPELINE_CONNECTIONS, None, true)
                 .connect_lazy_with(pipeline_hosts[0].clone());
+            let clock = follow_clock(&pool).await?;
             return Ok(Self {
                 pool,
                 pipeline,
                 _follower: None,
+                _clock: clock,
             });
         }
         let current = postgres_hosts::first_writable(&hosts)
@@ -205,10 +210,12 @@ impl PostgresStore {
             wake,
             switched,
         ));
+        let clock = follow_clock(&pool).await?;
         Ok(Self {
             pool,
             pipeline,
             _follower: Some(Arc::new(AbortOnDrop(follower))),
+            _clock: clock,
         })
     }
 
@@ -239,6 +246,14 @@ impl PostgresStore {
     ) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
         begin_on(&self.pool, begin).await
     }
+}
+
+/// Puts this process's clock on the database's before the first request, and keeps it there.
+async fn follow_clock(pool: &PgPool) -> Result<Arc<AbortOnDrop>, StoreError> {
+    postgres_clock::measure(pool).await?;
+    Ok(Arc::new(AbortOnDrop(tokio::spawn(postgres_clock::follow(
+        pool.clone(),
+    )))))
 }
 
 /// Opens a transaction on `pool` with `begin` (a `BEGIN` statement). A `BEGIN` that fails

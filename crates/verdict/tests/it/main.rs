@@ -30,6 +30,7 @@ mod destination_guard;
 mod embedded_default;
 mod end_to_end;
 mod faults;
+mod faults_clock;
 mod faults_disk;
 mod faults_network;
 mod feeds_camara;
