@@ -414,8 +414,14 @@ pub struct Server {
 impl Server {
     /// Starts the binary on a free port with extra environment variables.
     pub fn start(db: &TestDb, env: &[(&str, &str)]) -> Server {
+        Server::start_with(db, &["serve", "--listen", "127.0.0.1:0"], env)
+    }
+
+    /// Starts `verdict serve` with these arguments (its `--listen` among them) once it says
+    /// where it listens.
+    pub fn start_with(db: &TestDb, args: &[&str], env: &[(&str, &str)]) -> Server {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_verdict"));
-        cmd.args(["serve", "--listen", "127.0.0.1:0"])
+        cmd.args(args)
             .env("VERDICT_DATABASE_URL", &db.url)
             .env("VERDICT_MASTER_KEY", &db.master_key)
             .env("VERDICT_LOG_FORMAT", "json")
