@@ -5,7 +5,7 @@
 //!
 //! CI-sized by default; `CRASH_STORM_SIGNALS` (80) and `CRASH_STORM_KILLS` (6) make it longer.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -13,8 +13,8 @@ use std::time::Duration;
 use crate::common;
 use crate::common::receiver::{Receiver, Step};
 use crate::common::retrying::{Tally, send_until_answered, wrong_sim_swap_answer};
+use crate::common::scenario::check_callbacks;
 use crate::common::{Backend, Reply, Server, Tenant, TestDb, new_key, random_between, sim_swap};
-use serde_json::Value;
 
 on_both_backends!(
     crash_storm_keeps_every_signal_exactly_once,
@@ -190,34 +190,12 @@ async fn crash_storm_keeps_every_signal_exactly_once(backend: Backend) {
     );
 
     // One callback per event, and the bytes for one webhook-id never change across attempts.
-    let mut by_webhook: BTreeMap<String, Vec<Vec<u8>>> = BTreeMap::new();
-    for r in receiver.received() {
-        by_webhook
-            .entry(r.header("webhook-id").to_owned())
-            .or_default()
-            .push(r.body);
-    }
-    let mut called_back = BTreeSet::new();
-    let mut attempts = 0;
-    for (id, bodies) in &by_webhook {
-        attempts += bodies.len();
-        assert!(
-            bodies.iter().all(|b| b == &bodies[0]),
-            "webhook-id {id}: the callback bytes changed between attempts"
-        );
-        let envelope: Value = serde_json::from_slice(&bodies[0]).unwrap();
-        assert!(
-            called_back.insert(envelope["event_id"].as_str().unwrap().to_owned()),
-            "two webhook-ids for event {}",
-            envelope["event_id"]
-        );
-    }
-    assert_eq!(called_back, event_ids, "every event got its callback");
+    let attempts = check_callbacks("crash storm", &db, &receiver, &event_ids).await;
     eprintln!(
         "crash storm ({backend:?}): {} callbacks received in {attempts} attempts \
          ({by_storm_workers} by the workers of killed servers), bytes stable; nothing lost: \
          {signals} of {signals} signals decided once, acted on once, called back once",
-        by_webhook.len()
+        event_ids.len()
     );
 }
 

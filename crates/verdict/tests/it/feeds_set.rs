@@ -780,16 +780,7 @@ async fn a_tenant_without_a_transmitter_refuses_sets_as_invalid_issuer(backend: 
     assert_eq!(claimed(&db).await, (0, 0));
 
     // Both feeds are in the OpenAPI document, with their own error forms.
-    let doc = Reply::from(
-        server
-            .client
-            .get(format!("{}/openapi.json", server.base))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await
-    .json();
+    let doc = server.openapi().await.json();
     let sets = &doc["paths"]["/v1/sets"]["post"];
     assert!(sets["requestBody"]["content"]["application/secevent+jwt"].is_object());
     assert!(sets["responses"]["202"].is_object());

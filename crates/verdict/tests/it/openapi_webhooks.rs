@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::common::receiver::{Receiver, Step};
-use crate::common::{Backend, Reply, Server, TestDb, new_key};
+use crate::common::{Backend, Server, TestDb, new_key};
 
 /// Validates `instance` against the document's component `schema` (its `$ref`s resolved in the
 /// document itself); the validator's message if it does not hold.
@@ -98,16 +98,7 @@ connector = "cases"
         .await;
     assert_eq!(reply.status, 200, "{}", reply.text());
 
-    let document = Reply::from(
-        server
-            .client
-            .get(format!("{}/openapi.json", server.base))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await
-    .json();
+    let document = server.openapi().await.json();
     assert!(document["openapi"].as_str().unwrap().starts_with("3.1"));
     for (name, receiver) in [("decision", &callbacks), ("action_request", &cases)] {
         let (schema, headers) = webhook(&document, name);

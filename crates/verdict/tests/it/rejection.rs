@@ -304,15 +304,7 @@ async fn health_readiness_and_a_valid_openapi_document_answer(backend: Backend) 
         assert_eq!(r.status(), 200, "{path}");
         assert!(r.headers().contains_key("x-request-id"));
     }
-    let document = Reply::from(
-        server
-            .client
-            .get(format!("{}/openapi.json", server.base))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let document = server.openapi().await;
     assert_eq!(document.status, 200);
     assert!(document.json()["paths"]["/v1/signals"]["post"].is_object());
     let mut check = std::process::Command::new("python3")

@@ -520,16 +520,7 @@ async fn keys_from_before_api_keys_existed_become_admin_keys(backend: Backend) {
 async fn the_openapi_document_describes_keys_and_refusals(backend: Backend) {
     let db = TestDb::new(backend).await;
     let server = Server::start(&db, &[]);
-    let doc = Reply::from(
-        server
-            .client
-            .get(format!("{}/openapi.json", server.base))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await
-    .json();
+    let doc = server.openapi().await.json();
     let paths = &doc["paths"];
     assert!(paths["/v1/keys"]["post"]["responses"]["201"].is_object());
     assert!(paths["/v1/keys"]["get"].is_object());

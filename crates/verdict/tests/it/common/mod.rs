@@ -607,6 +607,12 @@ impl Server {
         .await
     }
 
+    /// `GET /openapi.json`, read whole.
+    pub async fn openapi(&self) -> Reply {
+        let url = format!("{}/openapi.json", self.base);
+        Reply::from(self.client.get(url).send().await.unwrap()).await
+    }
+
     /// Sends a signal body with the given key, signed for `tenant` at the current time.
     pub async fn send(&self, tenant: &Tenant, key: Option<&str>, body: &str) -> Reply {
         let req = signed(
