@@ -93,13 +93,18 @@ const TENANTS_PAGE: i64 = 500;
 
 /// Every tenant, oldest id first, read a page at a time.
 pub async fn list(store: &dyn TenantPort) -> Result<Vec<TenantView>, TenantError> {
+    list_in_pages(store, TENANTS_PAGE).await
+}
+
+/// [`list`], reading `page` tenants at a time.
+async fn list_in_pages(store: &dyn TenantPort, page: i64) -> Result<Vec<TenantView>, TenantError> {
     let mut all = Vec::new();
     let mut after = None;
     loop {
-        let page = store.tenants(after, TENANTS_PAGE).await?;
-        let full = page.len() as i64 == TENANTS_PAGE;
-        after = page.last().map(|t| t.id);
-        all.extend(page.into_iter().map(TenantView::from));
+        let batch = store.tenants(after, page).await?;
+        let full = batch.len() as i64 == page;
+        after = batch.last().map(|t| t.id);
+        all.extend(batch.into_iter().map(TenantView::from));
         if !full {
             return Ok(all);
         }
@@ -567,6 +572,45 @@ impl Credentials {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Seven tenants read two at a time (the last page short) and three at a time (the last
+    /// page empty), from a real SQLite store: each once, in the order they were created.
+    #[tokio::test]
+    async fn tenants_listed_page_by_page_are_each_listed_once_in_order() {
+        let dir = std::env::temp_dir().join(format!("verdict-tenants-{}", Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).expect("a scratch directory");
+        let url = format!("sqlite://{}", dir.join("v.db").display());
+        let store = crate::store::connect(&url).await.expect("opens");
+        let keys =
+            crate::secrets::MasterKey::from_base64(&crate::secrets::MasterKey::generate_base64())
+                .expect("a fresh key")
+                .keyring();
+        let mut created = Vec::new();
+        for n in 0..7 {
+            let spec = TenantSpec {
+                name: format!("t{n}"),
+                inbound_signature_required: true,
+                callback_url: None,
+            };
+            created.push(
+                create(&*store, &keys, spec)
+                    .await
+                    .expect("created")
+                    .tenant_id,
+            );
+        }
+        for page in [2, 3, 500] {
+            let listed: Vec<Uuid> = list_in_pages(&*store, page)
+                .await
+                .expect("listed")
+                .into_iter()
+                .map(|t| t.tenant_id)
+                .collect();
+            assert_eq!(listed, created, "pages of {page}");
+        }
+        drop(store);
+        let _ = std::fs::remove_dir_all(dir);
+    }
 
     #[test]
     fn created_tenant_debug_prints_no_secret() {

@@ -122,6 +122,20 @@ async fn a_send_retried_by_hand_under_its_key_gets_the_first_answer(backend: Bac
         err.contains("400") && err.contains("`observed_at` is required"),
         "{err}"
     );
+
+    // A key outside the grammar (a space or a line break is not visible ASCII, 256 characters
+    // are too many) is refused before anything is sent, with the rule it broke.
+    std::fs::write(&file, sim_swap("+447700900613")).unwrap();
+    for bad in ["two words", "line\nbreak", &"k".repeat(256)] {
+        let refused = send(bad);
+        assert!(!refused.status.success(), "{bad:?}");
+        let err = String::from_utf8_lossy(&refused.stderr);
+        assert!(
+            err.contains("invalid idempotency key") && err.contains("1 to 255 visible ASCII"),
+            "{bad:?}: {err}"
+        );
+    }
+    assert_eq!(db.scalar("SELECT COUNT(*) FROM events").await, 1);
 }
 
 async fn deliveries_show_when_each_attempt_was_made_and_when_the_next_is_due(backend: Backend) {
