@@ -25,7 +25,8 @@ pub enum CamaraSubscriptionCommand {
         /// The `subscriptionId` the carrier returned when the subscription was created.
         #[arg(long)]
         subscription_id: String,
-        /// The subscription's phone number, E.164 (`+` and digits).
+        /// The subscription's phone number, E.164 (`+` and digits); `-` reads it from the first
+        /// line of stdin, so it stays out of the process list and the shell's history.
         #[arg(long)]
         phone: String,
     },
@@ -51,6 +52,7 @@ pub(super) async fn run_camara(
             subscription_id,
             phone,
         } => {
+            let phone = super::value_or_stdin(&phone)?;
             crate::feeds::add_camara_subscription(&*store, &keys, tenant, subscription_id, phone)
                 .await?;
             println!("subscription registered");

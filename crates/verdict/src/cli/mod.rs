@@ -176,6 +176,19 @@ async fn run_prune(config: &Config, retention: RetentionSettings) -> anyhow::Res
     Ok(())
 }
 
+/// `value`, or the first line of stdin (without its line ending) when `value` is `-`: how an
+/// identifier is passed without showing in the process list or the shell's history.
+fn value_or_stdin(value: &str) -> anyhow::Result<String> {
+    if value != "-" {
+        return Ok(value.to_owned());
+    }
+    let mut line = String::new();
+    std::io::stdin()
+        .read_line(&mut line)
+        .context("reading from stdin")?;
+    Ok(line.trim_end_matches(['\r', '\n']).to_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use clap::CommandFactory;

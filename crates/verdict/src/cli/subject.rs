@@ -22,15 +22,33 @@ pub struct Who {
     /// The tenant's id.
     #[arg(long, env = super::TENANT_ENV)]
     tenant: Uuid,
-    /// The subject's phone number (E.164).
+    /// The subject's phone number (E.164); `-` reads it from the first line of stdin, so it
+    /// stays out of the process list and the shell's history.
     #[arg(long, required_unless_present = "account", conflicts_with = "account")]
     phone: Option<String>,
-    /// The subject's account.
+    /// The subject's account; `-` reads it from the first line of stdin.
     #[arg(long)]
     account: Option<String>,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
+}
+
+impl Who {
+    /// The subject named, with a `-` read from stdin.
+    fn subject(&self) -> anyhow::Result<crate::signal::Subject> {
+        let phone = self
+            .phone
+            .as_deref()
+            .map(super::value_or_stdin)
+            .transpose()?;
+        let account = self
+            .account
+            .as_deref()
+            .map(super::value_or_stdin)
+            .transpose()?;
+        Ok(subject_of(phone, account)?)
+    }
 }
 
 /// `verdict subject …`.
@@ -77,7 +95,7 @@ pub(super) async fn run_subject(
     let keys = Arc::new(keys);
     let (action, args) = match cmd {
         SubjectCommand::Lookup { who } => {
-            let subject = subject_of(who.phone, who.account)?;
+            let subject = who.subject()?;
             let (digest, state) = subjects::lookup(&*store, &keys, who.tenant, &subject)
                 .await?
                 .context("the tenant has no event about this subject")?;
@@ -101,7 +119,7 @@ pub(super) async fn run_subject(
     };
     let tenant = args.who.tenant;
     let json = args.who.json;
-    let subject = subject_of(args.who.phone, args.who.account)?;
+    let subject = args.who.subject()?;
     let stored = current_source(&*store, tenant).await?;
     let format = Format::from_name(&stored.format).unwrap_or(Format::Toml);
     let playbook = Playbook::parse(&stored.source, format)?;

@@ -457,16 +457,19 @@ async fn an_operator_finds_a_subject_and_takes_the_way_back(backend: Backend) {
         "{state}"
     );
 
-    // The same from the CLI.
-    let looked: Value = serde_json::from_str(&db.cli(&[
-        "subject",
-        "lookup",
-        "--tenant",
-        &tenant.id,
-        "--account",
-        "frank",
-        "--json",
-    ]))
+    // The same from the CLI, the account read from stdin (out of `ps` and the shell history).
+    let looked: Value = serde_json::from_str(&db.cli_with_stdin(
+        &[
+            "subject",
+            "lookup",
+            "--tenant",
+            &tenant.id,
+            "--account",
+            "-",
+            "--json",
+        ],
+        "frank\n",
+    ))
     .unwrap();
     assert_eq!(looked["lock"], second["event_id"]);
     let unlocked: Value = serde_json::from_str(&db.cli(&[

@@ -249,18 +249,22 @@ async fn without_a_phone_number_the_registered_subscription_supplies_the_subject
 }
 
 /// Registers `subscription` for `phone` with the CLI (a new registration replaces the last).
+/// Registers `phone` for `subscription` as an operator would keep it out of `ps`: on stdin.
 fn register(db: &TestDb, tenant: &Tenant, subscription: &str, phone: &str) {
-    db.cli(&[
-        "camara",
-        "subscription",
-        "add",
-        "--tenant",
-        &tenant.id,
-        "--subscription-id",
-        subscription,
-        "--phone",
-        phone,
-    ]);
+    db.cli_with_stdin(
+        &[
+            "camara",
+            "subscription",
+            "add",
+            "--tenant",
+            &tenant.id,
+            "--subscription-id",
+            subscription,
+            "--phone",
+            "-",
+        ],
+        &format!("{phone}\n"),
+    );
 }
 
 async fn a_notification_retried_after_a_crash_keeps_the_subject_it_was_decided_for(

@@ -225,6 +225,33 @@ impl TestDb {
         String::from_utf8(out.stdout).unwrap()
     }
 
+    /// Runs the `verdict` CLI with `stdin` as its standard input and returns its stdout.
+    pub fn cli_with_stdin(&self, args: &[&str], stdin: &str) -> String {
+        use std::io::Write as _;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_verdict"))
+            .args(args)
+            .env("VERDICT_DATABASE_URL", &self.url)
+            .env("VERDICT_MASTER_KEY", &self.master_key)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(stdin.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "verdict {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
     /// Runs the `verdict` CLI with extra environment (which may override the default
     /// `VERDICT_ALLOW_PRIVATE_DESTINATIONS=1`) and returns its output, failed or not.
     pub fn cli_output(&self, args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
