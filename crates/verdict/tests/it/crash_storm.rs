@@ -6,7 +6,6 @@
 //! CI-sized by default; `CRASH_STORM_SIGNALS` (80) and `CRASH_STORM_KILLS` (6) make it longer.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -210,8 +209,9 @@ struct Storm {
 
 /// Starts the server with `env` and sends each `(key, body)` of `sent`, retried with the same
 /// key and bytes until answered, while the server is SIGKILLed at random moments and restarted
-/// on the same database (each incarnation's log kept under `scenario`): at most `kills` times,
-/// and not once every signal has been answered.
+/// on the same database (each incarnation's log kept under `scenario`): `kills` times, every
+/// one while signals are still arriving. Asserts that the kills happened and that each met
+/// requests in flight (at least one retry with the same key and bytes per kill).
 async fn storm(
     db: &Arc<TestDb>,
     tenant: &Tenant,
@@ -224,19 +224,14 @@ async fn storm(
     let server = Server::start(db, env);
     let base = Arc::new(Mutex::new(server.base.clone()));
     let tally = Arc::new(Tally::default());
-    let finished = Arc::new(AtomicUsize::new(0));
 
     // Signals are released evenly over about the time the kills take (a mean gap of 375 ms
-    // each), so the storm hits requests in every phase rather than an idle server.
-    let spacing = Duration::from_millis((kills as u64 * 375 / signals as u64).clamp(2, 200));
+    // and a restart each, about a second in all on a debug build), so the storm hits requests
+    // in every phase rather than an idle server.
+    let spacing = Duration::from_millis((kills as u64 * 1000 / signals as u64).clamp(2, 200));
     let mut clients = Vec::new();
     for (i, (key, body)) in sent.iter().cloned().enumerate() {
-        let (base, tenant, tally, finished) = (
-            base.clone(),
-            tenant.clone(),
-            tally.clone(),
-            finished.clone(),
-        );
+        let (base, tenant, tally) = (base.clone(), tenant.clone(), tally.clone());
         clients.push(tokio::spawn(async move {
             tokio::time::sleep(spacing * i as u32).await;
             let client = common::retrying::client();
@@ -250,7 +245,6 @@ async fn storm(
                 SIGNAL_DEADLINE,
             )
             .await;
-            finished.fetch_add(1, Ordering::SeqCst);
             reply
         }));
     }
@@ -258,16 +252,13 @@ async fn storm(
     // The storm: SIGKILL at a random moment, restart on the same database, publish the new
     // address; a bounded number of times, and not once everything has been answered.
     let storm = {
-        let (db, base, finished) = (db.clone(), base.clone(), finished.clone());
+        let (db, base) = (db.clone(), base.clone());
         let (env, scenario) = (env.to_vec(), scenario.to_owned());
         tokio::spawn(async move {
             let mut server = server;
             let mut done_kills = 0;
             for _ in 0..kills {
                 tokio::time::sleep(Duration::from_millis(random_between(150, 600))).await;
-                if finished.load(Ordering::SeqCst) == signals {
-                    break;
-                }
                 let (db, env, scenario) = (db.clone(), env.clone(), scenario.clone());
                 server = tokio::task::spawn_blocking(move || {
                     common::keep_log(&format!("{scenario} {:?}", db.backend), &server.logs());
@@ -287,7 +278,14 @@ async fn storm(
     for client in clients {
         replies.push(client.await.unwrap());
     }
-    let (server, kills) = storm.await.unwrap();
+    let (server, done_kills) = storm.await.unwrap();
+    let retries = tally.retries(signals);
+    assert_eq!(done_kills, kills, "{scenario}: the planned kills happened");
+    assert!(
+        retries >= kills,
+        "{scenario}: {retries} retries for {kills} kills: a kill met no request in flight"
+    );
+    let kills = done_kills;
     Storm {
         replies,
         server,
