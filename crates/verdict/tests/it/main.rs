@@ -31,6 +31,7 @@ mod embedded_default;
 mod end_to_end;
 mod faults;
 mod faults_disk;
+mod faults_ha;
 mod faults_network;
 mod feeds_camara;
 mod feeds_set;
