@@ -58,14 +58,13 @@ const MAIN_CONNECTIONS: u32 = CONNECTIONS - PIPELINE_CONNECTIONS;
 /// generic plan, instead of one planned again for every batch). Planned while the tables were
 /// small (a new database, before autovacuum first analyses it), the cheapest plan reads a whole
 /// table, and it would be kept while the table grows; only index lookups are wanted, so the
-/// other plans are turned off. Set when the connection starts, so a batch that commits alone
-/// needs no `SET` before it; only the pipeline's statements run on these connections.
-const PIPELINE_PLANNING: [(&str, &str); 4] = [
-    ("plan_cache_mode", "force_generic_plan"),
-    ("enable_seqscan", "off"),
-    ("enable_hashjoin", "off"),
-    ("enable_mergejoin", "off"),
-];
+/// other plans are turned off. Set once when the connection opens (`after_connect`), so a batch
+/// that commits alone needs no `SET` before it; only the pipeline's statements run on these
+/// connections. A `SET`, not the startup packet's `options`: PgBouncer refuses a startup
+/// `options` parameter ("unsupported startup parameter", 1.18 as Debian ships it), and in its
+/// session mode a `SET` holds for the client's whole session (docs/reliability.md).
+const PIPELINE_PLANNING: &str = "SET plan_cache_mode = force_generic_plan; \
+     SET enable_seqscan = off; SET enable_hashjoin = off; SET enable_mergejoin = off";
 
 /// A pipeline connection idle longer than this is pinged before it is handed out: a batch
 /// that commits alone cannot be retried on another connection once sent, so a connection that
@@ -80,11 +79,13 @@ const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
 /// `ping_idle`, one idle longer than [`PING_AFTER_IDLE`]; and with several hosts (`follow`),
 /// new connections refused on a host that does not take writes and those opened before a
 /// switch to another host closed.
+/// `pipeline` connections are planned for lookups by key ([`PIPELINE_PLANNING`]).
 fn pool_options(
     max: u32,
     follow: Option<(Arc<Notify>, Arc<Switched>)>,
-    ping_idle: bool,
+    pipeline: bool,
 ) -> PgPoolOptions {
+    let ping_idle = pipeline;
     let mut options = PgPoolOptions::new()
         .max_connections(max)
         .acquire_timeout(ACQUIRE_TIMEOUT)
@@ -104,14 +105,21 @@ fn pool_options(
             })
         });
     }
-    let Some((wake, _)) = follow else {
+    let wake = follow.map(|(wake, _)| wake);
+    if wake.is_none() && !pipeline {
         return options;
-    };
-    // A new connection that lands on a read-only host (a standby not yet promoted, a demoted
-    // primary) is refused, and the follower looks for the new primary at once.
+    }
     options.after_connect(move |conn, _| {
         let wake = wake.clone();
         Box::pin(async move {
+            if pipeline {
+                sqlx::raw_sql(PIPELINE_PLANNING).execute(&mut *conn).await?;
+            }
+            // A new connection that lands on a read-only host (a standby not yet promoted, a
+            // demoted primary) is refused, and the follower looks for the new primary at once.
+            let Some(wake) = wake else {
+                return Ok(());
+            };
             if postgres_hosts::takes_writes(conn).await? {
                 return Ok(());
             }
@@ -166,10 +174,7 @@ impl PostgresStore {
             })
             .collect::<Result<Vec<_>, sqlx::Error>>()?
             .into();
-        let pipeline_hosts: Arc<[PgConnectOptions]> = hosts
-            .iter()
-            .map(|host| host.clone().options(PIPELINE_PLANNING))
-            .collect();
+        let pipeline_hosts = hosts.clone();
         if hosts.len() == 1 {
             let pool = pool_options(MAIN_CONNECTIONS, None, false)
                 .connect_with(hosts[0].clone())

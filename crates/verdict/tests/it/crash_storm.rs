@@ -235,7 +235,7 @@ async fn storm(
         clients.push(tokio::spawn(async move {
             tokio::time::sleep(spacing * i as u32).await;
             let client = common::retrying::client();
-            let reply = send_until_answered(
+            send_until_answered(
                 &client,
                 &base,
                 &tenant,
@@ -244,8 +244,7 @@ async fn storm(
                 &tally,
                 SIGNAL_DEADLINE,
             )
-            .await;
-            reply
+            .await
         }));
     }
 

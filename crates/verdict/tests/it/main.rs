@@ -32,6 +32,7 @@ mod end_to_end;
 mod faults;
 mod faults_clock;
 mod faults_disk;
+mod faults_ha;
 mod faults_instances;
 mod faults_network;
 mod feeds_camara;

@@ -53,12 +53,7 @@ impl Cluster {
     }
 
     fn new_stopped(label: &str) -> Cluster {
-        let version = std::fs::read_dir("/etc/postgresql")
-            .ok()
-            .and_then(|mut dir| dir.next())
-            .and_then(|entry| entry.ok())
-            .map(|entry| entry.file_name().to_string_lossy().into_owned())
-            .expect("Debian's PostgreSQL packages (postgresql-common) are needed: /etc/postgresql is empty");
+        let version = pg_version();
         let name = format!("vfaults-{}-{label}", std::process::id());
         let port = free_port();
         let data = std::env::temp_dir().join(format!("verdict-{name}"));
@@ -146,22 +141,7 @@ impl Cluster {
 
     /// Runs one SQL statement with `psql` and returns its unaligned output.
     pub fn psql(&self, database: &str, sql: &str) -> String {
-        let out = run(&[
-            "psql",
-            "-X",
-            "-qAt",
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &self.port.to_string(),
-            "-U",
-            "postgres",
-            "-d",
-            database,
-            "-c",
-            sql,
-        ]);
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+        psql(self.port, database, sql)
     }
 
     /// Waits until a synchronous standby is streaming from this primary.
@@ -221,14 +201,85 @@ impl Drop for Cluster {
     }
 }
 
+/// Runs one SQL statement with `psql` as `postgres` on 127.0.0.1:`port` and returns its
+/// unaligned output, failing the test if it fails.
+pub fn psql(port: u16, database: &str, sql: &str) -> String {
+    let out = run(&[
+        "psql",
+        "-X",
+        "-qAt",
+        "-h",
+        "127.0.0.1",
+        "-p",
+        &port.to_string(),
+        "-U",
+        "postgres",
+        "-d",
+        database,
+        "-c",
+        sql,
+    ]);
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// The PostgreSQL major version Debian's packages installed (the one folder of `/etc/postgresql`).
+pub fn pg_version() -> String {
+    std::fs::read_dir("/etc/postgresql")
+        .ok()
+        .and_then(|mut dir| dir.next())
+        .and_then(|entry| entry.ok())
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .expect(
+            "Debian's PostgreSQL packages (postgresql-common) are needed: /etc/postgresql is empty",
+        )
+}
+
+/// SIGKILLs `pid` and every process descended from it, all at once (so a supervisor cannot
+/// restart what it watches); returns how many processes were signalled.
+pub fn kill_tree(pid: u32) -> usize {
+    let mut parents: Vec<(u32, u32)> = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        // `pid (comm) state ppid ...`: comm may hold spaces, so read after the last ')'.
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if let Some(ppid) = ppid {
+            parents.push((child, ppid));
+        }
+    }
+    let mut tree = vec![pid];
+    let mut i = 0;
+    while i < tree.len() {
+        let parent = tree[i];
+        tree.extend(
+            parents
+                .iter()
+                .filter(|(_, p)| *p == parent)
+                .map(|(c, _)| *c),
+        );
+        i += 1;
+    }
+    let mut kill = Command::new("kill");
+    kill.arg("-KILL").args(tree.iter().map(u32::to_string));
+    let _ = kill.output();
+    tree.len()
+}
+
 /// A loopback port nothing listens on now.
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.local_addr().unwrap().port()
 }
 
 /// Runs a command, failing the test loudly with its output if it fails.
-fn run(args: &[&str]) -> Output {
+pub fn run(args: &[&str]) -> Output {
     let out = Command::new(args[0])
         .args(&args[1..])
         .output()
@@ -244,7 +295,7 @@ fn run(args: &[&str]) -> Output {
 
 /// Runs a command as `postgres` (through `runuser` when we are root), for the tools that must
 /// own what they write.
-fn as_postgres(args: &[&str]) -> Output {
+pub fn as_postgres(args: &[&str]) -> Output {
     let root = Command::new("id")
         .arg("-u")
         .output()

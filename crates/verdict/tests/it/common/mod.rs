@@ -1,6 +1,7 @@
 //! The one test harness: a fresh database per test on either backend, the real `verdict` binary
 //! on a real socket, tenants made with the real CLI, and signed requests.
 
+pub mod autofailover;
 pub mod cluster;
 pub mod collector;
 pub mod console;
@@ -8,6 +9,7 @@ pub mod deliveries;
 pub mod effects;
 pub mod fault_proxy;
 pub mod hostile;
+pub mod pgbouncer;
 pub mod proxy;
 pub mod receiver;
 pub mod retrying;
@@ -112,10 +114,16 @@ impl TestDb {
 
     /// A fresh database in a cluster of the test's own; it goes when the cluster is dropped.
     pub async fn in_cluster(cluster: &cluster::Cluster) -> TestDb {
+        TestDb::in_server(&cluster.admin_url()).await
+    }
+
+    /// A fresh database on the PostgreSQL server `admin_url` reaches (its `postgres` database);
+    /// it goes with that server.
+    pub async fn in_server(admin_url: &str) -> TestDb {
         let mut db = TestDb::new(Backend::Sqlite).await;
         let name = format!("verdict_test_{}", Uuid::new_v4().simple());
         db.backend = Backend::Postgres;
-        db.url = create_database(&cluster.admin_url(), &name).await;
+        db.url = create_database(admin_url, &name).await;
         db
     }
 

@@ -88,8 +88,19 @@ impl Load {
         senders: usize,
         tally: Arc<Tally>,
     ) -> Load {
+        Load::start_from(base, tenant, 0..senders, tally)
+    }
+
+    /// Like [`Load::start`], with the senders numbered `senders` (each sender's subjects are
+    /// its own, so loads sent to several instances at once need numbers apart).
+    pub fn start_from(
+        base: Arc<Mutex<String>>,
+        tenant: &Tenant,
+        senders: std::ops::Range<usize>,
+        tally: Arc<Tally>,
+    ) -> Load {
         let stop = Arc::new(AtomicBool::new(false));
-        let senders = (0..senders)
+        let senders = senders
             .map(|s| {
                 let (base, tenant, tally, stop) =
                     (base.clone(), tenant.clone(), tally.clone(), stop.clone());
