@@ -52,24 +52,46 @@ impl Cluster {
         standby
     }
 
+    /// Creates and starts a cluster whose data directory is `data` (its parent writable by
+    /// `postgres`) and whose write-ahead log is in a folder of the system's temp directory, as
+    /// a deployment keeps the WAL on a volume of its own.
+    pub fn create_with_data_in(label: &str, data: PathBuf) -> Cluster {
+        let wal = std::env::temp_dir().join(format!(
+            "verdict-vfaults-{}-{label}-wal",
+            std::process::id()
+        ));
+        let cluster = Cluster::stopped_at(label, data, &[&format!("--waldir={}", wal.display())]);
+        cluster.start();
+        cluster
+    }
+
     fn new_stopped(label: &str) -> Cluster {
+        let name = format!("vfaults-{}-{label}", std::process::id());
+        let data = std::env::temp_dir().join(format!("verdict-{name}"));
+        Cluster::stopped_at(label, data, &[])
+    }
+
+    /// `pg_createcluster` with its data in `data` and `initdb_options` after trust auth.
+    fn stopped_at(label: &str, data: PathBuf, initdb_options: &[&str]) -> Cluster {
         let version = pg_version();
         let name = format!("vfaults-{}-{label}", std::process::id());
         let port = free_port();
-        let data = std::env::temp_dir().join(format!("verdict-{name}"));
-        run(&[
+        let port_text = port.to_string();
+        let mut args = vec![
             "pg_createcluster",
             &version,
             &name,
             "-p",
-            &port.to_string(),
+            &port_text,
             "-d",
             data.to_str().unwrap(),
             "--start-conf",
             "manual",
             "--",
             "--auth=trust",
-        ]);
+        ];
+        args.extend_from_slice(initdb_options);
+        run(&args);
         Cluster {
             name,
             port,
@@ -194,10 +216,15 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        // A WAL of its own (`create_with_data_in`) is a folder the data directory links to.
+        let wal = std::fs::read_link(self.data.join("pg_wal")).ok();
         let _ = Command::new("pg_dropcluster")
             .args(["--stop", &self.version, &self.name])
             .output();
         let _ = std::fs::remove_dir_all(&self.data);
+        if let Some(wal) = wal {
+            let _ = std::fs::remove_dir_all(wal);
+        }
     }
 }
 
