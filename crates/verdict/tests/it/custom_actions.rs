@@ -45,19 +45,7 @@ fn outcome<'a>(reply: &'a Value, action: &str) -> &'a Value {
 
 /// Sets an HTTP connector `siem` to `url` and the playbook that binds `notify_siem` to it.
 fn bind_siem(db: &TestDb, tenant: &Tenant, url: &str) {
-    db.cli(&[
-        "connector",
-        "set",
-        "--tenant",
-        &tenant.id,
-        "--json",
-        "--name",
-        "siem",
-        "--kind",
-        "http",
-        "--url",
-        url,
-    ]);
+    db.set_http_connector(tenant, "siem", url);
     db.set_playbook(tenant, SIEM_PLAYBOOK);
 }
 
@@ -184,18 +172,7 @@ async fn a_custom_action_is_refused_unbound_or_bound_to_what_is_not_there(backen
 async fn a_rule_may_ask_for_at_most_sixteen_actions(backend: Backend) {
     let db = TestDb::new(backend).await;
     let tenant = db.tenant(&["--no-inbound-signature"]);
-    db.cli(&[
-        "connector",
-        "set",
-        "--tenant",
-        &tenant.id,
-        "--name",
-        "siem",
-        "--kind",
-        "http",
-        "--url",
-        "http://127.0.0.1:9/actions",
-    ]);
+    db.set_http_connector(&tenant, "siem", "http://127.0.0.1:9/actions");
     let server = Server::start(&db, &ENV);
     let playbook = |n: usize| {
         let names: Vec<String> = (0..n).map(|i| format!("custom_{i}")).collect();

@@ -87,19 +87,7 @@ async fn instances_with_skewed_clocks_take_no_lock_early_and_expire_keys_on_time
     let db = TestDb::new(Backend::Postgres).await;
     let tenant = db.tenant(&["--no-inbound-signature"]);
     let cases = EffectReceiver::start(CALL_TAKES).await;
-    db.cli(&[
-        "connector",
-        "set",
-        "--tenant",
-        &tenant.id,
-        "--json",
-        "--name",
-        "cases",
-        "--kind",
-        "http",
-        "--url",
-        &cases.url,
-    ]);
+    db.set_http_connector(&tenant, "cases", &cases.url);
     db.set_playbook(
         &tenant,
         r#"

@@ -60,18 +60,7 @@ async fn a_real_callback_and_action_request_match_the_documents_webhooks(backend
     let callbacks = Receiver::start(Vec::new()).await;
     let cases = Receiver::start(vec![Step::status(204)]).await;
     let tenant = db.tenant(&["--no-inbound-signature", "--callback-url", &callbacks.url]);
-    db.cli(&[
-        "connector",
-        "set",
-        "--tenant",
-        &tenant.id,
-        "--name",
-        "cases",
-        "--kind",
-        "http",
-        "--url",
-        &cases.url,
-    ]);
+    db.set_http_connector(&tenant, "cases", &cases.url);
     db.set_playbook(
         &tenant,
         r#"

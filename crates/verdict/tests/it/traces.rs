@@ -22,19 +22,7 @@ const PHONE: &str = "+15550104242";
 /// A tenant whose `deny` opens a case through an HTTP connector `cases` and calls back.
 fn traced_tenant(db: &TestDb, callback: &str, cases: &str) -> Tenant {
     let tenant = db.tenant(&["--callback-url", callback]);
-    db.cli(&[
-        "connector",
-        "set",
-        "--tenant",
-        &tenant.id,
-        "--json",
-        "--name",
-        "cases",
-        "--kind",
-        "http",
-        "--url",
-        cases,
-    ]);
+    db.set_http_connector(&tenant, "cases", cases);
     db.set_playbook(
         &tenant,
         r#"

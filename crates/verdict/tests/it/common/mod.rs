@@ -233,6 +233,25 @@ impl TestDb {
         String::from_utf8(out.stdout).unwrap()
     }
 
+    /// Sets the tenant's HTTP connector `name` to `url` with the real CLI; returns what it
+    /// printed (`--json`: the connector, with its new signing secret).
+    pub fn set_http_connector(&self, tenant: &Tenant, name: &str, url: &str) -> serde_json::Value {
+        let out = self.cli(&[
+            "connector",
+            "set",
+            "--tenant",
+            &tenant.id,
+            "--json",
+            "--name",
+            name,
+            "--kind",
+            "http",
+            "--url",
+            url,
+        ]);
+        serde_json::from_str(&out).unwrap()
+    }
+
     /// Runs the `verdict` CLI with `stdin` as its standard input and returns its stdout.
     pub fn cli_with_stdin(&self, args: &[&str], stdin: &str) -> String {
         use std::io::Write as _;

@@ -413,6 +413,11 @@ pub fn check_unavailable(
         counts(probes.signals.iter().map(|(_, _, r, _)| r.status)),
         signal_slowest.as_millis(),
     );
+    // The fault happened and was seen: probes ran while it lasted (each then asserted 503).
+    assert!(
+        !probes.readyz.is_empty() && !probes.signals.is_empty(),
+        "{scenario}: no probe ran while the fault lasted"
+    );
     assert!(
         probes.healthz.iter().all(|&s| s == 200),
         "{scenario}: /healthz answers 200 while the fault lasts"
@@ -487,4 +492,45 @@ pub fn first_answer_after(sent: &[Sent], at: Instant) -> Duration {
         .map(|s| s.answered_at - at)
         .min()
         .unwrap_or_default()
+}
+
+/// What a failover left, from the senders' side.
+pub struct AfterFailover {
+    /// Decisions acknowledged (answered) before the primary was killed.
+    pub acknowledged_before_kill: usize,
+    /// Signals answered after the promotion.
+    pub resumed: usize,
+    /// How soon after the promotion the first answer came.
+    pub first_after: Duration,
+}
+
+/// Checks that every decision acknowledged with a 200 is among `on_new_primary` (the event ids
+/// the promoted node holds) and that the same server answered after `promoted_at`.
+pub fn check_failover(
+    scenario: &str,
+    sent: &[Sent],
+    on_new_primary: &BTreeSet<String>,
+    killed_at: Instant,
+    promoted_at: Instant,
+) -> AfterFailover {
+    let lost: Vec<String> = sent
+        .iter()
+        .filter(|s| s.reply.status == 200)
+        .map(|s| s.reply.json()["event_id"].as_str().unwrap().to_owned())
+        .filter(|id| !on_new_primary.contains(id))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "{scenario}: acknowledged decisions missing on the promoted node: {lost:?}"
+    );
+    let resumed = sent.iter().filter(|s| s.answered_at > promoted_at).count();
+    assert!(
+        resumed > 0,
+        "{scenario}: the server resumed on the promoted node without a restart"
+    );
+    AfterFailover {
+        acknowledged_before_kill: sent.iter().filter(|s| s.answered_at < killed_at).count(),
+        resumed,
+        first_after: first_answer_after(sent, promoted_at),
+    }
 }
