@@ -48,9 +48,10 @@ async fn crash_storm_keeps_every_signal_exactly_once(backend: Backend) {
     let kills = env_usize("CRASH_STORM_KILLS", 6);
     let db = Arc::new(TestDb::new(backend).await);
     // Every other one of the first requests is refused, so the servers' own workers retry
-    // callbacks while the kills land, mid-round and mid-send. Only the first quarter: those come
-    // within a second, so no delivery meets four refusals (its whole budget) and goes dead.
-    let refusals = (0..signals.div_ceil(4))
+    // callbacks while the kills land, mid-round and mid-send. Only about a second's worth (the
+    // signals released per kill, a second apart): a retry comes a second later and finds the
+    // receiver accepting, so no delivery meets four refusals (its whole budget) and goes dead.
+    let refusals = (0..2 * signals.div_ceil(kills.max(1)))
         .map(|i| Step::status(if i % 2 == 0 { 503 } else { 200 }))
         .collect();
     let receiver = Receiver::start(refusals).await;
