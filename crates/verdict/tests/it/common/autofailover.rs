@@ -191,16 +191,7 @@ impl Formation {
     }
 
     fn try_monitor(&self, sql: &str) -> Option<String> {
-        let out = Command::new("psql")
-            .args(["-X", "-qAt", "-h", "127.0.0.1", "-p"])
-            .arg(self.monitor_port.to_string())
-            .args(["-U", "postgres", "-d", "pg_auto_failover", "-c", sql])
-            .stderr(Stdio::null())
-            .output()
-            .ok()?;
-        out.status
-            .success()
-            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        super::cluster::try_psql(self.monitor_port, "pg_auto_failover", sql)
     }
 
     fn wait_for(&self, what: &str, done: impl Fn(&Formation) -> bool) {

@@ -228,6 +228,21 @@ impl Drop for Cluster {
     }
 }
 
+/// Runs one SQL statement with `psql` as `postgres` on 127.0.0.1:`port`; its trimmed output,
+/// or `None` when it fails (the server not up yet, say): for polling.
+pub fn try_psql(port: u16, database: &str, sql: &str) -> Option<String> {
+    let out = Command::new("psql")
+        .args(["-X", "-qAt", "-h", "127.0.0.1", "-p"])
+        .arg(port.to_string())
+        .args(["-U", "postgres", "-d", database, "-c", sql])
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
 /// Runs one SQL statement with `psql` as `postgres` on 127.0.0.1:`port` and returns its
 /// unaligned output, failing the test if it fails.
 pub fn psql(port: u16, database: &str, sql: &str) -> String {

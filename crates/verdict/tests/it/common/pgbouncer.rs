@@ -121,16 +121,7 @@ impl PgBouncer {
     }
 
     fn try_admin(&self, command: &str) -> Option<String> {
-        let out = Command::new("psql")
-            .args(["-X", "-qAt", "-h", "127.0.0.1", "-p"])
-            .arg(self.port.to_string())
-            .args(["-U", "postgres", "-d", "pgbouncer", "-c", command])
-            .stderr(Stdio::null())
-            .output()
-            .ok()?;
-        out.status
-            .success()
-            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        super::cluster::try_psql(self.port, "pgbouncer", command)
     }
 }
 
