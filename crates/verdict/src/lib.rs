@@ -25,6 +25,7 @@ pub mod console;
 pub mod delivery;
 pub mod destination;
 pub mod domain;
+pub mod endpoints;
 pub mod feeds;
 pub mod http;
 pub mod idempotency;

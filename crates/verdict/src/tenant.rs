@@ -13,10 +13,11 @@ use verdict_webhooks::Secret;
 
 use crate::clock::now_ms;
 use crate::destination::{CallbackUrl, UrlError};
-use crate::domain::{Feed, SuspendedCallbacks};
+use crate::domain::{EndpointName, Feed, SuspendedCallbacks};
 use crate::secrets::{Keyring, SecretsError, api_key_hash};
 use crate::store::{
-    ApiKeyRecord, KeyGrant, NewApiKey, NewTenant, Scope, SealedSecret, SecretPurpose, StoreError,
+    ApiKeyRecord, EndpointRecord, KeyGrant, NewApiKey, NewTenant, PutEndpoint, Scope, SealedSecret,
+    SecretPurpose, StoreError,
 };
 
 pub use crate::store::ports::TenantPort;
@@ -48,6 +49,11 @@ pub enum TenantError {
          one first"
     )]
     TooManyKeys,
+    #[error(
+        "the tenant has {} callback endpoints, the most it may have: delete one first",
+        crate::endpoints::MAX_ENDPOINTS_PER_TENANT
+    )]
+    TooManyEndpoints,
 }
 
 /// Unrevoked API keys a tenant may hold: a real tenant needs a few per system and person, and
@@ -356,19 +362,52 @@ pub fn validate_callback_url(url: &str) -> Result<(), TenantError> {
     }
 }
 
-/// Sets a tenant's callback URL (or removes it) and re-enables its endpoint, resuming or
-/// leaving the callbacks suspended while it was disabled; returns how many were resumed, or
-/// are left.
+/// Sets a tenant's callback URL (its `default` endpoint, keeping that endpoint's filter) and
+/// enables it, resuming or leaving the callbacks suspended while it was disabled; returns how
+/// many were resumed, or are left. `None` removes the endpoint (its unsent callbacks then
+/// fail, saying there is no endpoint) and returns 0.
 pub async fn set_callback(
     store: &dyn TenantPort,
     tenant_id: Uuid,
     url: Option<&CallbackUrl>,
     suspended: SuspendedCallbacks,
 ) -> Result<u64, TenantError> {
-    store
-        .set_callback(tenant_id, url.map(CallbackUrl::as_str), suspended, now_ms())
+    let name = EndpointName::default_endpoint();
+    let Some(url) = url else {
+        if store.tenant(tenant_id).await?.is_none() {
+            return Err(TenantError::NotFound(tenant_id));
+        }
+        store.delete_endpoint(tenant_id, &name).await?;
+        return Ok(0);
+    };
+    let existing = store.endpoint(tenant_id, &name).await?;
+    let now = now_ms();
+    let record = EndpointRecord {
+        id: tenant_id,
+        tenant_id,
+        url: url.as_str().to_owned(),
+        sealed_secret: None,
+        filter: existing
+            .as_ref()
+            .map(|e| e.filter.clone())
+            .unwrap_or_default(),
+        disabled: false,
+        created_at: existing.as_ref().map_or(now, |e| e.created_at),
+        updated_at: now,
+        name,
+    };
+    match store
+        .put_endpoint(
+            &record,
+            crate::endpoints::MAX_ENDPOINTS_PER_TENANT,
+            suspended,
+        )
         .await?
-        .ok_or(TenantError::NotFound(tenant_id))
+    {
+        PutEndpoint::Stored { suspended, .. } => Ok(suspended),
+        PutEndpoint::TooMany => Err(TenantError::TooManyEndpoints),
+        PutEndpoint::NoTenant => Err(TenantError::NotFound(tenant_id)),
+    }
 }
 
 /// Replaces a tenant's secret of `purpose`; the old ones stay valid for `grace_ms`.

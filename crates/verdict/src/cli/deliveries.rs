@@ -100,7 +100,7 @@ pub(super) async fn run_deliveries(
             json,
         } => {
             let rows: Vec<DeliveryView> = store
-                .deliveries(tenant, status, None, limit.clamp(1, 10_000))
+                .deliveries(tenant, status, None, None, limit.clamp(1, 10_000))
                 .await?
                 .into_iter()
                 .map(DeliveryView::from)

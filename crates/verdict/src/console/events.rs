@@ -312,7 +312,7 @@ pub async fn deliveries(
     let status: Option<DeliveryStatus> = q.status.parse().ok();
     let rows = match app
         .console_store()
-        .deliveries(tenant.id, status, None, PAGE)
+        .deliveries(tenant.id, status, None, None, PAGE)
         .await
     {
         Ok(rows) => rows,

@@ -24,6 +24,7 @@ use crate::clock::now_ms;
 use crate::connectors::request;
 use crate::destination;
 use crate::domain::{ActionResult, Guarantee, Outcome};
+use crate::endpoints;
 use crate::secrets::Keyring;
 use crate::store::failpoint::failpoint;
 use crate::store::{
@@ -233,16 +234,33 @@ impl Deliverer {
         Ok((attempt, record))
     }
 
-    /// A callback attempt: the stored envelope, signed with the tenant's webhook secrets.
+    /// A callback attempt: the stored envelope, signed with its endpoint's own secret, or the
+    /// tenant's webhook secrets for the `default` endpoint.
     async fn send_callback(&self, due: &DueDelivery) -> Result<attempt::Attempt, StoreError> {
-        let secrets = self
-            .credentials
-            .secrets(due.tenant_id, SecretPurpose::Webhook, false)
-            .await
-            .map_err(|e| match e {
-                tenant::TenantError::Store(s) => s,
-                other => StoreError::Corrupt(Box::new(other)),
-            })?;
+        let secrets = match (&due.endpoint_secret, &due.endpoint_name) {
+            (Some(sealed), Some(name)) => {
+                let opened = name.parse().ok().and_then(|name| {
+                    endpoints::own_secret(&self.keys, due.tenant_id, &name, sealed).ok()
+                });
+                // What cannot be opened never will be: a terminal failure, not a retry.
+                let Some(secret) = opened else {
+                    tracing::error!("an endpoint's secret does not open under this master key");
+                    return Ok(not_sent(
+                        AttemptOutcome::Terminal,
+                        "the endpoint's secret does not open under this master key",
+                    ));
+                };
+                vec![secret]
+            }
+            _ => self
+                .credentials
+                .secrets(due.tenant_id, SecretPurpose::Webhook, false)
+                .await
+                .map_err(|e| match e {
+                    tenant::TenantError::Store(s) => s,
+                    other => StoreError::Corrupt(Box::new(other)),
+                })?,
+        };
         Ok(match &due.callback_url {
             Some(url) => {
                 let span = telemetry::span!(

@@ -147,16 +147,21 @@ impl FromStr for ConnectorName {
     type Err = InvalidConnectorName;
 
     fn from_str(s: &str) -> Result<Self, InvalidConnectorName> {
-        let valid = (1..=MAX_CONNECTOR_NAME_CHARS).contains(&s.len())
-            && s.starts_with(|c: char| c.is_ascii_lowercase())
-            && s.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
-        if valid {
+        if is_slug(s, MAX_CONNECTOR_NAME_CHARS) {
             Ok(Self(s.to_owned()))
         } else {
             Err(InvalidConnectorName)
         }
     }
+}
+
+/// Whether `s` is 1 to `max` of `a-z`, `0-9`, `_` and `-`, starting with a letter: a name safe
+/// in a URL path, a TOML key and a log line as it is.
+pub(super) fn is_slug(s: &str, max: usize) -> bool {
+    (1..=max).contains(&s.len())
+        && s.starts_with(|c: char| c.is_ascii_lowercase())
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
 }
 
 impl<'de> Deserialize<'de> for ConnectorName {

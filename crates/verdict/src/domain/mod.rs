@@ -5,6 +5,7 @@ pub mod action;
 pub mod connector;
 pub mod decision;
 pub mod delivery;
+pub mod endpoint;
 pub mod feed;
 pub mod key;
 pub mod reason;
@@ -18,6 +19,10 @@ pub use connector::{
 };
 pub use decision::{Decision, UnknownDecision};
 pub use delivery::{DeliveryStatus, Next, SuspendedCallbacks, UnknownStatus};
+pub use endpoint::{
+    DEFAULT_ENDPOINT, EndpointFilter, EndpointName, InvalidEndpointName, MAX_ENDPOINT_NAME_CHARS,
+    RepeatedFilterValue, UnknownFilterValue,
+};
 pub use feed::{Feed, IGNORED_DECISION, RISC_CREDENTIAL_COMPROMISE, UNMAPPED_TYPE, UnknownFeed};
 pub use key::{KeyState, UnknownKeyState};
 pub use reason::{InvalidReason, MAX_REASON_CHARS, Reason};

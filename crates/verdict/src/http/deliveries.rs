@@ -16,6 +16,7 @@ use crate::app::AppState;
 use crate::app::error::ApiError;
 use crate::delivery::resolve::{self, Resolve};
 use crate::delivery::{DeliveryStatus, REDELIVER_INTERVAL, Redelivered};
+use crate::domain::EndpointName;
 use crate::problem::Problem;
 use crate::store::AttemptRow;
 use crate::store::Scope;
@@ -31,6 +32,8 @@ pub struct ListQuery {
     limit: Option<i64>,
     /// The `next_cursor` of the previous page.
     before: Option<Uuid>,
+    /// Only the callbacks of the endpoint of this name.
+    endpoint: Option<String>,
 }
 
 /// A page of deliveries, newest first.
@@ -61,10 +64,16 @@ pub async fn list(
                 "`status` must be pending, succeeded, failed, dead, unknown or suspended".into(),
             )
         })?;
+    let endpoint = q
+        .endpoint
+        .as_deref()
+        .map(str::parse::<EndpointName>)
+        .transpose()
+        .map_err(|e| ApiError::Invalid(format!("`endpoint`: {e}")))?;
     let limit = q.limit.unwrap_or(50).clamp(1, 500);
     let rows = app
         .store
-        .deliveries(tenant.id, status, q.before, limit)
+        .deliveries(tenant.id, status, endpoint.as_ref(), q.before, limit)
         .await?;
     let next_cursor = (rows.len() as i64 == limit)
         .then(|| rows.last().map(|d| d.id))

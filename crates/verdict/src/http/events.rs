@@ -89,6 +89,9 @@ pub struct DeliveryState {
     /// The connector an action request goes to.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub connector: Option<String>,
+    /// The endpoint a callback goes to (absent once the endpoint is deleted).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
 }
 
 /// A stored JSON column as a value (stored JSON is always ours and valid).
@@ -141,6 +144,7 @@ impl From<DeliveryRecord> for DeliveryState {
             updated_at: rfc3339(d.updated_at),
             action: d.action,
             connector: d.connector,
+            endpoint: d.endpoint,
         }
     }
 }

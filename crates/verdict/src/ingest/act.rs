@@ -16,8 +16,8 @@ use crate::delivery::schedule;
 use crate::domain::DeliveryStatus;
 use crate::store::failpoint::failpoint;
 use crate::store::{
-    Act, ActionTarget, CallbackDraft, Claim, DueDelivery, HeldKey, KeyRef, StoreError,
-    StoredResponse,
+    Act, ActionTarget, CallbackDraft, Claim, DueDelivery, EndpointTarget, HeldKey, KeyRef,
+    StoreError, StoredResponse,
 };
 use crate::telemetry;
 
@@ -115,38 +115,39 @@ impl Ingest {
             signal_type: signal.inbound.signal.signal_type.as_str(),
             now: now_ms(),
         };
+        let signal_type = signal.inbound.signal.signal_type;
+        let feed = signal.inbound.feed;
+        // The endpoints that take this decision, each with its own outbox row.
+        let endpoints: Vec<&EndpointTarget> = destination
+            .endpoints
+            .iter()
+            .filter(|e| e.filter.matches(signal_type, decided.decision, feed))
+            .collect();
         let mut draft = Draft::new(
             signal.inbound,
             &target,
             decided.clone(),
-            callback_refusal(destination, decided),
+            callback_refusal(destination, &endpoints, decided),
             target.now.saturating_add(self.settings.lock_timeout_ms),
         );
         // A disabled endpoint's callback is stored suspended, unleased: nothing is sent until
         // the endpoint is re-enabled, and nothing is lost meanwhile.
-        draft.callback_suspended = destination.disabled;
+        draft.callback_suspended = !endpoints.is_empty() && endpoints.iter().all(|e| e.disabled);
         let draft = Arc::new(draft);
-        let wants_callback = decided.wants_callback() && draft.callback_refusal.is_none();
-        let callback = wants_callback.then(|| CallbackDraft {
-            id: Uuid::now_v7(),
-            webhook_id: format!("msg_{}", event_id.simple()),
-            leased_until: if destination.disabled {
-                0
-            } else {
-                target.now.saturating_add(crate::delivery::lease_ms())
-            },
-            status: if destination.disabled {
-                DeliveryStatus::Suspended
-            } else {
-                DeliveryStatus::Pending
-            },
-        });
+        let callbacks: Vec<CallbackDraft> = if decided.wants_callback() {
+            endpoints
+                .iter()
+                .map(|e| callback_draft(e, event_id, tenant.id, target.now))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let requests = call::drafts(self, signal, event_id, decided, target.now);
         let act = Act::new(
             None,
             target,
             decided.effects(),
-            callback,
+            callbacks,
             requests.clone(),
             draft,
         );
@@ -187,25 +188,34 @@ impl Ingest {
             .increment(1);
         tracing::info!(%event_id, decision = decided.decision.as_str(), "signal decided");
         // Only the event whose commit inserted an outbox row makes its inline attempt; a
-        // duplicate's callback and calls are the earlier event's.
-        let inline = committed
-            .delivery
-            .filter(|d| d.status == DeliveryStatus::Pending);
-        let callback = inline.map(|delivery| {
-            let leased_until = delivery.leased_until;
-            let due = DueDelivery {
-                id: delivery.id,
-                tenant_id: tenant.id,
-                event_id,
-                webhook_id: delivery.webhook_id,
-                payload: delivery.payload,
-                retries_left: schedule::MAX_RETRIES,
-                callback_url: destination.url.clone(),
-                action: crate::delivery::CALLBACK.to_owned(),
-                connector: None,
-            };
-            (due, leased_until)
-        });
+        // duplicate's callbacks and calls are the earlier event's.
+        let inline: Vec<(DueDelivery, i64)> = committed
+            .deliveries
+            .into_iter()
+            .filter(|d| d.status == DeliveryStatus::Pending)
+            .filter_map(|delivery| {
+                let endpoint = destination
+                    .endpoints
+                    .iter()
+                    .find(|e| e.id == delivery.endpoint_id)?;
+                let leased_until = delivery.leased_until;
+                let due = DueDelivery {
+                    id: delivery.id,
+                    tenant_id: tenant.id,
+                    event_id,
+                    webhook_id: delivery.webhook_id,
+                    payload: delivery.payload,
+                    retries_left: schedule::MAX_RETRIES,
+                    callback_url: Some(endpoint.url.clone()),
+                    action: crate::delivery::CALLBACK.to_owned(),
+                    connector: None,
+                    endpoint_id: endpoint.id,
+                    endpoint_name: Some(endpoint.name.clone()),
+                    endpoint_secret: endpoint.sealed_secret.clone(),
+                };
+                Some((due, leased_until))
+            })
+            .collect();
         let calls: Vec<_> = requests
             .into_iter()
             .filter(|r| committed.outcome.requests.contains(&(r.action, true)))
@@ -220,22 +230,19 @@ impl Ingest {
                     callback_url: None,
                     action: r.action.as_str().to_owned(),
                     connector: Some(r.connector.to_string()),
+                    endpoint_id: Uuid::nil(),
+                    endpoint_name: None,
+                    endpoint_secret: None,
                 };
                 (r.action, due, r.leased_until)
             })
             .collect();
         if committed.outcome.requests.is_empty() {
-            if let Some((due, leased_until)) = callback {
-                self.attempt_inline(due, leased_until).await;
-            }
+            self.attempt_callbacks(inline).await;
             return Ok(committed.response);
         }
-        // The requests are stored and the key dispatched: now the calls, beside the callback.
-        let attempt_callback = async {
-            if let Some((due, leased_until)) = callback {
-                self.attempt_inline(due, leased_until).await;
-            }
-        };
+        // The requests are stored and the key dispatched: now the calls, beside the callbacks.
+        let attempt_callback = self.attempt_callbacks(inline);
         let (_, outcomes) = tokio::join!(attempt_callback, self.call_connectors(calls));
         match self
             .complete_calls(event_id, &committed.response, &outcomes, held.as_ref())
@@ -252,12 +259,54 @@ impl Ingest {
     }
 }
 
-/// Why a decision's callback cannot be recorded, if it cannot. A disabled endpoint's is
-/// recorded, suspended.
-fn callback_refusal(destination: &Destination, decided: &Decided) -> Option<&'static str> {
-    match &destination.url {
-        _ if !decided.wants_callback() => None,
-        None => Some("no callback URL is configured"),
-        Some(_) => None,
+/// Why a decision's callback cannot be recorded, if it cannot: no endpoint, or none whose
+/// filter takes it. A disabled endpoint's is recorded, suspended.
+fn callback_refusal(
+    destination: &Destination,
+    taking: &[&EndpointTarget],
+    decided: &Decided,
+) -> Option<&'static str> {
+    if !decided.wants_callback() || !taking.is_empty() {
+        None
+    } else if destination.endpoints.is_empty() {
+        Some("no callback URL is configured")
+    } else {
+        Some("no callback endpoint's filter takes this decision")
+    }
+}
+
+/// The outbox row of a decision's callback to one endpoint: its own id and `webhook-id`,
+/// leased to the inline attempt, or suspended while the endpoint is disabled.
+fn callback_draft(
+    endpoint: &EndpointTarget,
+    event_id: Uuid,
+    tenant_id: Uuid,
+    now: i64,
+) -> CallbackDraft {
+    CallbackDraft {
+        id: Uuid::now_v7(),
+        endpoint_id: endpoint.id,
+        webhook_id: webhook_id(event_id, endpoint.id, tenant_id),
+        leased_until: if endpoint.disabled {
+            0
+        } else {
+            now.saturating_add(crate::delivery::lease_ms())
+        },
+        status: if endpoint.disabled {
+            DeliveryStatus::Suspended
+        } else {
+            DeliveryStatus::Pending
+        },
+    }
+}
+
+/// A callback's `webhook-id`: `msg_<event>` to the `default` endpoint (whose id is the
+/// tenant's), as before there were several; `msg_<event>_<endpoint>` to any other, so each
+/// endpoint's receiver deduplicates on an id of its own.
+fn webhook_id(event_id: Uuid, endpoint_id: Uuid, tenant_id: Uuid) -> String {
+    if endpoint_id == tenant_id {
+        format!("msg_{}", event_id.simple())
+    } else {
+        format!("msg_{}_{}", event_id.simple(), endpoint_id.simple())
     }
 }

@@ -257,7 +257,7 @@ impl Ingest {
                 now,
             },
             Vec::new(),
-            None,
+            Vec::new(),
             Vec::new(),
             Arc::new(IgnoredDraft { event }),
         );

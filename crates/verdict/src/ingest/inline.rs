@@ -15,22 +15,43 @@ use crate::delivery::schedule::Trigger;
 use crate::store::{AttemptRecord, DueDelivery, StoreError};
 
 impl Ingest {
-    /// The callback's inline attempt. The response waits for the send, at most the deadline
-    /// (an attempt still running then finishes in the background), but not for its record:
-    /// the record joins a later group commit, so a request waits for two commits, not three.
-    /// Until it is in, the delivery stays leased (its lease covers the deadline and the
-    /// bookkeeping after it), so no worker sends it again meanwhile; a crash before it lands
-    /// leaves the delivery to the worker once the lease runs out, which sends it again with
-    /// the same `webhook-id` and bytes. The attempt keeps the request's span, so its log
-    /// lines carry the request id.
+    /// The callbacks' inline attempts, one per endpoint, sent at once. The response waits for
+    /// the sends, at most the deadline (an attempt still running then finishes in the
+    /// background), but not for their records: each record joins a later group commit, so a
+    /// request waits for two commits, not three. Until it is in, a delivery stays leased (its
+    /// lease covers the deadline and the bookkeeping after it), so no worker sends it again
+    /// meanwhile; a crash before it lands leaves the delivery to the worker once the lease runs
+    /// out, which sends it again with the same `webhook-id` and bytes. The attempts keep the
+    /// request's span, so their log lines carry the request id.
     ///
-    /// The record is retried after transient failures only while the delivery's lease
+    /// A record is retried after transient failures only while the delivery's lease
     /// (`leased_until`, unix ms) has [`RECORD_BEFORE_LEASE_ENDS_MS`] to run: a record landing
     /// after the lease could overwrite the state a worker's own attempt of it gave it.
-    pub(super) async fn attempt_inline(&self, due: DueDelivery, leased_until: i64) {
+    pub(super) async fn attempt_callbacks(&self, inline: Vec<(DueDelivery, i64)>) {
+        if inline.is_empty() {
+            return;
+        }
+        let deadline = tokio::time::Instant::now() + self.deliverer.settings().deadline;
+        let sends: Vec<_> = inline
+            .into_iter()
+            .map(|(due, leased_until)| self.start_inline(due, leased_until))
+            .collect();
+        for was_sent in sends {
+            match tokio::time::timeout_at(deadline, was_sent).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => tracing::error!("an inline delivery attempt panicked"),
+                Err(_) => tracing::info!(
+                    "inline delivery attempt passed its deadline; continuing in the background"
+                ),
+            }
+        }
+    }
+
+    /// Starts one callback's inline attempt in the background; the receiver answers once it
+    /// was sent (or failed to be).
+    fn start_inline(&self, due: DueDelivery, leased_until: i64) -> oneshot::Receiver<()> {
         let due_id = due.id;
         let (deliverer, commits) = (self.deliverer.clone(), self.commits.clone());
-        let deadline = deliverer.settings().deadline;
         let (sent, was_sent) = oneshot::channel();
         self.background.spawn(
             async move {
@@ -48,13 +69,7 @@ impl Ingest {
             }
             .instrument(tracing::info_span!("delivery", delivery_id = %due_id, trigger = "inline")),
         );
-        match tokio::time::timeout(deadline, was_sent).await {
-            Ok(Ok(())) => {}
-            Ok(Err(_)) => tracing::error!("the inline delivery attempt panicked"),
-            Err(_) => tracing::info!(
-                "inline delivery attempt passed its deadline; continuing in the background"
-            ),
-        }
+        was_sent
     }
 }
 

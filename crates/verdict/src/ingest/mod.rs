@@ -151,18 +151,16 @@ impl<'a> Prepared<'a> {
     }
 }
 
-/// Where a signal's callback goes, as read with its decision.
+/// Where a signal's callbacks may go, as read with its decision: the tenant's endpoints.
 #[derive(Clone, Debug)]
 struct Destination {
-    url: Option<String>,
-    disabled: bool,
+    endpoints: Vec<crate::store::EndpointTarget>,
 }
 
 impl Destination {
     fn of(inputs: &DecisionInputs) -> Self {
         Self {
-            url: inputs.callback_url.clone(),
-            disabled: inputs.callback_disabled,
+            endpoints: inputs.endpoints.clone(),
         }
     }
 }

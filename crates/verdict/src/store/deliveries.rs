@@ -18,8 +18,10 @@ pub struct NewDelivery {
     pub payload: Vec<u8>,
     /// Reserved for the inline attempt until then; if the process dies, the worker takes it.
     pub leased_until: i64,
-    /// `Pending`, or `Suspended` while the tenant's endpoint is disabled (no attempt is made).
+    /// `Pending`, or `Suspended` while the endpoint is disabled (no attempt is made).
     pub status: DeliveryStatus,
+    /// The endpoint it goes to.
+    pub endpoint_id: Uuid,
 }
 
 /// A delivery leased for an attempt, with where it goes.
@@ -32,17 +34,28 @@ pub struct DueDelivery {
     /// The callback's envelope, or the action request (sealed; empty once erased).
     pub payload: Vec<u8>,
     pub retries_left: i64,
+    /// A callback's endpoint's URL (none once the endpoint is deleted).
     pub callback_url: Option<String>,
     /// `callback`, or the action a connector carries out.
     pub action: String,
     /// The connector's name, for an action request.
     pub connector: Option<String>,
+    /// A callback's endpoint (the nil id for an action request).
+    pub endpoint_id: Uuid,
+    /// The endpoint's name, which its secret is sealed under.
+    pub endpoint_name: Option<String>,
+    /// The endpoint's own signing secret, sealed; `None` signs with the tenant's webhook
+    /// secrets.
+    pub endpoint_secret: Option<Vec<u8>>,
 }
 
 /// What a lease returns of a delivery: [`DueDelivery`]'s columns.
 pub(crate) const DUE_COLUMNS: &str = "id, tenant_id, event_id, webhook_id, payload, \
-     retries_left, action, connector, \
-     (SELECT callback_url FROM tenants WHERE tenants.id = deliveries.tenant_id) AS callback_url";
+     retries_left, action, connector, endpoint_id, \
+     (SELECT url FROM endpoints e WHERE e.id = deliveries.endpoint_id) AS callback_url, \
+     (SELECT name FROM endpoints e WHERE e.id = deliveries.endpoint_id) AS endpoint_name, \
+     (SELECT sealed_secret FROM endpoints e WHERE e.id = deliveries.endpoint_id) \
+     AS endpoint_secret";
 
 /// What asking to redeliver found.
 #[derive(Clone, Debug)]
@@ -130,6 +143,8 @@ pub struct DeliveryRecord {
     pub action: String,
     /// The connector's name, for an action request.
     pub connector: Option<String>,
+    /// The endpoint's name, for a callback (none once the endpoint is deleted).
+    pub endpoint: Option<String>,
 }
 
 /// The outbox.
@@ -167,11 +182,12 @@ pub trait DeliveryStore {
         retries: i64,
         redelivered_since: i64,
     ) -> Result<Redelivery, StoreError>;
-    /// The tenant's deliveries, newest first, optionally of one status.
+    /// The tenant's deliveries, newest first, optionally of one status and of one endpoint's.
     async fn deliveries(
         &self,
         tenant_id: Uuid,
         status: Option<crate::domain::DeliveryStatus>,
+        endpoint: Option<&crate::domain::EndpointName>,
         before: Option<Uuid>,
         limit: i64,
     ) -> Result<Vec<DeliveryRecord>, StoreError>;
@@ -223,7 +239,8 @@ pub trait DeliveryStore {
 
 /// The columns of [`DeliveryRecord`].
 pub(crate) const DELIVERY_COLUMNS: &str = "id, event_id, webhook_id, status, attempts, \
-     next_attempt_at, last_error, created_at, updated_at, action, connector";
+     next_attempt_at, last_error, created_at, updated_at, action, connector, \
+     (SELECT name FROM endpoints e WHERE e.id = deliveries.endpoint_id) AS endpoint";
 
 /// Deletes the deliveries of `events` that are settled (not pending), and their
 /// attempts; returns how many of each.
@@ -268,11 +285,12 @@ where
     Ok((deliveries, attempts))
 }
 
-/// Makes a tenant's suspended callbacks due at `now` (pending, unleased, never attempted, so
-/// with their whole retry budget); returns how many.
+/// Makes an endpoint's suspended callbacks due at `now` (pending, unleased, never attempted,
+/// so with their whole retry budget); returns how many.
 pub(crate) async fn resume_suspended<DB, C>(
     conn: &mut C,
     tenant_id: Uuid,
+    endpoint_id: Uuid,
     now: i64,
 ) -> Result<u64, sqlx::Error>
 where
@@ -299,19 +317,21 @@ where
 {
     let done = sqlx::query(
         "UPDATE deliveries SET status = 'pending', next_attempt_at = $2, leased_until = 0, \
-         updated_at = $2 WHERE tenant_id = $1 AND status = 'suspended'",
+         updated_at = $2 WHERE tenant_id = $1 AND status = 'suspended' AND endpoint_id = $3",
     )
     .bind(tenant_id)
     .bind(now)
+    .bind(endpoint_id)
     .execute(conn)
     .await?;
     Ok(DB::rows_affected(&done))
 }
 
-/// How many of a tenant's callbacks are suspended.
+/// How many of an endpoint's callbacks are suspended.
 pub(crate) async fn count_suspended<DB, C>(
     conn: &mut C,
     tenant_id: Uuid,
+    endpoint_id: Uuid,
 ) -> Result<u64, sqlx::Error>
 where
     DB: SqlDb + Database<Connection = C>,
@@ -336,9 +356,11 @@ where
     for<'e> &'e [u8]: Encode<'e, DB> + Type<DB>,
 {
     let n: i64 = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM deliveries WHERE tenant_id = $1 AND status = 'suspended'",
+        "SELECT COUNT(*) FROM deliveries WHERE tenant_id = $1 AND status = 'suspended' \
+         AND endpoint_id = $2",
     )
     .bind(tenant_id)
+    .bind(endpoint_id)
     .fetch_one(conn)
     .await?;
     Ok(u64::try_from(n).unwrap_or(0))
@@ -575,17 +597,21 @@ fn push_disable_endpoints<DB: SqlDb>(
     let gone: Vec<uuid::Uuid> = attempts
         .iter()
         .filter(|a| a.next.disable_endpoint)
-        .map(|a| a.tenant_id)
+        .map(|a| a.delivery_id)
         .collect();
     if gone.is_empty() {
         return;
     }
-    q.push("UPDATE tenants SET callback_disabled = TRUE WHERE id IN (");
+    // The endpoint each delivery went to (a callback's: only callbacks disable endpoints).
+    q.push(
+        "UPDATE endpoints SET disabled = TRUE WHERE id IN \
+         (SELECT endpoint_id FROM deliveries WHERE id IN (",
+    );
     let mut list = q.separated(", ");
-    for tenant in gone {
-        list.push_bind(tenant);
+    for delivery in gone {
+        list.push_bind(delivery);
     }
-    q.push("); ");
+    q.push(")); ");
 }
 
 /// One of a tenant's deliveries by id (`$1` tenant, `$2` id).
@@ -718,8 +744,8 @@ where
             "UPDATE deliveries SET status = 'pending', retries_left = $5, \
              next_attempt_at = $3, leased_until = $4, updated_at = $3 \
              WHERE tenant_id = $1 AND id = $2 AND leased_until <= $3 \
-             AND (action <> 'callback' OR NOT (SELECT callback_disabled FROM tenants \
-                WHERE tenants.id = deliveries.tenant_id)) \
+             AND NOT EXISTS (SELECT 1 FROM endpoints e WHERE e.id = deliveries.endpoint_id \
+                AND e.disabled) \
              AND (action = 'callback' OR length(payload) > 0) \
              AND NOT EXISTS (SELECT 1 FROM delivery_attempts a WHERE a.delivery_id = deliveries.id \
              AND a.trigger_kind = 'redeliver' AND a.attempted_at > $6) \
@@ -757,6 +783,7 @@ where
         &self,
         tenant_id: uuid::Uuid,
         status: Option<crate::domain::DeliveryStatus>,
+        endpoint: Option<&crate::domain::EndpointName>,
         before: Option<uuid::Uuid>,
         limit: i64,
     ) -> Result<Vec<crate::store::DeliveryRecord>, crate::store::StoreError> {
@@ -764,7 +791,10 @@ where
         let cursor = before.unwrap_or(uuid::Uuid::max());
         let sql = format!(
             "SELECT {} FROM deliveries WHERE tenant_id = $1 \
-             AND ($2 = '' OR status = $2) AND id < $3 ORDER BY id DESC LIMIT $4",
+             AND ($2 = '' OR status = $2) AND id < $3 \
+             AND ($5 = '' OR endpoint_id = (SELECT e.id FROM endpoints e \
+                WHERE e.tenant_id = $1 AND e.name = $5)) \
+             ORDER BY id DESC LIMIT $4",
             crate::store::deliveries::DELIVERY_COLUMNS
         );
         Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
@@ -772,6 +802,7 @@ where
             .bind(status.map_or("", |s| s.as_str()))
             .bind(cursor)
             .bind(limit)
+            .bind(endpoint.map_or("", |e| e.as_str()))
             .fetch_all(self.read())
             .await?)
     }

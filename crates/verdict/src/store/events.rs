@@ -83,11 +83,12 @@ impl EventRecord {
 }
 
 /// The columns of [`EventRecord`], read `FROM events` (unaliased): the callback's envelope
-/// only for an event whose metadata is stored there.
+/// only for an event whose metadata is stored there (every endpoint's row holds the same
+/// bytes, so any one).
 pub(crate) const EVENT_COLUMNS: &str = "id, signal_type, subject_hash, observed_at, attributes, \
      metadata, decision, playbook_version, rule, actions, created_at, evaluated_at, facts, feed, \
      signal_key, (SELECT d.payload FROM deliveries d WHERE d.event_id = events.id \
-     AND d.action = 'callback' AND events.metadata_in_callback) AS callback_payload";
+     AND d.action = 'callback' AND events.metadata_in_callback LIMIT 1) AS callback_payload";
 
 /// Reads of events.
 #[async_trait]

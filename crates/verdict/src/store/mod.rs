@@ -18,6 +18,7 @@
 //! - [`tenants`]: tenants, their rate limits and sealed secrets;
 //! - [`api_keys`]: tenants' API keys and their scopes;
 //! - [`connectors`]: tenants' connectors (their own systems that actions call);
+//! - [`endpoints`]: tenants' callback endpoints, their filters and sealed secrets;
 //! - [`keys`]: idempotency keys and the state table's judgement;
 //! - [`playbooks`]: playbook versions and what a decision reads;
 //! - [`actions`]: the idempotent effects (locks, cases, alerts, ledger, denies);
@@ -35,6 +36,7 @@ pub mod api_keys;
 pub mod connectors;
 pub mod console_sessions;
 pub mod deliveries;
+pub mod endpoints;
 pub mod events;
 /// Test hooks: named points where tests stop a request (compiled in with `failpoints`).
 pub(crate) mod failpoint;
@@ -66,6 +68,7 @@ pub use deliveries::{
     AttemptRecord, AttemptRow, DeliveryRecord, DeliveryStore, DueDelivery, NewDelivery, Redelivery,
     Resolution, Resolved,
 };
+pub use endpoints::{EndpointRecord, EndpointStore, PutEndpoint};
 pub use events::{EventRecord, EventStore, NewEvent, PrunedEvents};
 pub use feeds::{FeedStore, TransmitterRecord};
 pub use keys::{
@@ -76,7 +79,7 @@ pub use pipeline::{
     Act, ActOutcome, Batch, BatchResult, CallbackDraft, CallsDone, Committed, Expected, Finished,
     HeldKey, PipelineStore, Render, RequestDraft,
 };
-pub use playbooks::{DecisionInputs, PlaybookStore, StoredPlaybook};
+pub use playbooks::{DecisionInputs, EndpointTarget, PlaybookStore, StoredPlaybook};
 pub use tenants::{NewTenant, SealedSecret, SecretPurpose, TenantRecord, TenantStore};
 
 /// The store's limits, which the callers above it size their work by.
@@ -230,6 +233,7 @@ pub trait Store:
     TenantStore
     + ApiKeyStore
     + ConnectorStore
+    + EndpointStore
     + OperatorStore
     + KeyStore
     + PlaybookStore
@@ -248,6 +252,7 @@ pub trait Store:
     + ports::RetentionStore
     + ports::ConsoleStore
     + ports::ConnectorPort
+    + ports::EndpointPort
     + ports::PlaybookPort
     + ports::SubjectPort
     + Send

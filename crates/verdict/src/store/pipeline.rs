@@ -32,10 +32,11 @@ pub struct HeldKey {
 pub struct ActOutcome {
     /// Each local action, in the order asked.
     pub effects: Vec<(ActionKind, Applied)>,
-    /// The callback's outbox row, if one was asked for.
+    /// The callback's outbox rows (one per matching endpoint), if any were asked for:
+    /// `Done` where this signal's event holds them.
     pub callback: Option<Applied>,
-    /// Whether this commit inserted the outbox row: only then does the inline attempt go out.
-    pub callback_inserted: bool,
+    /// The outbox rows this commit inserted: only those get an inline attempt.
+    pub callbacks_inserted: Vec<uuid::Uuid>,
     /// The connector action requests this signal's event holds, each with whether this commit
     /// inserted it (only then does its inline call go out).
     pub requests: Vec<(ActionKind, bool)>,
@@ -64,15 +65,18 @@ pub trait Render: Send + Sync {
     fn envelope(&self, effects: &[(ActionKind, Applied)]) -> Vec<u8>;
 }
 
-/// A callback to record in the outbox, its envelope rendered inside the commit.
+/// A callback to one endpoint to record in the outbox, its envelope rendered inside the
+/// commit.
 #[derive(Clone, Debug)]
 pub struct CallbackDraft {
     pub id: uuid::Uuid,
+    /// The endpoint it goes to.
+    pub endpoint_id: uuid::Uuid,
     pub webhook_id: String,
     /// Reserved for the inline attempt until then; if the process dies, the worker takes it.
     pub leased_until: i64,
-    /// `Pending`, or `Suspended` when the tenant's endpoint is disabled: then it is stored
-    /// with its bytes but not attempted until the endpoint is re-enabled.
+    /// `Pending`, or `Suspended` when the endpoint is disabled: then it is stored with its
+    /// bytes but not attempted until the endpoint is re-enabled.
     pub status: crate::domain::DeliveryStatus,
 }
 
@@ -92,13 +96,13 @@ pub struct RequestDraft {
     pub leased_until: i64,
 }
 
-/// A committed act: its outcomes, the response stored, and the outbox row this commit
-/// inserted (the inline attempt sends exactly these bytes).
+/// A committed act: its outcomes, the response stored, and the outbox rows this commit
+/// inserted (the inline attempts send exactly these bytes).
 #[derive(Clone, Debug)]
 pub struct Committed {
     pub outcome: ActOutcome,
     pub response: StoredResponse,
-    pub delivery: Option<NewDelivery>,
+    pub deliveries: Vec<NewDelivery>,
 }
 
 /// One decided signal's effects, outbox row, event and (with a key) completion.
@@ -110,9 +114,10 @@ pub struct Act {
     /// ahead only if the claim wins, and the key is completed with it.
     pub claim: Option<Claim>,
     pub target: ActionTarget,
-    /// The local actions to apply (the callback is `callback`).
+    /// The local actions to apply (the callback is `callbacks`).
     pub effects: Vec<ActionKind>,
-    pub callback: Option<CallbackDraft>,
+    /// Its callback, one per endpoint that takes it.
+    pub callbacks: Vec<CallbackDraft>,
     /// Its connector action requests, one per bound action.
     pub requests: Vec<RequestDraft>,
     /// Renders what it stores and its callback's envelope from the outcomes.
@@ -128,7 +133,7 @@ pub struct Act {
 #[derive(Clone, Debug)]
 pub struct Expected {
     pub outcome: ActOutcome,
-    pub delivery: Option<NewDelivery>,
+    pub deliveries: Vec<NewDelivery>,
     pub finished: Finished,
 }
 
@@ -138,7 +143,7 @@ impl Act {
         held: Option<HeldKey>,
         target: ActionTarget,
         effects: Vec<ActionKind>,
-        callback: Option<CallbackDraft>,
+        callbacks: Vec<CallbackDraft>,
         requests: Vec<RequestDraft>,
         render: Arc<dyn Render>,
     ) -> Self {
@@ -147,11 +152,11 @@ impl Act {
             .filter(|action| effects.contains(action))
             .map(|action| (action, Applied::Done))
             .collect();
-        let delivery = delivery_of(callback.as_ref(), &*render, &done);
+        let deliveries = deliveries_of(&callbacks, &*render, &done);
         let outcome = ActOutcome {
             effects: done,
-            callback: callback.as_ref().map(|_| Applied::Done),
-            callback_inserted: callback.is_some(),
+            callback: (!callbacks.is_empty()).then_some(Applied::Done),
+            callbacks_inserted: callbacks.iter().map(|c| c.id).collect(),
             requests: requests.iter().map(|r| (r.action, true)).collect(),
         };
         let finished = render.finished(&outcome);
@@ -160,12 +165,12 @@ impl Act {
             claim: None,
             target,
             effects,
-            callback,
+            callbacks,
             requests,
             render,
             expected: Arc::new(Expected {
                 outcome,
-                delivery,
+                deliveries,
                 finished,
             }),
         }
@@ -193,12 +198,12 @@ impl Act {
             .collect()
     }
 
-    /// Its outbox row for local effects that came out as `effects`.
-    pub(crate) fn delivery_for(&self, effects: &[(ActionKind, Applied)]) -> Option<NewDelivery> {
+    /// Its outbox rows for local effects that came out as `effects`.
+    pub(crate) fn deliveries_for(&self, effects: &[(ActionKind, Applied)]) -> Vec<NewDelivery> {
         if self.expected.outcome.effects == effects {
-            return self.expected.delivery.clone();
+            return self.expected.deliveries.clone();
         }
-        delivery_of(self.callback.as_ref(), &*self.render, effects)
+        deliveries_of(&self.callbacks, &*self.render, effects)
     }
 
     /// What it stores for `outcome`.
@@ -210,19 +215,27 @@ impl Act {
     }
 }
 
-/// The outbox row of a callback, if there is one, its envelope rendered from `effects`.
-fn delivery_of(
-    callback: Option<&CallbackDraft>,
+/// The outbox rows of a callback, one per endpoint, its envelope rendered once from `effects`.
+fn deliveries_of(
+    callbacks: &[CallbackDraft],
     render: &dyn Render,
     effects: &[(ActionKind, Applied)],
-) -> Option<NewDelivery> {
-    callback.map(|c| NewDelivery {
-        id: c.id,
-        webhook_id: c.webhook_id.clone(),
-        payload: render.envelope(effects),
-        leased_until: c.leased_until,
-        status: c.status,
-    })
+) -> Vec<NewDelivery> {
+    if callbacks.is_empty() {
+        return Vec::new();
+    }
+    let payload = render.envelope(effects);
+    callbacks
+        .iter()
+        .map(|c| NewDelivery {
+            id: c.id,
+            webhook_id: c.webhook_id.clone(),
+            payload: payload.clone(),
+            leased_until: c.leased_until,
+            status: c.status,
+            endpoint_id: c.endpoint_id,
+        })
+        .collect()
 }
 
 /// A dispatched signal whose connector calls answered: its event's action outcomes and, with a
@@ -281,14 +294,17 @@ pub(crate) fn batch_result(
     live: Vec<usize>,
     outcomes: Vec<ActOutcome>,
     finished: Vec<Finished>,
-    deliveries: Vec<Option<NewDelivery>>,
+    deliveries: Vec<Vec<NewDelivery>>,
     claims: Vec<bool>,
 ) -> BatchResult {
     let mut committed = outcomes.into_iter().zip(finished).zip(deliveries).map(
-        |((outcome, finished), delivery)| Committed {
-            delivery: delivery.filter(|_| outcome.callback_inserted),
-            outcome,
-            response: finished.response,
+        |((outcome, finished), mut deliveries)| {
+            deliveries.retain(|d| outcome.callbacks_inserted.contains(&d.id));
+            Committed {
+                deliveries,
+                outcome,
+                response: finished.response,
+            }
         },
     );
     let mut live = live.into_iter().peekable();

@@ -19,28 +19,87 @@ pub struct StoredPlaybook {
     pub created_at: i64,
 }
 
-/// A row of the batched decision read: which (tenant, subject) it answers.
+/// A row of the batched decision read: which (tenant, subject) it answers, and one of the
+/// tenant's endpoints (a row per endpoint; none for a tenant without one).
 #[derive(sqlx::FromRow)]
 pub(crate) struct DecisionInputsRow {
-    pub tenant_id: Uuid,
-    pub subject_hash: Vec<u8>,
-    #[sqlx(flatten)]
-    pub inputs: DecisionInputs,
+    tenant_id: Uuid,
+    subject_hash: Vec<u8>,
+    playbook_version: Option<i64>,
+    subject_locked: bool,
+    endpoint_id: Option<Uuid>,
+    endpoint_name: Option<String>,
+    endpoint_url: Option<String>,
+    endpoint_secret: Option<Vec<u8>>,
+    signal_types: Option<String>,
+    decisions: Option<String>,
+    feeds: Option<String>,
+    endpoint_disabled: Option<bool>,
+}
+
+impl DecisionInputsRow {
+    /// The endpoint this row carries, if any.
+    fn endpoint(&mut self) -> Result<Option<EndpointTarget>, crate::store::StoreError> {
+        let (Some(id), Some(name), Some(url)) = (
+            self.endpoint_id,
+            self.endpoint_name.take(),
+            self.endpoint_url.take(),
+        ) else {
+            return Ok(None);
+        };
+        let filter = crate::domain::EndpointFilter::from_columns(
+            self.signal_types.as_deref().unwrap_or_default(),
+            self.decisions.as_deref().unwrap_or_default(),
+            self.feeds.as_deref().unwrap_or_default(),
+        )
+        .map_err(|e| crate::store::StoreError::Corrupt(Box::new(e)))?;
+        Ok(Some(EndpointTarget {
+            id,
+            name,
+            url,
+            sealed_secret: self.endpoint_secret.take(),
+            filter,
+            disabled: self.endpoint_disabled.unwrap_or(false),
+        }))
+    }
+}
+
+/// One of the tenant's callback endpoints, as a decision reads it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct EndpointTarget {
+    pub id: Uuid,
+    pub name: String,
+    pub url: String,
+    /// Its own signing secret, sealed; `None` signs with the tenant's webhook secrets.
+    pub sealed_secret: Option<Vec<u8>>,
+    pub filter: crate::domain::EndpointFilter,
+    /// Disabled (by the tenant, or after a 410): its callbacks are stored suspended.
+    pub disabled: bool,
+}
+
+/// Leaves the sealed secret out.
+impl std::fmt::Debug for EndpointTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EndpointTarget")
+            .field("id", &self.id)
+            .field("name", &self.name)
+            .field("filter", &self.filter)
+            .field("disabled", &self.disabled)
+            .finish_non_exhaustive()
+    }
 }
 
 /// What a decision reads, in one round trip: the playbook version in force, the subject's
-/// facts as they are before this signal, and where its callback goes now (read fresh, so a
+/// facts as they are before this signal, and where its callbacks go now (read fresh, so a
 /// disabled or changed endpoint applies to the very next signal).
-#[derive(Clone, Debug, Default, PartialEq, Eq, sqlx::FromRow)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DecisionInputs {
     /// The tenant's newest uploaded version; `None` means the built-in default.
     pub playbook_version: Option<i64>,
     /// Whether the subject's account is locked.
     pub subject_locked: bool,
-    /// The tenant's callback URL.
-    pub callback_url: Option<String>,
-    /// Whether the tenant's endpoint is disabled (after a 410).
-    pub callback_disabled: bool,
+    /// The tenant's callback endpoints.
+    pub endpoints: Vec<EndpointTarget>,
 }
 
 /// Playbook versions.
@@ -186,22 +245,39 @@ where
             "SELECT v.column1 AS tenant_id, v.column2 AS subject_hash, \
              (SELECT MAX(version) FROM playbooks p WHERE p.tenant_id = v.column1) \
              AS playbook_version, l.tenant_id IS NOT NULL AS subject_locked, \
-             t.callback_url, t.callback_disabled FROM ",
+             ep.id AS endpoint_id, ep.name AS endpoint_name, ep.url AS endpoint_url, \
+             ep.sealed_secret AS endpoint_secret, ep.signal_types, ep.decisions, ep.feeds, \
+             ep.disabled AS endpoint_disabled FROM ",
         );
         push_keys(&mut q, subjects);
         q.push(
             " AS v JOIN tenants t ON t.id = v.column1 \
              LEFT JOIN account_locks l ON l.tenant_id = v.column1 \
-             AND l.subject_hash = v.column2",
+             AND l.subject_hash = v.column2 \
+             LEFT JOIN endpoints ep ON ep.tenant_id = v.column1",
         );
         let rows: Vec<crate::store::playbooks::DecisionInputsRow> = crate::store::answered_within(
             B::ANSWER_DEADLINE,
             q.build_query_as().fetch_all(self.decisions()),
         )
         .await?;
-        Ok(rows
-            .into_iter()
-            .map(|r| ((r.tenant_id, r.subject_hash), r.inputs))
-            .collect())
+        let mut found: std::collections::HashMap<_, crate::store::DecisionInputs> =
+            std::collections::HashMap::with_capacity(subjects.len());
+        for mut row in rows {
+            let endpoint = row.endpoint()?;
+            let inputs = found
+                .entry((row.tenant_id, std::mem::take(&mut row.subject_hash)))
+                .or_insert_with(|| crate::store::DecisionInputs {
+                    playbook_version: row.playbook_version,
+                    subject_locked: row.subject_locked,
+                    endpoints: Vec::new(),
+                });
+            inputs.endpoints.extend(endpoint);
+        }
+        // One order whatever the plan: the endpoints' rows go out in it.
+        for inputs in found.values_mut() {
+            inputs.endpoints.sort_by(|a, b| a.name.cmp(&b.name));
+        }
+        Ok(found)
     }
 }

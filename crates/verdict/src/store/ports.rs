@@ -5,14 +5,21 @@
 
 use super::{
     ActionStore, ActivityStore, ApiKeyStore, ConnectorStore, ConsoleSessionStore, DeliveryStore,
-    EventStore, FeedStore, KeyStore, OperatorStore, PipelineStore, PlaybookStore, TenantStore,
+    EndpointStore, EventStore, FeedStore, KeyStore, OperatorStore, PipelineStore, PlaybookStore,
+    TenantStore,
 };
 
-/// What tenant administration and [`Credentials`] read and write: tenants, their secrets and
-/// their API keys.
-pub trait TenantPort: TenantStore + ApiKeyStore + Send + Sync {}
+/// What tenant administration and [`Credentials`] read and write: tenants, their secrets,
+/// their API keys and their callback endpoints (a tenant's callback URL is its `default`
+/// endpoint).
+pub trait TenantPort: TenantStore + ApiKeyStore + EndpointStore + Send + Sync {}
 
-impl<T: ?Sized + TenantStore + ApiKeyStore + Send + Sync> TenantPort for T {}
+impl<T: ?Sized + TenantStore + ApiKeyStore + EndpointStore + Send + Sync> TenantPort for T {}
+
+/// What endpoint administration reads and writes: the tenants' callback endpoints.
+pub trait EndpointPort: EndpointStore + Send + Sync {}
+
+impl<T: ?Sized + EndpointStore + Send + Sync> EndpointPort for T {}
 
 /// What delivery reads and writes: the outbox and its attempts, the connectors action
 /// requests go to, and the tenants' webhook secrets (through [`tenant::Credentials`]).

@@ -168,9 +168,9 @@ impl Row for NewEvent {
     }
 }
 
-/// A callback's outbox row, as the group commit inserts it: pending (or suspended while the
-/// endpoint is disabled), not yet attempted, due now, and leased to the inline attempt until
-/// `leased_until`.
+/// A callback's outbox row for one endpoint, as the group commit inserts it: pending (or
+/// suspended while the endpoint is disabled), not yet attempted, due now, and leased to the
+/// inline attempt until `leased_until`.
 pub(crate) struct OutboxRow<'a> {
     pub target: &'a ActionTarget,
     pub delivery: &'a NewDelivery,
@@ -191,6 +191,7 @@ impl Row for OutboxRow<'_> {
             Col::Int8("leased_until", |r| r.delivery.leased_until),
             Col::Int8("created_at", |r| r.target.now),
             Col::Int8("updated_at", |r| r.target.now),
+            Col::Uuid("endpoint_id", |r| r.delivery.endpoint_id),
         ]
     }
 }

@@ -8,8 +8,6 @@ use uuid::Uuid;
 use super::StoreError;
 use super::api_keys::insert_api_key_row;
 use super::backend::{Backend, SqlDb};
-use super::deliveries::{count_suspended, resume_suspended};
-use crate::domain::SuspendedCallbacks;
 
 /// Which secret of a tenant's a row holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -119,17 +117,6 @@ pub trait TenantStore {
         secret: &SealedSecret,
         retire_at: i64,
     ) -> Result<(), StoreError>;
-    /// Sets the tenant's callback URL and re-enables its endpoint, in one transaction with
-    /// what `suspended` says to do with the callbacks suspended meanwhile (resumed only when
-    /// there is a URL to send them to). `None` if no such tenant, else how many suspended
-    /// callbacks were made due (`Resume`) or are left suspended.
-    async fn set_callback(
-        &self,
-        tenant_id: Uuid,
-        url: Option<&str>,
-        suspended: SuspendedCallbacks,
-        now: i64,
-    ) -> Result<Option<u64>, StoreError>;
     /// Sets (or, with `None`, removes) the tenant's own rate limit; false if no such tenant.
     async fn set_rate_limit(
         &self,
@@ -143,8 +130,11 @@ pub trait TenantStore {
 }
 
 /// The columns of [`TenantRecord`].
-pub(crate) const TENANT_COLUMNS: &str = "id, name, inbound_signature_required, inbound_signature_covers_key, callback_url, \
-     callback_disabled, rate_limit_per_second, created_at";
+pub(crate) const TENANT_COLUMNS: &str = "id, name, inbound_signature_required, \
+     inbound_signature_covers_key, \
+     (SELECT e.url FROM endpoints e WHERE e.id = tenants.id) AS callback_url, \
+     COALESCE((SELECT e.disabled FROM endpoints e WHERE e.id = tenants.id), FALSE) \
+     AS callback_disabled, rate_limit_per_second, created_at";
 
 async fn insert_secret<DB, C>(
     conn: &mut C,
@@ -217,17 +207,28 @@ where
         let mut tx = self.begin().await?;
         sqlx::query(
             "INSERT INTO tenants (id, name, inbound_signature_required, \
-             inbound_signature_covers_key, callback_url, created_at) \
-             VALUES ($1, $2, $3, $4, $5, $6)",
+             inbound_signature_covers_key, created_at) VALUES ($1, $2, $3, $4, $5)",
         )
         .bind(tenant.id)
         .bind(&tenant.name)
         .bind(tenant.inbound_signature_required)
         .bind(tenant.inbound_signature_covers_key)
-        .bind(&tenant.callback_url)
         .bind(tenant.created_at)
         .execute(&mut *tx)
         .await?;
+        // Its callback URL is its `default` endpoint: the tenant's id, its webhook secrets.
+        if let Some(url) = &tenant.callback_url {
+            sqlx::query(
+                "INSERT INTO endpoints (id, tenant_id, name, url, created_at, updated_at) \
+                 VALUES ($1, $1, $2, $3, $4, $4)",
+            )
+            .bind(tenant.id)
+            .bind(crate::domain::DEFAULT_ENDPOINT)
+            .bind(url)
+            .bind(tenant.created_at)
+            .execute(&mut *tx)
+            .await?;
+        }
         // A new tenant's first key: no other key of its can count against it.
         insert_api_key_row(&mut *tx, &tenant.admin_key, 1).await?;
         for secret in secrets {
@@ -321,35 +322,6 @@ where
         insert_secret(&mut *tx, tenant_id, secret).await?;
         tx.commit().await?;
         Ok(())
-    }
-
-    async fn set_callback(
-        &self,
-        tenant_id: uuid::Uuid,
-        url: Option<&str>,
-        suspended: SuspendedCallbacks,
-        now: i64,
-    ) -> Result<Option<u64>, crate::store::StoreError> {
-        let mut tx = self.begin().await?;
-        let done = sqlx::query(
-            "UPDATE tenants SET callback_url = $2, callback_disabled = FALSE WHERE id = $1",
-        )
-        .bind(tenant_id)
-        .bind(url)
-        .execute(&mut *tx)
-        .await?;
-        if DB::rows_affected(&done) != 1 {
-            return Ok(None);
-        }
-        // Without a URL a resumed callback could only fail: they wait for one.
-        let n = match (suspended, url) {
-            (SuspendedCallbacks::Resume, Some(_)) => {
-                resume_suspended(&mut *tx, tenant_id, now).await?
-            }
-            _ => count_suspended(&mut *tx, tenant_id).await?,
-        };
-        tx.commit().await?;
-        Ok(Some(n))
     }
 
     async fn set_rate_limit(

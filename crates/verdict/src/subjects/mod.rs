@@ -387,6 +387,9 @@ async fn undo_now(
         callback_url: None,
         action: action.as_str().to_owned(),
         connector: Some(r.connector.to_string()),
+        endpoint_id: uuid::Uuid::nil(),
+        endpoint_name: None,
+        endpoint_secret: None,
     };
     Ok(call(means, due, undone, held.cloned()).await)
 }

@@ -101,7 +101,8 @@ WITH claim_in AS (
 ), outbox_ins AS (
     INSERT INTO deliveries ({outbox_rows.columns})
     SELECT {outbox_rows.columns}
-    FROM outbox_in WHERE i IN (SELECT i FROM expected) ORDER BY tenant_id, signal_key, i
+    FROM outbox_in WHERE i IN (SELECT i FROM expected)
+    ORDER BY tenant_id, signal_key, endpoint_id, i
     ON CONFLICT DO NOTHING RETURNING id
 ), request_in AS (
     SELECT * FROM {request_rows}
@@ -113,11 +114,12 @@ WITH claim_in AS (
     FROM request_in WHERE i IN (SELECT i FROM expected) ORDER BY tenant_id, signal_key, action, i
     ON CONFLICT DO NOTHING RETURNING id
 ), settled AS (
-    -- Of those, the ones whose outbox row (if any) and every action request this statement
-    -- inserted: their expected outcomes are their actual ones, so they are finished here.
+    -- Of those, the ones whose every outbox row (one per endpoint) and every action request
+    -- this statement inserted: their expected outcomes are their actual ones, so they are
+    -- finished here.
     SELECT e.i FROM expected e
-    WHERE (NOT EXISTS (SELECT 1 FROM outbox_in o WHERE o.i = e.i)
-        OR EXISTS (SELECT 1 FROM outbox_in o JOIN outbox_ins x ON x.id = o.id WHERE o.i = e.i))
+    WHERE NOT EXISTS (SELECT 1 FROM outbox_in o WHERE o.i = e.i
+            AND NOT EXISTS (SELECT 1 FROM outbox_ins x WHERE x.id = o.id))
         AND NOT EXISTS (SELECT 1 FROM request_in r WHERE r.i = e.i
             AND NOT EXISTS (SELECT 1 FROM request_ins x WHERE x.id = r.id))
 ), event_ins AS (
@@ -187,15 +189,16 @@ impl<'a> Inputs<'a> {
             .acts
             .iter()
             .enumerate()
-            .filter_map(|(i, act)| {
-                let delivery = act.expected.delivery.as_ref()?;
-                Some((
-                    index(i),
-                    OutboxRow {
-                        target: &act.target,
-                        delivery,
-                    },
-                ))
+            .flat_map(|(i, act)| {
+                act.expected.deliveries.iter().map(move |delivery| {
+                    (
+                        index(i),
+                        OutboxRow {
+                            target: &act.target,
+                            delivery,
+                        },
+                    )
+                })
             })
             .unzip();
         let (keyed, responses) = batch

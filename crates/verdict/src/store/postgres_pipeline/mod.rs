@@ -149,8 +149,8 @@ pub(super) fn unsettled(live: &[usize], found: &Found) -> Vec<usize> {
         .collect()
 }
 
-/// Per live act: its outcome, what it stores, and the outbox row its commit inserted.
-pub(super) type Stored = (Vec<ActOutcome>, Vec<Finished>, Vec<Option<NewDelivery>>);
+/// Per live act: its outcome, what it stores, and the outbox rows its commit inserted.
+pub(super) type Stored = (Vec<ActOutcome>, Vec<Finished>, Vec<Vec<NewDelivery>>);
 
 /// What each live act stores, in `live`'s order: what the acts [`apply::APPLY`] settled
 /// expected to store, and for the others their actual outcomes (`outcomes`, `finished`,
@@ -161,7 +161,7 @@ fn in_live_order(
     found: &Found,
     outcomes: Vec<ActOutcome>,
     finished: Vec<Finished>,
-    deliveries: Vec<Option<NewDelivery>>,
+    deliveries: Vec<Vec<NewDelivery>>,
 ) -> Result<Stored, StoreError> {
     let mut actual = outcomes.into_iter().zip(finished).zip(deliveries);
     let mut merged = (Vec::new(), Vec::new(), Vec::new());
@@ -169,7 +169,10 @@ fn in_live_order(
         let stored = if found.settled.contains(&index(i)) {
             batch.acts.get(i).map(|act| {
                 let e = &act.expected;
-                ((e.outcome.clone(), e.finished.clone()), e.delivery.clone())
+                (
+                    (e.outcome.clone(), e.finished.clone()),
+                    e.deliveries.clone(),
+                )
             })
         } else {
             actual.next()

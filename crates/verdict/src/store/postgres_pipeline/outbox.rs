@@ -13,27 +13,29 @@ use crate::store::pipeline::ActOutcome;
 use crate::store::rows::OutboxRow;
 use crate::store::{Batch, NewDelivery, StoreError};
 
-/// The callbacks' outbox rows, one per signal: per row, whether this statement inserted it
-/// (only then does the inline attempt go out) and whether this signal's event holds it.
+/// The callbacks' outbox rows, one per signal and endpoint: per row, whether this statement
+/// inserted it (only then does its inline attempt go out) and whether this signal's event
+/// holds it.
 const TEMPLATE: &str = r#"
 WITH outbox_in AS (
     SELECT * FROM {o}
 ), inserted AS (
     INSERT INTO deliveries ({o.columns})
-    SELECT DISTINCT ON (tenant_id, signal_key) {o.columns}
-    FROM outbox_in ORDER BY tenant_id, signal_key, i
-    ON CONFLICT DO NOTHING RETURNING id, tenant_id, signal_key, event_id
+    SELECT DISTINCT ON (tenant_id, signal_key, endpoint_id) {o.columns}
+    FROM outbox_in ORDER BY tenant_id, signal_key, endpoint_id, i
+    ON CONFLICT DO NOTHING RETURNING id, tenant_id, signal_key, endpoint_id, event_id
 )
-SELECT o.i,
+SELECT o.i, o.id,
     -- A row with this draft's id is this commit's: inserted now, or by APPLY before it.
     mine.id IS NOT NULL OR EXISTS (SELECT 1 FROM deliveries y WHERE y.id = o.id) AS fresh,
     COALESCE(COALESCE(w.event_id, (SELECT x.event_id FROM deliveries x
         WHERE x.tenant_id = o.tenant_id AND x.signal_key = o.signal_key
-        AND x.action = 'callback')) = o.event_id, FALSE)
+        AND x.action = 'callback' AND x.endpoint_id = o.endpoint_id)) = o.event_id, FALSE)
         AS ours
 FROM outbox_in o
 LEFT JOIN inserted mine ON mine.id = o.id
 LEFT JOIN inserted w ON w.tenant_id = o.tenant_id AND w.signal_key = o.signal_key
+    AND w.endpoint_id = o.endpoint_id
 "#;
 
 /// [`TEMPLATE`], rendered.
@@ -53,45 +55,57 @@ pub(in crate::store) async fn outbox(
     batch: &Batch,
     live: &[usize],
     outcomes: &mut [ActOutcome],
-) -> Result<Vec<Option<NewDelivery>>, StoreError> {
-    let deliveries: Vec<Option<NewDelivery>> = live
+) -> Result<Vec<Vec<NewDelivery>>, StoreError> {
+    let deliveries: Vec<Vec<NewDelivery>> = live
         .iter()
         .zip(outcomes.iter())
-        .map(|(&i, o)| batch.acts[i].delivery_for(&o.effects))
+        .map(|(&i, o)| batch.acts[i].deliveries_for(&o.effects))
         .collect();
     // Each row reports its position among the live acts.
     let (positions, rows): (Vec<i32>, Vec<OutboxRow>) = live
         .iter()
         .zip(&deliveries)
         .enumerate()
-        .filter_map(|(n, (&i, d))| {
-            let delivery = d.as_ref()?;
-            let target = &batch.acts.get(i)?.target;
-            Some((index(n), OutboxRow { target, delivery }))
+        .flat_map(|(n, (&i, ds))| {
+            let target = &batch.acts[i].target;
+            ds.iter()
+                .map(move |delivery| (index(n), OutboxRow { target, delivery }))
         })
         .unzip();
     if rows.is_empty() {
         return Ok(deliveries);
     }
-    let stored: Vec<(i32, bool, bool)> = with(positions, &rows, |inputs| {
+    let stored: Vec<(i32, uuid::Uuid, bool, bool)> = with(positions, &rows, |inputs| {
         bind_all(sqlx::query(OUTBOX.as_str()), inputs)
     })
     .fetch_all(&mut *conn)
     .await?
     .iter()
-    .map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))
+    .map(|row| {
+        Ok((
+            row.try_get(0)?,
+            row.try_get(1)?,
+            row.try_get(2)?,
+            row.try_get(3)?,
+        ))
+    })
     .collect::<Result<_, sqlx::Error>>()?;
-    for (n, fresh, ours) in stored {
+    for (n, id, fresh, ours) in stored {
         let outcome = usize::try_from(n)
             .ok()
             .and_then(|n| outcomes.get_mut(n))
             .ok_or_else(|| StoreError::Corrupt("an outbox row of no signal".into()))?;
-        outcome.callback = Some(if ours || fresh {
-            Applied::Done
-        } else {
-            Applied::AlreadyDone
-        });
-        outcome.callback_inserted = fresh;
+        // Done where this event holds any of them: the signal's callback is its.
+        if outcome.callback != Some(Applied::Done) {
+            outcome.callback = Some(if ours || fresh {
+                Applied::Done
+            } else {
+                Applied::AlreadyDone
+            });
+        }
+        if fresh {
+            outcome.callbacks_inserted.push(id);
+        }
     }
     Ok(deliveries)
 }

@@ -159,7 +159,7 @@ static LEASE_DUE: LazyLock<String> = LazyLock::new(|| {
          SELECT d.id FROM deliveries d JOIN tenants t ON t.id = d.tenant_id \
          WHERE d.status = 'pending' AND d.next_attempt_at <= $1 AND d.leased_until <= $1 \
          AND d.updated_at < $4 AND d.retries_left > 0 \
-         AND (d.action <> 'callback' OR NOT t.callback_disabled) \
+         AND NOT EXISTS (SELECT 1 FROM endpoints e WHERE e.id = d.endpoint_id AND e.disabled) \
          AND lower(hex(d.tenant_id)) NOT IN (SELECT replace(value, '-', '') FROM json_each($5)) \
          ORDER BY d.next_attempt_at LIMIT $3) \
          RETURNING {}",

@@ -30,7 +30,7 @@ async fn apply_effects(
     conn: &mut SqliteConnection,
     acts: &[&Act],
     alert_window_ms: i64,
-) -> Result<(Vec<ActOutcome>, Vec<Option<NewDelivery>>), StoreError> {
+) -> Result<(Vec<ActOutcome>, Vec<Vec<NewDelivery>>), StoreError> {
     let mut outcomes: Vec<ActOutcome> = acts.iter().map(|_| Default::default()).collect();
     for action in ActionKind::LOCAL {
         let which: Vec<usize> = (0..acts.len())
@@ -94,30 +94,36 @@ async fn apply_effects(
         }
         failpoint!(&crate::store::failpoint::after_action(action));
     }
-    // Each callback's envelope, built now that the local effects are known.
-    let deliveries: Vec<Option<NewDelivery>> = acts
+    // Each callback's envelope, built now that the local effects are known: one row per
+    // endpoint that takes it.
+    let deliveries: Vec<Vec<NewDelivery>> = acts
         .iter()
         .zip(&outcomes)
-        .map(|(a, o)| a.delivery_for(&o.effects))
+        .map(|(a, o)| a.deliveries_for(&o.effects))
         .collect();
-    let with_callback: Vec<usize> = (0..acts.len())
-        .filter(|&i| deliveries[i].is_some())
-        .collect();
-    let rows: Vec<_> = with_callback
+    let (owners, rows): (Vec<usize>, Vec<_>) = deliveries
         .iter()
-        .filter_map(|&i| {
-            deliveries[i].as_ref().map(|delivery| OutboxRow {
-                target: &acts[i].target,
-                delivery,
+        .enumerate()
+        .flat_map(|(i, ds)| {
+            ds.iter().map(move |delivery| {
+                let target = &acts[i].target;
+                (i, OutboxRow { target, delivery })
             })
         })
-        .collect();
-    for (&i, (applied, fresh)) in with_callback
+        .unzip();
+    for ((&i, row), (applied, fresh)) in owners
         .iter()
+        .zip(&rows)
         .zip(insert_deliveries(conn, &rows).await?)
     {
-        outcomes[i].callback = Some(applied);
-        outcomes[i].callback_inserted = fresh;
+        // Done where this event holds any of them: the signal's callback is its.
+        let outcome = &mut outcomes[i];
+        if outcome.callback != Some(Applied::Done) {
+            outcome.callback = Some(applied);
+        }
+        if fresh {
+            outcome.callbacks_inserted.push(row.delivery.id);
+        }
     }
     Ok((outcomes, deliveries))
 }
@@ -591,9 +597,9 @@ async fn apply_alert_customer(
     Ok(ours.into_iter().map(applied).collect())
 }
 
-/// Records callbacks in the outbox, one per signal: returns, per row, whether this
-/// event holds the delivery and whether this statement inserted it (only then does the
-/// inline attempt go out, with exactly the bytes stored).
+/// Records callbacks in the outbox, one per signal and endpoint: returns, per row, whether
+/// this event holds the signal's callback and whether this statement inserted the row (only
+/// then does its inline attempt go out, with exactly the bytes stored).
 async fn insert_deliveries(
     conn: &mut SqliteConnection,
     rows: &[OutboxRow<'_>],
@@ -602,9 +608,16 @@ async fn insert_deliveries(
         return Ok(Vec::new());
     }
     let key = |r: &OutboxRow<'_>| (r.target.tenant_id, r.target.signal_key.clone());
+    let row_key = |r: &OutboxRow<'_>| {
+        (
+            r.target.tenant_id,
+            r.target.signal_key.clone(),
+            r.delivery.endpoint_id,
+        )
+    };
     let mut seen = HashSet::new();
-    let mut unique: Vec<_> = rows.iter().filter(|r| seen.insert(key(r))).collect();
-    unique.sort_by_key(|r| key(r));
+    let mut unique: Vec<_> = rows.iter().filter(|r| seen.insert(row_key(r))).collect();
+    unique.sort_by_key(|r| row_key(r));
     let mut q = QueryBuilder::<Sqlite>::new("INSERT INTO deliveries ");
     push_values(&mut q, &unique);
     q.push(" ON CONFLICT DO NOTHING RETURNING id");
