@@ -216,16 +216,18 @@ async fn every_spelling_of_an_internal_address_is_refused_when_set_and_unreachab
             );
             assert!(stderr.contains(why), "{url}: {stderr}");
             assert_eq!(
-                db.scalar("SELECT COUNT(*) FROM tenants WHERE callback_url IS NOT NULL")
-                    .await,
+                db.scalar("SELECT COUNT(*) FROM endpoints").await,
                 0,
                 "{url}"
             );
         }
 
         // Stored anyway (an older version, another policy): refused at delivery time, terminal.
-        db.exec(format!("UPDATE tenants SET callback_url = '{url}'"))
-            .await;
+        db.exec(format!(
+            "INSERT INTO endpoints (id, tenant_id, name, url, created_at, updated_at) \
+             SELECT id, id, 'default', '{url}', 0, 0 FROM tenants"
+        ))
+        .await;
         let reply = server
             .send(
                 &tenant,
@@ -240,7 +242,7 @@ async fn every_spelling_of_an_internal_address_is_refused_when_set_and_unreachab
         assert!(error.starts_with("destination refused: "), "{url}: {d}");
         assert!(error.contains(why), "{url}: {error}");
         assert_eq!(d["attempts"].as_array().unwrap().len(), 1, "{url}: {d}");
-        db.exec("UPDATE tenants SET callback_url = NULL").await;
+        db.exec("DELETE FROM endpoints").await;
     }
     assert_eq!(
         local.accepted(),

@@ -29,6 +29,7 @@ mod delivery_hardening;
 mod destination_guard;
 mod embedded_default;
 mod end_to_end;
+mod endpoint_delivery;
 mod faults;
 mod faults_clock;
 mod faults_disk;

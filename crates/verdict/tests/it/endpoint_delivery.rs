@@ -1,0 +1,302 @@
+//! Several callback endpoints per tenant: a decision goes to every endpoint whose filter takes
+//! it, exactly once each, with a `webhook-id` of its own and signed with that endpoint's
+//! secret; through a crash of the server between the commit and the inline attempts too.
+
+use std::collections::HashMap;
+
+use serde_json::{Value, json};
+
+use crate::common::receiver::{Receiver, Step};
+use crate::common::{Backend, MANUAL_WORKER, Server, Tenant, TestDb, new_key, sim_swap};
+
+/// SIM swaps are denied, port-outs allowed; both call back.
+const PLAYBOOK: &str = r#"
+[[rule]]
+name = "swap"
+when = { type = ["sim_swap"] }
+decision = "deny"
+actions = ["callback"]
+
+[[rule]]
+name = "port"
+when = { type = ["port_out"] }
+decision = "allow"
+actions = ["callback"]
+"#;
+
+/// A port-out of `phone`, observed an hour ago.
+fn port_out(phone: &str) -> String {
+    sim_swap(phone).replace(r#""type":"sim_swap""#, r#""type":"port_out""#)
+}
+
+/// `PUT /v1/endpoints/{name}` with the tenant's admin key; the answer, which must be a 2xx.
+async fn put_endpoint(server: &Server, tenant: &Tenant, name: &str, spec: Value) -> Value {
+    let resp = server
+        .client
+        .put(format!("{}/v1/endpoints/{name}", server.base))
+        .bearer_auth(&tenant.api_key)
+        .json(&spec)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status();
+    let body: Value = resp.json().await.unwrap();
+    assert!(status.is_success(), "{status}: {body}");
+    body
+}
+
+/// Three receivers behind three endpoints: `default` (the tenant's callback URL, every
+/// decision, the tenant's webhook secret), `denies` (denials only) and `ports` (port-outs
+/// only), each of the last two with its own secret.
+struct Three {
+    db: TestDb,
+    tenant: Tenant,
+    all: Receiver,
+    denies: Receiver,
+    ports: Receiver,
+    /// Each endpoint's secret, by name.
+    secrets: HashMap<&'static str, String>,
+}
+
+async fn three_endpoints(backend: Backend) -> Three {
+    let db = TestDb::new(backend).await;
+    let (all, denies, ports) = (
+        Receiver::start(vec![]).await,
+        Receiver::start(vec![]).await,
+        Receiver::start(vec![]).await,
+    );
+    let tenant = db.tenant(&["--callback-url", &all.url]);
+    db.set_playbook(&tenant, PLAYBOOK);
+    let server = Server::start(&db, &MANUAL_WORKER);
+    let made_denies = put_endpoint(
+        &server,
+        &tenant,
+        "denies",
+        json!({"url": denies.url, "filter": {"decisions": ["deny"]}}),
+    )
+    .await;
+    let made_ports = put_endpoint(
+        &server,
+        &tenant,
+        "ports",
+        json!({"url": ports.url, "filter": {"signal_types": ["port_out"]}}),
+    )
+    .await;
+    let mut secrets = HashMap::new();
+    secrets.insert("default", tenant.webhook_secret.clone());
+    for (name, made) in [("denies", &made_denies), ("ports", &made_ports)] {
+        let secret = made["secret_key"].as_str().unwrap();
+        assert!(secret.starts_with("whsec_"), "{made}");
+        secrets.insert(name, secret.to_owned());
+    }
+    Three {
+        db,
+        tenant,
+        all,
+        denies,
+        ports,
+        secrets,
+    }
+}
+
+impl Three {
+    /// Each receiver's `webhook-id`s.
+    fn ids(&self) -> [Vec<String>; 3] {
+        [&self.all, &self.denies, &self.ports].map(|r| {
+            r.received()
+                .iter()
+                .map(|got| got.header("webhook-id").to_owned())
+                .collect()
+        })
+    }
+
+    /// Every receiver's deliveries verify with its endpoint's secret under the reference
+    /// library.
+    fn verify(&self) {
+        self.all.verify_all_with_python(&self.secrets["default"]);
+        self.denies.verify_all_with_python(&self.secrets["denies"]);
+        self.ports.verify_all_with_python(&self.secrets["ports"]);
+    }
+}
+
+async fn each_matching_endpoint_gets_one_delivery_per_decision(backend: Backend) {
+    let t = three_endpoints(backend).await;
+    let server = Server::start(&t.db, &MANUAL_WORKER);
+    let swap = server
+        .send(&t.tenant, Some(&new_key()), &sim_swap("+447700900301"))
+        .await;
+    assert_eq!(swap.status, 200, "{}", swap.text());
+    let port = server
+        .send(&t.tenant, Some(&new_key()), &port_out("+447700900302"))
+        .await;
+    assert_eq!(port.status, 200, "{}", port.text());
+
+    let [all, denies, ports] = t.ids();
+    assert_eq!(all.len(), 2, "every decision goes to `default`: {all:?}");
+    assert_eq!(
+        denies.len(),
+        1,
+        "only the denial goes to `denies`: {denies:?}"
+    );
+    assert_eq!(
+        ports.len(),
+        1,
+        "only the port-out goes to `ports`: {ports:?}"
+    );
+    let swap_event = swap.json()["event_id"].as_str().unwrap().to_owned();
+    let port_event = port.json()["event_id"].as_str().unwrap().to_owned();
+    assert_eq!(t.denies.received()[0].json()["event_id"], swap_event);
+    assert_eq!(t.ports.received()[0].json()["event_id"], port_event);
+    // The same decision's envelope, under a webhook-id of each endpoint's own.
+    let swap_to_all = t
+        .all
+        .received()
+        .into_iter()
+        .find(|r| r.json()["event_id"] == swap_event)
+        .unwrap();
+    assert_eq!(swap_to_all.body, t.denies.received()[0].body);
+    assert_ne!(swap_to_all.header("webhook-id"), denies[0]);
+    assert_eq!(
+        swap_to_all.header("webhook-id"),
+        format!("msg_{}", swap_event.replace('-', "")),
+        "the `default` endpoint keeps the webhook-id it always had"
+    );
+    t.verify();
+
+    // The event lists one delivery per endpoint, each naming its endpoint.
+    let event = server
+        .get(&t.tenant, &format!("/v1/events/{swap_event}"))
+        .await
+        .json();
+    let mut endpoints: Vec<&str> = event["deliveries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["endpoint"].as_str().unwrap())
+        .collect();
+    endpoints.sort_unstable();
+    assert_eq!(endpoints, ["default", "denies"], "{event}");
+    let only_denies = server
+        .get(&t.tenant, "/v1/deliveries?endpoint=denies")
+        .await
+        .json();
+    assert_eq!(
+        only_denies["data"].as_array().unwrap().len(),
+        1,
+        "{only_denies}"
+    );
+}
+
+async fn each_endpoint_gets_one_delivery_through_a_crash_before_the_inline_attempts(
+    backend: Backend,
+) {
+    let t = three_endpoints(backend).await;
+    let key = new_key();
+    let body = sim_swap("+447700900303");
+    let mut env = MANUAL_WORKER.to_vec();
+    env.push(("FAILPOINTS", "ingest::after_dispatch=return(abort)"));
+    let doomed = Server::start(&t.db, &env);
+    doomed
+        .send_raw_expecting_crash(&t.tenant, &key, &body)
+        .await;
+    assert!(
+        doomed.wait_for_crash(),
+        "the process aborted after the commit"
+    );
+    assert!(
+        t.all.received().is_empty() && t.denies.received().is_empty(),
+        "nothing was sent before the crash"
+    );
+    // Both rows are stored, leased to the inline attempts that never ran.
+    assert_eq!(t.db.count("deliveries").await, 2);
+
+    // The client's retry is answered from the stored decision; no third row, no new send.
+    let server = Server::start(&t.db, &MANUAL_WORKER);
+    let retry = server.send(&t.tenant, Some(&key), &body).await;
+    assert_eq!(retry.status, 200, "{}", retry.text());
+    assert!(retry.replayed());
+    assert_eq!(t.db.count("deliveries").await, 2);
+
+    // The leases run out (as they would after a minute) and the worker sends each row once.
+    t.db.exec("UPDATE deliveries SET leased_until = 0").await;
+    t.db.worker_once(&MANUAL_WORKER);
+    t.db.worker_once(&MANUAL_WORKER);
+    let [all, denies, ports] = t.ids();
+    assert_eq!(all.len(), 1, "{all:?}");
+    assert_eq!(denies.len(), 1, "{denies:?}");
+    assert!(
+        ports.is_empty(),
+        "a SIM swap is not the `ports` endpoint's: {ports:?}"
+    );
+    assert_ne!(all[0], denies[0]);
+    t.verify();
+    let delivered =
+        t.db.scalar("SELECT COUNT(*) FROM deliveries WHERE status = 'succeeded'")
+            .await;
+    assert_eq!(delivered, 2);
+}
+
+async fn a_410_disables_only_its_own_endpoint(backend: Backend) {
+    let t = three_endpoints(backend).await;
+    t.denies.answer_by_default(Step::status(410));
+    let server = Server::start(&t.db, &MANUAL_WORKER);
+    let first = server
+        .send(&t.tenant, Some(&new_key()), &sim_swap("+447700900304"))
+        .await;
+    assert_eq!(first.status, 200, "{}", first.text());
+    // The 410's record (which disables the endpoint) joins a commit after the response.
+    let mut enabled = HashMap::new();
+    for _ in 0..50 {
+        enabled = endpoints_enabled(&server, &t.tenant).await;
+        if !enabled["denies"] {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        enabled,
+        HashMap::from([
+            ("default".to_owned(), true),
+            ("denies".to_owned(), false),
+            ("ports".to_owned(), true)
+        ])
+    );
+    let second = server
+        .send(&t.tenant, Some(&new_key()), &sim_swap("+447700900305"))
+        .await;
+    assert_eq!(second.status, 200, "{}", second.text());
+    let [all, denies, _] = t.ids();
+    assert_eq!(all.len(), 2, "`default` still gets every decision: {all:?}");
+    assert_eq!(
+        denies.len(),
+        1,
+        "the gone endpoint was asked once, then disabled"
+    );
+    let suspended =
+        t.db.scalar("SELECT COUNT(*) FROM deliveries WHERE status = 'suspended'")
+            .await;
+    assert_eq!(
+        suspended, 1,
+        "the second denial waits for `denies` to be re-enabled"
+    );
+}
+
+/// Whether each of the tenant's endpoints is enabled, by name.
+async fn endpoints_enabled(server: &Server, tenant: &Tenant) -> HashMap<String, bool> {
+    let endpoints = server.get(tenant, "/v1/endpoints").await.json();
+    endpoints["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let name = e["name"].as_str().unwrap().to_owned();
+            (name, e["enabled"].as_bool().unwrap())
+        })
+        .collect()
+}
+
+on_both_backends!(
+    each_matching_endpoint_gets_one_delivery_per_decision,
+    each_endpoint_gets_one_delivery_through_a_crash_before_the_inline_attempts,
+    a_410_disables_only_its_own_endpoint,
+);
