@@ -33,6 +33,7 @@ pub struct ListQuery {
     /// The `next_cursor` of the previous page.
     before: Option<Uuid>,
     /// Only the callbacks of the endpoint of this name.
+    #[param(pattern = r"^[a-z][a-z0-9_-]{0,63}$")]
     endpoint: Option<String>,
 }
 
