@@ -4,6 +4,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
 use crate::connectors::ConnectorError;
+use crate::endpoints::EndpointError;
 use crate::delivery::resolve::ResolveError;
 use crate::domain::Feed;
 use crate::idempotency::KeyError;
@@ -82,6 +83,8 @@ pub enum ApiError {
     Simulation(#[from] SimulationError),
     #[error(transparent)]
     Connector(#[from] ConnectorError),
+    #[error(transparent)]
+    Endpoint(#[from] EndpointError),
     #[error(transparent)]
     Subject(#[from] SubjectError),
     #[error(transparent)]
@@ -221,6 +224,23 @@ impl ApiError {
             .detail(ConnectorError::TooMany.to_string()),
             Self::Connector(ConnectorError::NotFound(_)) => Problem::not_found(),
             Self::Connector(e) if e.is_input() => Problem::invalid_request(e.to_string()),
+            Self::Endpoint(EndpointError::Store(e)) if e.is_transient() => Problem::unavailable(),
+            Self::Endpoint(EndpointError::TooMany) => Problem::new(
+                "endpoint-limit-exceeded",
+                "The tenant has the most callback endpoints it may have",
+                StatusCode::UNPROCESSABLE_ENTITY,
+            )
+            .detail(EndpointError::TooMany.to_string()),
+            Self::Endpoint(EndpointError::NotFound(_) | EndpointError::NoTenant) => {
+                Problem::not_found()
+            }
+            Self::Endpoint(e) if e.is_input() => Problem::invalid_request(e.to_string()),
+            Self::Tenant(e @ TenantError::TooManyEndpoints) => Problem::new(
+                "endpoint-limit-exceeded",
+                "The tenant has the most callback endpoints it may have",
+                StatusCode::UNPROCESSABLE_ENTITY,
+            )
+            .detail(e.to_string()),
             Self::Subject(SubjectError::Reason(e)) => Problem::invalid_request(e.to_string()),
             Self::Subject(SubjectError::InProgress) => in_progress(),
             Self::Subject(SubjectError::KeyReused) => key_reused("way back"),
@@ -253,6 +273,7 @@ impl ApiError {
             | Self::Playbook(PlaybookStoreError::Store(_))
             | Self::Simulation(_)
             | Self::Connector(_)
+            | Self::Endpoint(_)
             | Self::Subject(_)
             | Self::Resolve(_)
             | Self::Extraction(_) => Problem::internal(),

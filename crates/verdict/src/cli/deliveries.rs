@@ -23,6 +23,9 @@ pub enum DeliveriesCommand {
         /// pending, succeeded, failed, dead, unknown or suspended.
         #[arg(long)]
         status: Option<crate::delivery::DeliveryStatus>,
+        /// Only the callbacks of the endpoint of this name.
+        #[arg(long)]
+        endpoint: Option<crate::domain::EndpointName>,
         /// At most this many (1 to 10000).
         #[arg(long, default_value_t = 50)]
         limit: i64,
@@ -96,11 +99,18 @@ pub(super) async fn run_deliveries(
         DeliveriesCommand::List {
             tenant,
             status,
+            endpoint,
             limit,
             json,
         } => {
             let rows: Vec<DeliveryView> = store
-                .deliveries(tenant, status, None, None, limit.clamp(1, 10_000))
+                .deliveries(
+                    tenant,
+                    status,
+                    endpoint.as_ref(),
+                    None,
+                    limit.clamp(1, 10_000),
+                )
                 .await?
                 .into_iter()
                 .map(DeliveryView::from)

@@ -2,6 +2,7 @@
 
 mod camara;
 mod connector;
+mod endpoint;
 mod deliveries;
 mod playbook;
 mod subject;
@@ -18,6 +19,8 @@ use camara::run_camara;
 pub use camara::{CamaraCommand, CamaraSubscriptionCommand};
 pub use connector::ConnectorCommand;
 use connector::run_connector;
+pub use endpoint::EndpointCommand;
+use endpoint::run_endpoint;
 pub use deliveries::DeliveriesCommand;
 use deliveries::run_deliveries;
 pub use playbook::PlaybookCommand;
@@ -53,6 +56,9 @@ pub enum Command {
     /// Manage a tenant's connectors: its own systems that actions call.
     #[command(subcommand)]
     Connector(ConnectorCommand),
+    /// Manage a tenant's callback endpoints: where its decisions are sent, and which.
+    #[command(subcommand)]
+    Endpoint(EndpointCommand),
     /// Find a subject by phone or account, and unlock it, lift its deny or close its case.
     #[command(subcommand)]
     Subject(SubjectCommand),
@@ -133,6 +139,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Tenant(cmd) => run_tenant(&config, &file, cmd).await,
         Command::Connector(cmd) => run_connector(&config, &file, cmd).await,
+        Command::Endpoint(cmd) => run_endpoint(&config, &file, cmd).await,
         Command::Playbook(cmd) => run_playbook(&config, cmd).await,
         Command::Subject(cmd) => run_subject(&config, &file, cmd).await,
         Command::Worker { delivery, once } => {

@@ -3,6 +3,7 @@
 mod auth;
 mod body;
 mod connectors;
+mod endpoints;
 mod deliveries;
 mod events;
 mod extract;
@@ -55,6 +56,13 @@ pub fn router() -> Router<AppState> {
             get(connectors::show)
                 .put(connectors::set)
                 .delete(connectors::delete),
+        )
+        .route("/v1/endpoints", get(endpoints::list))
+        .route(
+            "/v1/endpoints/{name}",
+            get(endpoints::show)
+                .put(endpoints::set)
+                .delete(endpoints::delete),
         )
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
