@@ -230,7 +230,7 @@ pub async fn set(
     };
     tracing::info!(%tenant_id, endpoint = %record.name, new = created, "endpoint set");
     Ok(SetEndpoint {
-        endpoint: EndpointView::from(&record),
+        endpoint: EndpointView::from(&*record),
         created,
         secret_key,
         suspended_callbacks: suspended,

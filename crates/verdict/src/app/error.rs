@@ -4,9 +4,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
 use crate::connectors::ConnectorError;
-use crate::endpoints::EndpointError;
 use crate::delivery::resolve::ResolveError;
 use crate::domain::Feed;
+use crate::endpoints::EndpointError;
 use crate::idempotency::KeyError;
 use crate::ingest::IngestError;
 use crate::playbook::simulation::SimulationError;

@@ -2,8 +2,8 @@
 
 mod camara;
 mod connector;
-mod endpoint;
 mod deliveries;
+mod endpoint;
 mod playbook;
 mod subject;
 mod tenant;
@@ -19,10 +19,10 @@ use camara::run_camara;
 pub use camara::{CamaraCommand, CamaraSubscriptionCommand};
 pub use connector::ConnectorCommand;
 use connector::run_connector;
-pub use endpoint::EndpointCommand;
-use endpoint::run_endpoint;
 pub use deliveries::DeliveriesCommand;
 use deliveries::run_deliveries;
+pub use endpoint::EndpointCommand;
+use endpoint::run_endpoint;
 pub use playbook::PlaybookCommand;
 use playbook::run_playbook;
 pub use subject::SubjectCommand;

@@ -3,8 +3,8 @@
 mod auth;
 mod body;
 mod connectors;
-mod endpoints;
 mod deliveries;
+mod endpoints;
 mod events;
 mod extract;
 mod feeds;

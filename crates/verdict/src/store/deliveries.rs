@@ -61,7 +61,7 @@ pub(crate) const DUE_COLUMNS: &str = "id, tenant_id, event_id, webhook_id, paylo
 #[derive(Clone, Debug)]
 pub enum Redelivery {
     /// Leased for an attempt now, with a fresh retry budget.
-    Leased(DueDelivery),
+    Leased(Box<DueDelivery>),
     /// Redelivered at `last` (unix ms), too recently to be again.
     TooSoon { last: i64 },
     /// Leased by another attempt now, its endpoint disabled, or no such delivery.
@@ -762,7 +762,7 @@ where
             .fetch_optional(self.write())
             .await?;
         if let Some(due) = row {
-            return Ok(Redelivery::Leased(due));
+            return Ok(Redelivery::Leased(Box::new(due)));
         }
         let last: Option<i64> = sqlx::query_scalar(
             "SELECT MAX(a.attempted_at) FROM delivery_attempts a \

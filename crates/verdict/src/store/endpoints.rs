@@ -47,7 +47,7 @@ pub enum PutEndpoint {
     /// Stored: new (`created`) or replacing the one of that name, whose id it keeps; with how many of its suspended callbacks were made due (or are left
     /// suspended).
     Stored {
-        record: EndpointRecord,
+        record: Box<EndpointRecord>,
         created: bool,
         suspended: u64,
     },
@@ -216,7 +216,7 @@ where
         tx.commit().await?;
         Ok(PutEndpoint::Stored {
             created: existing.is_none(),
-            record,
+            record: Box::new(record),
             suspended,
         })
     }

@@ -113,9 +113,15 @@ impl Three {
     /// Every receiver's deliveries verify with its endpoint's secret under the reference
     /// library.
     fn verify(&self) {
-        self.all.verify_all_with_python(&self.secrets["default"]);
-        self.denies.verify_all_with_python(&self.secrets["denies"]);
-        self.ports.verify_all_with_python(&self.secrets["ports"]);
+        for (receiver, name) in [
+            (&self.all, "default"),
+            (&self.denies, "denies"),
+            (&self.ports, "ports"),
+        ] {
+            if !receiver.received().is_empty() {
+                receiver.verify_all_with_python(&self.secrets[name]);
+            }
+        }
     }
 }
 

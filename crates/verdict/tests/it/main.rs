@@ -30,6 +30,7 @@ mod destination_guard;
 mod embedded_default;
 mod end_to_end;
 mod endpoint_delivery;
+mod endpoints;
 mod faults;
 mod faults_clock;
 mod faults_disk;

@@ -183,6 +183,7 @@ impl TestDb {
             "deliveries" => "SELECT COUNT(*) FROM deliveries",
             "delivery_attempts" => "SELECT COUNT(*) FROM delivery_attempts",
             "playbooks" => "SELECT COUNT(*) FROM playbooks",
+            "endpoints" => "SELECT COUNT(*) FROM endpoints",
             other => panic!("no count query for {other}"),
         };
         self.scalar(sql).await
