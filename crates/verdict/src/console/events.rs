@@ -14,7 +14,8 @@ use super::{CsrfOnly, Operator};
 use crate::app::AppState;
 use crate::delivery::resolve::{self, ResolveError, Settled};
 use crate::delivery::{DeliveryStatus, Redelivered, current_outcomes};
-use crate::domain::{ActionResult, MAX_REASON_CHARS};
+use crate::domain::{ActionResult, EndpointName, MAX_REASON_CHARS};
+use crate::endpoints::{EndpointView, SecretOwner};
 use crate::secrets::hex;
 use crate::store::{DeliveryRecord, EventFilter, EventRecord, Scope};
 
@@ -289,6 +290,9 @@ async fn delivery_section(
 pub struct StatusQuery {
     #[serde(default)]
     status: String,
+    /// Only this endpoint's callbacks.
+    #[serde(default)]
+    endpoint: String,
     done: Option<String>,
 }
 
@@ -299,7 +303,8 @@ impl StatusQuery {
     }
 }
 
-/// `GET /console/deliveries?status=`: deliveries by status; dead letters can be redelivered.
+/// `GET /console/deliveries?status=&endpoint=`: deliveries by status and endpoint, with the
+/// tenant's callback endpoints; dead letters can be redelivered.
 pub async fn deliveries(
     State(app): State<AppState>,
     operator: Operator,
@@ -310,16 +315,36 @@ pub async fn deliveries(
         Err(refused) => return refused.into_response(),
     };
     let status: Option<DeliveryStatus> = q.status.parse().ok();
-    let rows = match app
-        .console_store()
-        .deliveries(tenant.id, status, None, None, PAGE)
-        .await
-    {
-        Ok(rows) => rows,
+    let endpoint: Option<EndpointName> = q.endpoint.parse().ok();
+    let (rows, endpoints) = match tokio::try_join!(
+        app.console_store()
+            .deliveries(tenant.id, status, endpoint.as_ref(), None, PAGE),
+        app.store.endpoints(tenant.id),
+    ) {
+        Ok(found) => found,
         Err(err) => return unavailable(&err),
     };
+    let endpoints: Vec<EndpointView> = endpoints.iter().map(EndpointView::from).collect();
     let body = html! {
         (layout::notice(q.notice()))
+        h2 { "Callback endpoints" }
+        @if endpoints.is_empty() { p { "No callback endpoints." } } @else {
+            table.endpoints {
+                thead { tr { th { "Name" } th { "URL" } th { "Takes" } th { "Enabled" } th { "Signed with" } } }
+                tbody {
+                    @for e in &endpoints {
+                        tr {
+                            td { a href={ "/console/deliveries?endpoint=" (e.name) } aria-current=[(endpoint.as_ref() == Some(&e.name)).then_some("page")] { (e.name) } }
+                            td { (e.url) }
+                            td { (endpoint_takes(e)) }
+                            td { @if e.enabled { "yes" } @else { span class="badge suspended" { "disabled" } } }
+                            td { @if e.secret == SecretOwner::Tenant { "the tenant's webhook secret" } @else { "its own secret" } }
+                        }
+                    }
+                }
+            }
+        }
+        h2 { "Deliveries" @if let Some(name) = &endpoint { " to " (name) } }
         nav.tabs aria-label="Status" {
             a href="/console/deliveries" aria-current=[status.is_none().then_some("page")] { "all" }
             @for s in DeliveryStatus::ALL {
@@ -330,12 +355,13 @@ pub async fn deliveries(
         }
         @if rows.is_empty() { p { "No deliveries." } } @else {
             table.deliveries {
-                thead { tr { th { "Created (UTC)" } th { "Status" } th { "Attempts" } th { "Last error" } th { "Event" } th {} } }
+                thead { tr { th { "Created (UTC)" } th { "Status" } th { "To" } th { "Attempts" } th { "Last error" } th { "Event" } th {} } }
                 tbody {
                     @for d in &rows {
                         tr {
                             td { (layout::time(d.created_at)) }
                             td { span class={ "badge " (d.status.as_str()) } { (d.status.as_str()) } }
+                            td { (d.endpoint.as_deref().or(d.connector.as_deref()).unwrap_or("")) }
                             td { (d.attempts) }
                             td { (d.last_error.as_deref().unwrap_or("")) }
                             td { a href={ "/console/events/" (d.event_id) "#delivery-" (d.id) } { "event" } }
@@ -354,6 +380,20 @@ pub async fn deliveries(
         }
     };
     layout::page("Deliveries", &operator, Section::Deliveries, body)
+}
+
+/// What an endpoint's filter takes, in a few words.
+fn endpoint_takes(e: &EndpointView) -> String {
+    if e.filter.is_empty() {
+        return "every decision".to_owned();
+    }
+    let [types, decisions, feeds] = e.filter.columns();
+    [types, decisions, feeds]
+        .into_iter()
+        .filter(|list| !list.is_empty())
+        .map(|list| list.replace(',', " or "))
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// `POST /console/deliveries/{id}/redeliver`: one more round of attempts, same `webhook-id`.

@@ -12,7 +12,7 @@ const PHONE: &str = "+15550104477";
 const ACCOUNT: &str = "acct-console-4f1d9e";
 
 /// A signed-in console session: its cookie and the CSRF token its pages carry.
-struct Session<'a> {
+pub(crate) struct Session<'a> {
     server: &'a Server,
     cookie: String,
     csrf: String,
@@ -21,7 +21,7 @@ struct Session<'a> {
 impl<'a> Session<'a> {
     /// Signs in with `api_key` through the sign-in form, then reads the session's CSRF token
     /// from the subjects page.
-    async fn sign_in(server: &'a Server, api_key: &str) -> Session<'a> {
+    pub(crate) async fn sign_in(server: &'a Server, api_key: &str) -> Session<'a> {
         let signed_in = server
             .client
             .post(format!("{}/console/sign-in", server.base))
@@ -49,7 +49,7 @@ impl<'a> Session<'a> {
         session
     }
 
-    async fn get(&self, path: &str) -> Reply {
+    pub(crate) async fn get(&self, path: &str) -> Reply {
         Reply::from(
             self.server
                 .client

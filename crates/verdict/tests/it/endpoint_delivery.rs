@@ -8,6 +8,7 @@ use serde_json::{Value, json};
 
 use crate::common::receiver::{Receiver, Step};
 use crate::common::{Backend, MANUAL_WORKER, Server, Tenant, TestDb, new_key, sim_swap};
+use crate::console_subjects::Session;
 
 /// SIM swaps are denied, port-outs allowed; both call back.
 const PLAYBOOK: &str = r#"
@@ -301,7 +302,41 @@ async fn endpoints_enabled(server: &Server, tenant: &Tenant) -> HashMap<String, 
         .collect()
 }
 
+async fn the_console_lists_the_endpoints_and_each_ones_deliveries(backend: Backend) {
+    let t = three_endpoints(backend).await;
+    let server = Server::start(&t.db, &MANUAL_WORKER);
+    let reply = server
+        .send(&t.tenant, Some(&new_key()), &sim_swap("+447700900306"))
+        .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let session = Session::sign_in(&server, &t.tenant.api_key).await;
+    let page = session.get("/console/deliveries").await;
+    assert_eq!(page.status, 200);
+    let html = page.text();
+    for name in ["default", "denies", "ports"] {
+        assert!(
+            html.contains(&format!("/console/deliveries?endpoint={name}")),
+            "{name} is listed: {html}"
+        );
+    }
+    assert!(html.contains("deny"), "the filter is shown");
+    assert!(!html.contains("whsec_"), "no secret on the page");
+    let only_ports = session.get("/console/deliveries?endpoint=ports").await;
+    let only_ports = only_ports.text();
+    assert!(
+        only_ports.contains("No deliveries."),
+        "a SIM swap is not the ports endpoint's"
+    );
+    let only_denies = session.get("/console/deliveries?endpoint=denies").await;
+    let only_denies = only_denies.text();
+    assert!(only_denies.contains(&format!(
+        "/console/events/{}",
+        reply.json()["event_id"].as_str().unwrap()
+    )));
+}
+
 on_both_backends!(
+    the_console_lists_the_endpoints_and_each_ones_deliveries,
     each_matching_endpoint_gets_one_delivery_per_decision,
     each_endpoint_gets_one_delivery_through_a_crash_before_the_inline_attempts,
     a_410_disables_only_its_own_endpoint,
