@@ -335,7 +335,7 @@ pub async fn deliveries(
                     @for e in &endpoints {
                         tr {
                             td { a href={ "/console/deliveries?endpoint=" (e.name) } aria-current=[(endpoint.as_ref() == Some(&e.name)).then_some("page")] { (e.name) } }
-                            td { (e.url) }
+                            td { (shown_url(&e.url)) }
                             td { (endpoint_takes(e)) }
                             td { @if e.enabled { "yes" } @else { span class="badge suspended" { "disabled" } } }
                             td { @if e.secret == SecretOwner::Tenant { "the tenant's webhook secret" } @else { "its own secret" } }
@@ -380,6 +380,18 @@ pub async fn deliveries(
         }
     };
     layout::page("Deliveries", &operator, Section::Deliveries, body)
+}
+
+/// An endpoint's URL as the console shows it to any operator: without the query, fragment or
+/// userinfo, which may carry a receiver's token (the API shows it whole to admin keys).
+fn shown_url(url: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(mut url) => {
+            crate::delivery::attempt::redact(&mut url);
+            url.to_string()
+        }
+        Err(_) => String::new(),
+    }
 }
 
 /// What an endpoint's filter takes, in a few words.

@@ -309,6 +309,8 @@ async fn the_console_lists_the_endpoints_and_each_ones_deliveries(backend: Backe
         .send(&t.tenant, Some(&new_key()), &sim_swap("+447700900306"))
         .await;
     assert_eq!(reply.status, 200, "{}", reply.text());
+    let tokened = json!({"url": format!("{}?token=s3cret-token", t.all.url), "enabled": false});
+    put_endpoint(&server, &t.tenant, "tokened", tokened).await;
     let session = Session::sign_in(&server, &t.tenant.api_key).await;
     let page = session.get("/console/deliveries").await;
     assert_eq!(page.status, 200);
@@ -321,6 +323,10 @@ async fn the_console_lists_the_endpoints_and_each_ones_deliveries(backend: Backe
     }
     assert!(html.contains("deny"), "the filter is shown");
     assert!(!html.contains("whsec_"), "no secret on the page");
+    assert!(
+        !html.contains("s3cret-token"),
+        "no token from a URL's query on the page"
+    );
     let only_ports = session.get("/console/deliveries?endpoint=ports").await;
     let only_ports = only_ports.text();
     assert!(
