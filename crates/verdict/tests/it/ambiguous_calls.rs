@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use crate::common::console::console_cookie;
 use crate::common::receiver::{Receiver, Step};
 use crate::common::{
-    Backend, Reply, Server, Tenant, TestDb, action_outcome, new_key, post_json,
+    Backend, Server, Tenant, TestDb, action_outcome, assert_problem, new_key, post_json,
     until_not_in_progress,
 };
 
@@ -291,16 +291,6 @@ fn request_of(event: &Value) -> Value {
         .find(|d| d["action"] != "callback")
         .unwrap_or_else(|| panic!("no request in {event}"))
         .clone()
-}
-
-fn assert_problem(reply: &Reply, status: u16, what: &str) -> Value {
-    assert_eq!(reply.status, status, "{what}: {}", reply.text());
-    assert_eq!(
-        reply.header("content-type"),
-        Some("application/problem+json"),
-        "{what}"
-    );
-    reply.json()
 }
 
 /// An at-most-once connector answers 503: the call may have acted, so its outcome is `unknown`

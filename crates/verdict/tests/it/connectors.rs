@@ -1,7 +1,7 @@
 //! Connectors are managed with an admin key (API) or the CLI, their credentials sealed at rest
 //! and never shown again, and every input a tenant gives them is bounded.
 
-use crate::common::{Backend, Reply, Server, Tenant, TestDb};
+use crate::common::{Backend, Reply, Server, Tenant, TestDb, assert_problem};
 use serde_json::{Value, json};
 
 /// Sends a request with `tenant`'s API key.
@@ -31,16 +31,6 @@ async fn put(server: &Server, tenant: &Tenant, name: &str, body: Value) -> Reply
         Some(body),
     )
     .await
-}
-
-fn assert_problem(reply: &Reply, status: u16, what: &str) -> Value {
-    assert_eq!(reply.status, status, "{what}: {}", reply.text());
-    assert_eq!(
-        reply.header("content-type"),
-        Some("application/problem+json"),
-        "{what}"
-    );
-    reply.json()
 }
 
 /// Asserts `reply` is the problem a connector over the tenant's limit gets.

@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 
-use crate::common::{Backend, Reply, Server, Tenant, TestDb};
+use crate::common::{Backend, Reply, Server, Tenant, TestDb, assert_problem};
 
 const HOOK: &str = "http://127.0.0.1:9/hook";
 
@@ -29,16 +29,6 @@ async fn put_raw(server: &Server, tenant: &Tenant, name: &str, body: String) -> 
 
 async fn put(server: &Server, tenant: &Tenant, name: &str, body: Value) -> Reply {
     put_raw(server, tenant, name, body.to_string()).await
-}
-
-fn assert_problem(reply: &Reply, status: u16, what: &str) -> Value {
-    assert_eq!(reply.status, status, "{what}: {}", reply.text());
-    assert_eq!(
-        reply.header("content-type"),
-        Some("application/problem+json"),
-        "{what}"
-    );
-    reply.json()
 }
 
 async fn endpoints_are_managed_by_api_and_show_their_secret_once(backend: Backend) {

@@ -8,7 +8,9 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::common::receiver::{Receiver, Step};
-use crate::common::{Backend, Reply, Server, Tenant, TestDb, action_outcome, new_key};
+use crate::common::{
+    Backend, Reply, Server, Tenant, TestDb, action_outcome, assert_problem, new_key,
+};
 
 const ALLOW_LOCAL: (&str, &str) = ("VERDICT_ALLOW_PRIVATE_DESTINATIONS", "1");
 
@@ -70,16 +72,6 @@ async fn way_back(
         req = req.header("idempotency-key", key);
     }
     Reply::from(req.send().await.unwrap()).await
-}
-
-fn assert_problem(reply: &Reply, status: u16, what: &str) -> Value {
-    assert_eq!(reply.status, status, "{what}: {}", reply.text());
-    assert_eq!(
-        reply.header("content-type"),
-        Some("application/problem+json"),
-        "{what}"
-    );
-    reply.json()
 }
 
 /// The unlock requests the connector got.

@@ -792,6 +792,17 @@ pub fn sim_swap_of_account(account: &str, minutes_ago: i64) -> String {
     .to_string()
 }
 
+/// Asserts `reply` is a problem+json of `status` (`what` names the case) and returns it.
+pub fn assert_problem(reply: &Reply, status: u16, what: &str) -> Value {
+    assert_eq!(reply.status, status, "{what}: {}", reply.text());
+    assert_eq!(
+        reply.header("content-type"),
+        Some("application/problem+json"),
+        "{what}"
+    );
+    reply.json()
+}
+
 /// A playbook whose SIM-swap rule runs every action.
 pub const ALL_ACTIONS_PLAYBOOK: &str = r#"
 [[rule]]
