@@ -14,7 +14,7 @@ use super::{CsrfOnly, Operator};
 use crate::app::AppState;
 use crate::delivery::resolve::{self, ResolveError, Settled};
 use crate::delivery::{DeliveryStatus, Redelivered, current_outcomes};
-use crate::domain::{ActionResult, MAX_REASON_CHARS};
+use crate::domain::{ActionResult, EndpointName, MAX_REASON_CHARS};
 use crate::secrets::hex;
 use crate::store::{DeliveryRecord, EventFilter, EventRecord, Scope};
 
@@ -289,6 +289,9 @@ async fn delivery_section(
 pub struct StatusQuery {
     #[serde(default)]
     status: String,
+    /// Only the callbacks of the endpoint of this name (empty: every delivery).
+    #[serde(default)]
+    endpoint: String,
     done: Option<String>,
 }
 
@@ -299,7 +302,8 @@ impl StatusQuery {
     }
 }
 
-/// `GET /console/deliveries?status=`: deliveries by status; dead letters can be redelivered.
+/// `GET /console/deliveries?status=&endpoint=`: deliveries by status, and by endpoint; dead
+/// letters can be redelivered.
 pub async fn deliveries(
     State(app): State<AppState>,
     operator: Operator,
@@ -310,32 +314,64 @@ pub async fn deliveries(
         Err(refused) => return refused.into_response(),
     };
     let status: Option<DeliveryStatus> = q.status.parse().ok();
+    // A name that is no endpoint name is refused, not taken for "every delivery".
+    let endpoint = match q.endpoint.as_str() {
+        "" => None,
+        text => match text.parse::<EndpointName>() {
+            Ok(name) => Some(name),
+            Err(_) => return layout::refusal(StatusCode::NOT_FOUND, "No such endpoint."),
+        },
+    };
     let rows = match app
         .console_store()
-        .deliveries(tenant.id, status, None, None, PAGE)
+        .deliveries(tenant.id, status, endpoint.as_ref(), None, PAGE)
         .await
     {
         Ok(rows) => rows,
         Err(err) => return unavailable(&err),
     };
+    // The status tabs keep the endpoint chosen.
+    let of_endpoint = endpoint
+        .as_ref()
+        .map(|e| endpoint_param(e.as_str()))
+        .unwrap_or_default();
+    let all_href = match &endpoint {
+        Some(_) => format!("/console/deliveries?{of_endpoint}"),
+        None => "/console/deliveries".to_owned(),
+    };
     let body = html! {
         (layout::notice(q.notice()))
+        @if let Some(name) = &endpoint {
+            p.hint {
+                "Callbacks to the endpoint " code { (name) } ". "
+                a href="/console/deliveries" { "Every delivery" }
+                " · "
+                a href="/console/endpoints" { "Endpoints" }
+            }
+        }
         nav.tabs aria-label="Status" {
-            a href="/console/deliveries" aria-current=[status.is_none().then_some("page")] { "all" }
+            a href=(all_href) aria-current=[status.is_none().then_some("page")] { "all" }
             @for s in DeliveryStatus::ALL {
-                a href={ "/console/deliveries?status=" (s.as_str()) } aria-current=[(status == Some(s)).then_some("page")] {
+                a href={ "/console/deliveries?status=" (s.as_str()) @if endpoint.is_some() { "&" (of_endpoint) } } aria-current=[(status == Some(s)).then_some("page")] {
                     @if s == DeliveryStatus::Dead { "dead letters" } @else { (s.as_str()) }
                 }
             }
         }
         @if rows.is_empty() { p { "No deliveries." } } @else {
             table.deliveries {
-                thead { tr { th { "Created (UTC)" } th { "Status" } th { "Attempts" } th { "Last error" } th { "Event" } th {} } }
+                thead { tr { th { "Created (UTC)" } th { "Status" } th { "Endpoint" } th { "Attempts" } th { "Last error" } th { "Event" } th {} } }
                 tbody {
                     @for d in &rows {
                         tr {
                             td { (layout::time(d.created_at)) }
                             td { span class={ "badge " (d.status.as_str()) } { (d.status.as_str()) } }
+                            td {
+                                @if let Some(name) = &d.endpoint {
+                                    a href={ "/console/deliveries?" (endpoint_param(name)) } { code { (name) } }
+                                } @else if let Some(connector) = &d.connector {
+                                    span.hint { "connector " code { (connector) } }
+                                }
+                            }
                             td { (d.attempts) }
                             td { (d.last_error.as_deref().unwrap_or("")) }
                             td { a href={ "/console/events/" (d.event_id) "#delivery-" (d.id) } { "event" } }
@@ -354,6 +390,13 @@ pub async fn deliveries(
         }
     };
     layout::page("Deliveries", &operator, Section::Deliveries, body)
+}
+
+/// The query parameter that filters the deliveries page by endpoint: the name, URL-encoded
+/// (a stored name is a slug, but a URL is built as if it might not be).
+pub(super) fn endpoint_param(name: &str) -> String {
+    let encoded: String = url::form_urlencoded::byte_serialize(name.as_bytes()).collect();
+    format!("endpoint={encoded}")
 }
 
 /// `POST /console/deliveries/{id}/redeliver`: one more round of attempts, same `webhook-id`.
