@@ -12,16 +12,16 @@ const PHONE: &str = "+15550104477";
 const ACCOUNT: &str = "acct-console-4f1d9e";
 
 /// A signed-in console session: its cookie and the CSRF token its pages carry.
-struct Session<'a> {
+pub(crate) struct Session<'a> {
     server: &'a Server,
     cookie: String,
-    csrf: String,
+    pub(crate) csrf: String,
 }
 
 impl<'a> Session<'a> {
     /// Signs in with `api_key` through the sign-in form, then reads the session's CSRF token
     /// from the subjects page.
-    async fn sign_in(server: &'a Server, api_key: &str) -> Session<'a> {
+    pub(crate) async fn sign_in(server: &'a Server, api_key: &str) -> Session<'a> {
         let signed_in = server
             .client
             .post(format!("{}/console/sign-in", server.base))
@@ -49,7 +49,7 @@ impl<'a> Session<'a> {
         session
     }
 
-    async fn get(&self, path: &str) -> Reply {
+    pub(crate) async fn get(&self, path: &str) -> Reply {
         Reply::from(
             self.server
                 .client
@@ -63,7 +63,7 @@ impl<'a> Session<'a> {
     }
 
     /// Posts exactly `fields` as a form.
-    async fn post_form(&self, path: &str, fields: &[(&str, &str)]) -> Reply {
+    pub(crate) async fn post_form(&self, path: &str, fields: &[(&str, &str)]) -> Reply {
         Reply::from(
             self.server
                 .client
@@ -79,7 +79,7 @@ impl<'a> Session<'a> {
     }
 
     /// Posts `fields` and this session's CSRF token, as the page's own form does.
-    async fn post(&self, path: &str, fields: &[(&str, &str)]) -> Reply {
+    pub(crate) async fn post(&self, path: &str, fields: &[(&str, &str)]) -> Reply {
         let mut all = vec![("csrf", self.csrf.as_str())];
         all.extend_from_slice(fields);
         self.post_form(path, &all).await
