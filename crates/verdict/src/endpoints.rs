@@ -237,6 +237,33 @@ pub async fn set(
     })
 }
 
+/// Enables or disables one of the tenant's endpoints, changing nothing else: enabling makes
+/// the callbacks suspended meanwhile due, each sent once. Returns how many that was (or how
+/// many stay suspended).
+pub async fn set_enabled(
+    store: &dyn EndpointPort,
+    tenant_id: Uuid,
+    name: &EndpointName,
+    enabled: bool,
+) -> Result<u64, EndpointError> {
+    match store
+        .set_endpoint_enabled(
+            tenant_id,
+            name,
+            enabled,
+            SuspendedCallbacks::Resume,
+            now_ms(),
+        )
+        .await?
+    {
+        Some(n) => {
+            tracing::info!(%tenant_id, endpoint = %name, enabled, "endpoint enabled or disabled");
+            Ok(n)
+        }
+        None => Err(EndpointError::NotFound(name.clone())),
+    }
+}
+
 /// The tenant's endpoints, by name.
 pub async fn list(
     store: &dyn EndpointPort,

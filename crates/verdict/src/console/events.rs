@@ -15,7 +15,6 @@ use crate::app::AppState;
 use crate::delivery::resolve::{self, ResolveError, Settled};
 use crate::delivery::{DeliveryStatus, Redelivered, current_outcomes};
 use crate::domain::{ActionResult, EndpointName, MAX_REASON_CHARS};
-use crate::endpoints::{EndpointView, SecretOwner};
 use crate::secrets::hex;
 use crate::store::{DeliveryRecord, EventFilter, EventRecord, Scope};
 
@@ -290,7 +289,7 @@ async fn delivery_section(
 pub struct StatusQuery {
     #[serde(default)]
     status: String,
-    /// Only this endpoint's callbacks.
+    /// Only the callbacks of the endpoint of this name (empty: every delivery).
     #[serde(default)]
     endpoint: String,
     done: Option<String>,
@@ -303,8 +302,8 @@ impl StatusQuery {
     }
 }
 
-/// `GET /console/deliveries?status=&endpoint=`: deliveries by status and endpoint, with the
-/// tenant's callback endpoints; dead letters can be redelivered.
+/// `GET /console/deliveries?status=&endpoint=`: deliveries by status, and by endpoint; dead
+/// letters can be redelivered.
 pub async fn deliveries(
     State(app): State<AppState>,
     operator: Operator,
@@ -315,53 +314,64 @@ pub async fn deliveries(
         Err(refused) => return refused.into_response(),
     };
     let status: Option<DeliveryStatus> = q.status.parse().ok();
-    let endpoint: Option<EndpointName> = q.endpoint.parse().ok();
-    let (rows, endpoints) = match tokio::try_join!(
-        app.console_store()
-            .deliveries(tenant.id, status, endpoint.as_ref(), None, PAGE),
-        app.store.endpoints(tenant.id),
-    ) {
-        Ok(found) => found,
+    // A name that is no endpoint name is refused, not taken for "every delivery".
+    let endpoint = match q.endpoint.as_str() {
+        "" => None,
+        text => match text.parse::<EndpointName>() {
+            Ok(name) => Some(name),
+            Err(_) => return layout::refusal(StatusCode::NOT_FOUND, "No such endpoint."),
+        },
+    };
+    let rows = match app
+        .console_store()
+        .deliveries(tenant.id, status, endpoint.as_ref(), None, PAGE)
+        .await
+    {
+        Ok(rows) => rows,
         Err(err) => return unavailable(&err),
     };
-    let endpoints: Vec<EndpointView> = endpoints.iter().map(EndpointView::from).collect();
+    // The status tabs keep the endpoint chosen.
+    let of_endpoint = endpoint
+        .as_ref()
+        .map(|e| endpoint_param(e.as_str()))
+        .unwrap_or_default();
+    let all_href = match &endpoint {
+        Some(_) => format!("/console/deliveries?{of_endpoint}"),
+        None => "/console/deliveries".to_owned(),
+    };
     let body = html! {
         (layout::notice(q.notice()))
-        h2 { "Callback endpoints" }
-        @if endpoints.is_empty() { p { "No callback endpoints." } } @else {
-            table.endpoints {
-                thead { tr { th { "Name" } th { "URL" } th { "Takes" } th { "Enabled" } th { "Signed with" } } }
-                tbody {
-                    @for e in &endpoints {
-                        tr {
-                            td { a href={ "/console/deliveries?endpoint=" (e.name) } aria-current=[(endpoint.as_ref() == Some(&e.name)).then_some("page")] { (e.name) } }
-                            td { (shown_url(&e.url)) }
-                            td { (endpoint_takes(e)) }
-                            td { @if e.enabled { "yes" } @else { span class="badge suspended" { "disabled" } } }
-                            td { @if e.secret == SecretOwner::Tenant { "the tenant's webhook secret" } @else { "its own secret" } }
-                        }
-                    }
-                }
+        @if let Some(name) = &endpoint {
+            p.hint {
+                "Callbacks to the endpoint " code { (name) } ". "
+                a href="/console/deliveries" { "Every delivery" }
+                " · "
+                a href="/console/endpoints" { "Endpoints" }
             }
         }
-        h2 { "Deliveries" @if let Some(name) = &endpoint { " to " (name) } }
         nav.tabs aria-label="Status" {
-            a href="/console/deliveries" aria-current=[status.is_none().then_some("page")] { "all" }
+            a href=(all_href) aria-current=[status.is_none().then_some("page")] { "all" }
             @for s in DeliveryStatus::ALL {
-                a href={ "/console/deliveries?status=" (s.as_str()) } aria-current=[(status == Some(s)).then_some("page")] {
+                a href={ "/console/deliveries?status=" (s.as_str()) @if endpoint.is_some() { "&" (of_endpoint) } } aria-current=[(status == Some(s)).then_some("page")] {
                     @if s == DeliveryStatus::Dead { "dead letters" } @else { (s.as_str()) }
                 }
             }
         }
         @if rows.is_empty() { p { "No deliveries." } } @else {
             table.deliveries {
-                thead { tr { th { "Created (UTC)" } th { "Status" } th { "To" } th { "Attempts" } th { "Last error" } th { "Event" } th {} } }
+                thead { tr { th { "Created (UTC)" } th { "Status" } th { "Endpoint" } th { "Attempts" } th { "Last error" } th { "Event" } th {} } }
                 tbody {
                     @for d in &rows {
                         tr {
                             td { (layout::time(d.created_at)) }
                             td { span class={ "badge " (d.status.as_str()) } { (d.status.as_str()) } }
-                            td { (d.endpoint.as_deref().or(d.connector.as_deref()).unwrap_or("")) }
+                            td {
+                                @if let Some(name) = &d.endpoint {
+                                    a href={ "/console/deliveries?" (endpoint_param(name)) } { code { (name) } }
+                                } @else if let Some(connector) = &d.connector {
+                                    span.hint { "connector " code { (connector) } }
+                                }
+                            }
                             td { (d.attempts) }
                             td { (d.last_error.as_deref().unwrap_or("")) }
                             td { a href={ "/console/events/" (d.event_id) "#delivery-" (d.id) } { "event" } }
@@ -382,30 +392,11 @@ pub async fn deliveries(
     layout::page("Deliveries", &operator, Section::Deliveries, body)
 }
 
-/// An endpoint's URL as the console shows it to any operator: without the query, fragment or
-/// userinfo, which may carry a receiver's token (the API shows it whole to admin keys).
-fn shown_url(url: &str) -> String {
-    match reqwest::Url::parse(url) {
-        Ok(mut url) => {
-            crate::delivery::attempt::redact(&mut url);
-            url.to_string()
-        }
-        Err(_) => String::new(),
-    }
-}
-
-/// What an endpoint's filter takes, in a few words.
-fn endpoint_takes(e: &EndpointView) -> String {
-    if e.filter.is_empty() {
-        return "every decision".to_owned();
-    }
-    let [types, decisions, feeds] = e.filter.columns();
-    [types, decisions, feeds]
-        .into_iter()
-        .filter(|list| !list.is_empty())
-        .map(|list| list.replace(',', " or "))
-        .collect::<Vec<_>>()
-        .join("; ")
+/// The query parameter that filters the deliveries page by endpoint: the name, URL-encoded
+/// (a stored name is a slug, but a URL is built as if it might not be).
+pub(super) fn endpoint_param(name: &str) -> String {
+    let encoded: String = url::form_urlencoded::byte_serialize(name.as_bytes()).collect();
+    format!("endpoint={encoded}")
 }
 
 /// `POST /console/deliveries/{id}/redeliver`: one more round of attempts, same `webhook-id`.

@@ -11,15 +11,17 @@ use super::Operator;
 pub enum Section {
     Events,
     Deliveries,
+    Endpoints,
     Playbook,
     Live,
     Subjects,
 }
 
 impl Section {
-    const ALL: [(Section, &'static str, &'static str); 5] = [
+    const ALL: [(Section, &'static str, &'static str); 6] = [
         (Section::Events, "Events", "/console/events"),
         (Section::Deliveries, "Deliveries", "/console/deliveries"),
+        (Section::Endpoints, "Endpoints", "/console/endpoints"),
         (Section::Subjects, "Subjects", "/console/subjects"),
         (Section::Playbook, "Playbook", "/console/playbook"),
         (Section::Live, "Live", "/console/live"),
@@ -149,16 +151,22 @@ pub enum Notice {
     ResolvedFailed,
     /// A playbook was published (the page names the version in force).
     Published,
+    /// A callback endpoint was enabled.
+    EndpointEnabled,
+    /// A callback endpoint was disabled.
+    EndpointDisabled,
 }
 
 impl Notice {
-    const ALL: [Notice; 6] = [
+    const ALL: [Notice; 8] = [
         Self::Redelivered,
         Self::RedeliveredTooSoon,
         Self::NotRedelivered,
         Self::ResolvedDone,
         Self::ResolvedFailed,
         Self::Published,
+        Self::EndpointEnabled,
+        Self::EndpointDisabled,
     ];
 
     /// Its name in a `done` parameter.
@@ -170,6 +178,8 @@ impl Notice {
             Self::ResolvedDone => "resolved-done",
             Self::ResolvedFailed => "resolved-failed",
             Self::Published => "published",
+            Self::EndpointEnabled => "endpoint-enabled",
+            Self::EndpointDisabled => "endpoint-disabled",
         }
     }
 
@@ -189,6 +199,12 @@ impl Notice {
             Self::ResolvedDone => "Resolved done: recorded with your reason.",
             Self::ResolvedFailed => "Resolved failed: recorded with your reason.",
             Self::Published => "Published: the new version is now in force.",
+            Self::EndpointEnabled => {
+                "Enabled: its callbacks suspended meanwhile are each sent once."
+            }
+            Self::EndpointDisabled => {
+                "Disabled: its callbacks are stored suspended until it is enabled."
+            }
         }
     }
 }

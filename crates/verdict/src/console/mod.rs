@@ -1,6 +1,6 @@
 //! The operator console at `/console/`: server-rendered pages for events, decisions, deliveries
-//! and dead letters, the playbook with its simulation before publishing, live numbers, and
-//! subjects: one found by the phone number or account id posted in a form, and the way back
+//! and dead letters, callback endpoints, the playbook with its simulation before publishing,
+//! live numbers, and subjects: one found by the phone number or account id posted in a form, and the way back
 //! from a rule's effect on it (unlock, lift the deny, close the case).
 //!
 //! No script runs on any page: forms post, the server redirects (or, for a form that carries a
@@ -11,6 +11,7 @@
 //! when the request came over TLS); every form that acts carries a CSRF token derived from the
 //! session.
 
+mod endpoints;
 mod events;
 mod layout;
 mod live;
@@ -83,6 +84,9 @@ pub fn router() -> Router<AppState> {
         .route("/deliveries", get(events::deliveries))
         .route("/deliveries/{id}/redeliver", post(events::redeliver))
         .route("/deliveries/{id}/resolve", post(events::resolve))
+        .route("/endpoints", get(endpoints::list))
+        .route("/endpoints/{name}/enable", post(endpoints::enable))
+        .route("/endpoints/{name}/disable", post(endpoints::disable))
         .route("/playbook", get(playbook::show))
         .route("/playbook/check", post(playbook::check))
         .route("/playbook/publish", post(playbook::publish))

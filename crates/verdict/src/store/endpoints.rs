@@ -69,6 +69,18 @@ pub trait EndpointStore {
         max: i64,
         suspended: SuspendedCallbacks,
     ) -> Result<PutEndpoint, StoreError>;
+    /// Enables or disables one of the tenant's endpoints, changing nothing else; enabled, its
+    /// suspended callbacks are made due or left as `suspended` says, in the same transaction.
+    /// `None` if the tenant has no endpoint of that name, else how many suspended callbacks
+    /// were made due (or are left).
+    async fn set_endpoint_enabled(
+        &self,
+        tenant_id: Uuid,
+        name: &EndpointName,
+        enabled: bool,
+        suspended: SuspendedCallbacks,
+        now: i64,
+    ) -> Result<Option<u64>, StoreError>;
     /// One of the tenant's endpoints.
     async fn endpoint(
         &self,
@@ -219,6 +231,38 @@ where
             record: Box::new(record),
             suspended,
         })
+    }
+
+    async fn set_endpoint_enabled(
+        &self,
+        tenant_id: Uuid,
+        name: &EndpointName,
+        enabled: bool,
+        suspended: SuspendedCallbacks,
+        now: i64,
+    ) -> Result<Option<u64>, StoreError> {
+        let mut tx = self.begin().await?;
+        let id: Option<Uuid> = sqlx::query_scalar(
+            "UPDATE endpoints SET disabled = $3, updated_at = $4 \
+             WHERE tenant_id = $1 AND name = $2 RETURNING id",
+        )
+        .bind(tenant_id)
+        .bind(name.as_str())
+        .bind(!enabled)
+        .bind(now)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(id) = id else {
+            return Ok(None);
+        };
+        let n = match suspended {
+            SuspendedCallbacks::Resume if enabled => {
+                resume_suspended(&mut *tx, tenant_id, id, now).await?
+            }
+            _ => count_suspended(&mut *tx, tenant_id, id).await?,
+        };
+        tx.commit().await?;
+        Ok(Some(n))
     }
 
     async fn endpoint(

@@ -15,7 +15,7 @@ const ACCOUNT: &str = "acct-console-4f1d9e";
 pub(crate) struct Session<'a> {
     server: &'a Server,
     cookie: String,
-    csrf: String,
+    pub(crate) csrf: String,
 }
 
 impl<'a> Session<'a> {
@@ -63,7 +63,7 @@ impl<'a> Session<'a> {
     }
 
     /// Posts exactly `fields` as a form.
-    async fn post_form(&self, path: &str, fields: &[(&str, &str)]) -> Reply {
+    pub(crate) async fn post_form(&self, path: &str, fields: &[(&str, &str)]) -> Reply {
         Reply::from(
             self.server
                 .client
@@ -79,7 +79,7 @@ impl<'a> Session<'a> {
     }
 
     /// Posts `fields` and this session's CSRF token, as the page's own form does.
-    async fn post(&self, path: &str, fields: &[(&str, &str)]) -> Reply {
+    pub(crate) async fn post(&self, path: &str, fields: &[(&str, &str)]) -> Reply {
         let mut all = vec![("csrf", self.csrf.as_str())];
         all.extend_from_slice(fields);
         self.post_form(path, &all).await

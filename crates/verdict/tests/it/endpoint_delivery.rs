@@ -302,7 +302,7 @@ async fn endpoints_enabled(server: &Server, tenant: &Tenant) -> HashMap<String, 
         .collect()
 }
 
-async fn the_console_lists_the_endpoints_and_each_ones_deliveries(backend: Backend) {
+async fn the_console_shows_no_token_from_a_url_and_each_endpoints_deliveries(backend: Backend) {
     let t = three_endpoints(backend).await;
     let server = Server::start(&t.db, &MANUAL_WORKER);
     let reply = server
@@ -312,7 +312,7 @@ async fn the_console_lists_the_endpoints_and_each_ones_deliveries(backend: Backe
     let tokened = json!({"url": format!("{}?token=s3cret-token", t.all.url), "enabled": false});
     put_endpoint(&server, &t.tenant, "tokened", tokened).await;
     let session = Session::sign_in(&server, &t.tenant.api_key).await;
-    let page = session.get("/console/deliveries").await;
+    let page = session.get("/console/endpoints").await;
     assert_eq!(page.status, 200);
     let html = page.text();
     for name in ["default", "denies", "ports"] {
@@ -342,7 +342,7 @@ async fn the_console_lists_the_endpoints_and_each_ones_deliveries(backend: Backe
 }
 
 on_both_backends!(
-    the_console_lists_the_endpoints_and_each_ones_deliveries,
+    the_console_shows_no_token_from_a_url_and_each_endpoints_deliveries,
     each_matching_endpoint_gets_one_delivery_per_decision,
     each_endpoint_gets_one_delivery_through_a_crash_before_the_inline_attempts,
     a_410_disables_only_its_own_endpoint,

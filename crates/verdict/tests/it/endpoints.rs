@@ -3,7 +3,10 @@
 
 use serde_json::{Value, json};
 
-use crate::common::{Backend, Reply, Server, Tenant, TestDb, assert_problem};
+use crate::common::{
+    Backend, MANUAL_WORKER, Reply, Server, Tenant, TestDb, assert_problem, new_key, sim_swap,
+};
+use crate::console_subjects::Session;
 
 const HOOK: &str = "http://127.0.0.1:9/hook";
 
@@ -258,10 +261,154 @@ async fn the_cli_sets_lists_and_deletes_endpoints(backend: Backend) {
     assert!(!list.to_string().contains("whsec_"), "{list}");
     let shown = db.cli(&["endpoint", "show", "--tenant", &tenant.id, "--name", "siem"]);
     assert!(shown.contains("types=sim_swap decisions=deny"), "{shown}");
+    // Printed as text, the new secret is shown once; the tenant may come from the
+    // environment.
+    let env = [
+        ("VERDICT_TENANT_ID", tenant.id.as_str()),
+        ("VERDICT_ALLOW_PRIVATE_DESTINATIONS", "0"),
+    ];
+    let set = |extra: &[&'static str]| {
+        let mut args = vec!["endpoint", "set", "--name", "pager", "--url", HOOK];
+        args.extend_from_slice(extra);
+        db.cli_output(&args, &env)
+    };
+    let guarded = set(&[]);
+    assert!(!guarded.status.success(), "a loopback URL without the flag");
+    let stderr = String::from_utf8_lossy(&guarded.stderr);
+    assert!(stderr.contains("refused"), "{stderr}");
+    let made = set(&["--allow-private-destinations", "--feed", "camara"]);
+    let text = String::from_utf8_lossy(&made.stdout);
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    assert!(text.contains("endpoint pager created"), "{text}");
+    assert!(text.contains("secret  whsec_"), "{text}");
+    let again = set(&["--allow-private-destinations", "--disabled"]);
+    let text = String::from_utf8_lossy(&again.stdout);
+    assert!(
+        text.contains("endpoint pager replaced") && !text.contains("whsec_"),
+        "{text}"
+    );
+    let listed = db.cli_output(&["endpoint", "list"], &env);
+    let text = String::from_utf8_lossy(&listed.stdout);
+    assert!(
+        text.contains("pager") && text.contains("false") && text.contains("siem"),
+        "{text}"
+    );
+
     db.cli(&[
         "endpoint", "delete", "--tenant", &tenant.id, "--name", "siem",
     ]);
-    assert_eq!(db.count("endpoints").await, 0);
+    assert_eq!(db.count("endpoints").await, 1);
+    let missing = db.cli_output(&["endpoint", "show", "--name", "siem"], &env);
+    assert!(!missing.status.success(), "a deleted endpoint");
+}
+
+async fn the_console_lists_endpoints_their_deliveries_and_disables_one(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = db.tenant(&["--callback-url", HOOK]);
+    let mut env = MANUAL_WORKER.to_vec();
+    env.push(("VERDICT_ALLOW_PRIVATE_DESTINATIONS", "1"));
+    let server = Server::start(&db, &env);
+    let siem = put(
+        &server,
+        &tenant,
+        "siem",
+        json!({"url": "http://127.0.0.1:9/siem?team=a&b=c", "filter": {"decisions": ["allow"], "feeds": ["set"]}}),
+    )
+    .await;
+    assert_eq!(siem.status, 201, "{}", siem.text());
+    let secret = siem.json()["secret_key"].as_str().unwrap().to_owned();
+    // A SIM swap is denied: a callback to `default`, none to `siem`.
+    let decided = server
+        .send(&tenant, Some(&new_key()), &sim_swap("+15550104242"))
+        .await;
+    assert_eq!(decided.status, 200, "{}", decided.text());
+
+    let admin = Session::sign_in(&server, &tenant.api_key).await;
+    let page = admin.get("/console/endpoints").await;
+    assert_eq!(page.status, 200, "{}", page.text());
+    let html = page.text();
+    for shown in [
+        "href=\"/console/endpoints\" aria-current=\"page\"",
+        "<code>default</code>",
+        "<code>siem</code>",
+        HOOK,
+        // The URL without its query, which may carry the receiver's token.
+        "<code>http://127.0.0.1:9/siem</code>",
+        "every decision",
+        "decisions: allow",
+        "feeds: set",
+        "webhook secrets",
+        "its own secret",
+        "href=\"/console/deliveries?endpoint=siem\"",
+        "action=\"/console/endpoints/siem/disable\"",
+    ] {
+        assert!(html.contains(shown), "{shown} in {html}");
+    }
+    assert!(!html.contains("whsec_") && !html.contains(secret.trim_start_matches("whsec_")));
+    assert!(!html.contains("team=a"), "no query on the page");
+
+    // The deliveries page, filtered by endpoint.
+    let all = admin.get("/console/deliveries?endpoint=default").await;
+    assert_eq!(all.status, 200, "{}", all.text());
+    assert!(all.text().contains("/console/events/"), "{}", all.text());
+    assert!(all.text().contains("status=pending&amp;endpoint=default"));
+    let none = admin.get("/console/deliveries?endpoint=siem").await;
+    assert_eq!(none.status, 200);
+    assert!(none.text().contains("No deliveries."), "{}", none.text());
+    let bad = admin.get("/console/deliveries?endpoint=%3Cb%3E").await;
+    assert_eq!(bad.status, 404, "{}", bad.text());
+    assert!(!bad.text().contains("<b>"));
+
+    // Disabled with the session's token and an admin key only.
+    let no_token = admin
+        .post_form("/console/endpoints/siem/disable", &[])
+        .await;
+    assert_eq!(no_token.status, 403, "{}", no_token.text());
+    let (_, reader) = db.issue_key(&tenant, "read");
+    let read = Session::sign_in(&server, &reader.api_key).await;
+    let read_page = read.get("/console/endpoints").await.text().into_owned();
+    assert!(read_page.contains("<code>siem</code>"), "{read_page}");
+    assert!(
+        !read_page.contains("/disable\""),
+        "a read key gets no button"
+    );
+    let refused = read.post("/console/endpoints/siem/disable", &[]).await;
+    assert_eq!(refused.status, 403, "{}", refused.text());
+    let missing = admin.post("/console/endpoints/nope/disable", &[]).await;
+    assert_eq!(missing.status, 404, "{}", missing.text());
+
+    let disabled = admin.post("/console/endpoints/siem/disable", &[]).await;
+    assert_eq!(disabled.status, 303, "{}", disabled.text());
+    assert_eq!(
+        disabled.header("location"),
+        Some("/console/endpoints?done=endpoint-disabled")
+    );
+    let shown = call(&server, &tenant, reqwest::Method::GET, "/v1/endpoints/siem").await;
+    let shown = shown.json();
+    assert_eq!(shown["enabled"], false, "{shown}");
+    assert_eq!(shown["filter"]["feeds"], json!(["set"]), "the rest kept");
+    let after = admin
+        .get("/console/endpoints?done=endpoint-disabled")
+        .await
+        .text()
+        .into_owned();
+    assert!(after.contains("Disabled: its callbacks are stored suspended"));
+    assert!(after.contains("action=\"/console/endpoints/siem/enable\""));
+    let enabled = admin.post("/console/endpoints/siem/enable", &[]).await;
+    assert_eq!(enabled.status, 303, "{}", enabled.text());
+    let shown = call(&server, &tenant, reqwest::Method::GET, "/v1/endpoints/siem").await;
+    assert_eq!(shown.json()["enabled"], true);
+    // Still its own secret, under the same id.
+    let rows: Value = serde_json::from_str(&db.cli(&[
+        "endpoint", "show", "--tenant", &tenant.id, "--name", "siem", "--json",
+    ]))
+    .unwrap();
+    assert_eq!(rows["secret"], "own");
+    assert_eq!(rows["id"], siem.json()["id"]);
 }
 
 on_both_backends!(
@@ -269,4 +416,5 @@ on_both_backends!(
     every_endpoint_input_is_bounded,
     only_an_admin_key_manages_endpoints,
     the_cli_sets_lists_and_deletes_endpoints,
+    the_console_lists_endpoints_their_deliveries_and_disables_one,
 );
