@@ -341,7 +341,159 @@ async fn the_console_shows_no_token_from_a_url_and_each_endpoints_deliveries(bac
     )));
 }
 
+/// The schema as it was before endpoints (migrations below `0022` on PostgreSQL, `0020` on
+/// SQLite), applied to the test's database, then `statements` run on it.
+async fn before_endpoints(db: &TestDb, statements: &[String]) {
+    let (dir, first_after) = match db.backend {
+        Backend::Sqlite => ("sqlite", "0020"),
+        Backend::Postgres => ("postgres", "0022"),
+    };
+    let old = db.dir().join("migrations-before-endpoints");
+    std::fs::create_dir_all(&old).unwrap();
+    let all = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("migrations")
+        .join(dir);
+    for entry in std::fs::read_dir(&all).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if name.as_str() < first_after {
+            std::fs::copy(&path, old.join(&name)).unwrap();
+        }
+    }
+    let migrator = sqlx::migrate::Migrator::new(old.as_path()).await.unwrap();
+    match db.backend {
+        Backend::Sqlite => {
+            let options = db
+                .url
+                .parse::<sqlx::sqlite::SqliteConnectOptions>()
+                .unwrap()
+                .create_if_missing(true)
+                .foreign_keys(true);
+            let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
+            migrator.run(&pool).await.unwrap();
+            for sql in statements {
+                sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+            }
+            pool.close().await;
+        }
+        Backend::Postgres => {
+            let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+            migrator.run(&pool).await.unwrap();
+            for sql in statements {
+                sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+            }
+            pool.close().await;
+        }
+    }
+}
+
+async fn a_tenants_callback_url_becomes_its_default_endpoint_with_its_deliveries(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let receiver = Receiver::start(vec![]).await;
+    let tenant_id = uuid::Uuid::now_v7();
+    let blob = |id: uuid::Uuid| match backend {
+        Backend::Sqlite => format!("x'{}'", id.simple()),
+        Backend::Postgres => format!("'{id}'"),
+    };
+    let (tenant, event) = (blob(tenant_id), blob(uuid::Uuid::now_v7()));
+    let statements = [
+        format!(
+            "INSERT INTO tenants (id, name, inbound_signature_required, callback_url, \
+             callback_disabled, created_at) VALUES ({tenant}, 'old', FALSE, '{}', TRUE, 1)",
+            receiver.url
+        ),
+        // A callback and an action request stored before endpoints existed.
+        format!(
+            "INSERT INTO deliveries (id, tenant_id, event_id, signal_key, webhook_id, payload, \
+             status, next_attempt_at, created_at, updated_at, action) VALUES ({}, {tenant}, \
+             {event}, x'01', 'msg_old', x'7b7d', 'suspended', 1, 1, 1, 'callback')",
+            blob(uuid::Uuid::now_v7())
+        ),
+        format!(
+            "INSERT INTO deliveries (id, tenant_id, event_id, signal_key, webhook_id, payload, \
+             status, next_attempt_at, created_at, updated_at, action, connector) VALUES ({}, \
+             {tenant}, {event}, x'01', 'old:open_case', x'', 'succeeded', 1, 1, 1, 'open_case', \
+             'cases')",
+            blob(uuid::Uuid::now_v7())
+        ),
+    ];
+    let statements: Vec<String> = statements
+        .into_iter()
+        .map(|sql| match backend {
+            Backend::Sqlite => sql,
+            Backend::Postgres => sql
+                .replace("x'01'", "'\\x01'::bytea")
+                .replace("x'7b7d'", "'\\x7b7d'::bytea")
+                .replace("x''", "''::bytea"),
+        })
+        .collect();
+    before_endpoints(&db, &statements).await;
+
+    // The current binary migrates: the URL, its disabled state and the callback are the
+    // `default` endpoint's, the action request no endpoint's.
+    let created = db.cli(&[
+        "tenant",
+        "key",
+        "create",
+        "--tenant",
+        &tenant_id.to_string(),
+        "--scope",
+        "admin",
+        "--json",
+    ]);
+    let key: Value = serde_json::from_str(&created).unwrap();
+    let old = Tenant {
+        id: tenant_id.to_string(),
+        api_key: key["api_key"].as_str().unwrap().to_owned(),
+        signing_secret: String::new(),
+        webhook_secret: String::new(),
+    };
+    let server = Server::start(&db, &MANUAL_WORKER);
+    let endpoints = server.get(&old, "/v1/endpoints").await.json();
+    assert_eq!(
+        endpoints["data"].as_array().unwrap().len(),
+        1,
+        "{endpoints}"
+    );
+    let default = &endpoints["data"][0];
+    assert_eq!(default["name"], "default");
+    assert_eq!(default["id"], tenant_id.to_string());
+    assert_eq!(default["url"], receiver.url.as_str());
+    assert_eq!(default["enabled"], false, "a 410's disabling survives");
+    assert_eq!(default["secret"], "tenant");
+    let callbacks = server
+        .get(&old, "/v1/deliveries?endpoint=default")
+        .await
+        .json();
+    assert_eq!(
+        callbacks["data"].as_array().unwrap().len(),
+        1,
+        "{callbacks}"
+    );
+    assert_eq!(callbacks["data"][0]["webhook_id"], "msg_old");
+    let all = server.get(&old, "/v1/deliveries").await.json();
+    let request = all["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["action"] == "open_case")
+        .unwrap();
+    assert!(request.get("endpoint").is_none(), "{request}");
+    assert_eq!(
+        db.text("SELECT url FROM endpoints").await,
+        receiver.url,
+        "no data lost"
+    );
+}
+
 on_both_backends!(
+    a_tenants_callback_url_becomes_its_default_endpoint_with_its_deliveries,
     the_console_shows_no_token_from_a_url_and_each_endpoints_deliveries,
     each_matching_endpoint_gets_one_delivery_per_decision,
     each_endpoint_gets_one_delivery_through_a_crash_before_the_inline_attempts,
