@@ -15,7 +15,7 @@ impl Ingest {
         &self,
         signal: &Prepared<'_>,
     ) -> Result<Destination, StoreError> {
-        Ok(Destination::of(&self.inputs(signal).await?))
+        Ok(Destination::of(self.inputs(signal).await?))
     }
 
     /// What a decision reads about the signal's tenant and subject, in one batched read.
@@ -71,6 +71,6 @@ impl Ingest {
             subject: Some(signal.subject_hash),
             bound,
         };
-        Ok((decided, Destination::of(&inputs)))
+        Ok((decided, Destination::of(inputs)))
     }
 }

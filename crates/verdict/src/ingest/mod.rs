@@ -158,9 +158,10 @@ struct Destination {
 }
 
 impl Destination {
-    fn of(inputs: &DecisionInputs) -> Self {
+    /// Takes the endpoints the read returned (no copy of them on a signal's path).
+    fn of(inputs: DecisionInputs) -> Self {
         Self {
-            endpoints: inputs.endpoints.clone(),
+            endpoints: inputs.endpoints,
         }
     }
 }
