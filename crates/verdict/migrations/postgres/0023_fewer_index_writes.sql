@@ -13,3 +13,10 @@ ALTER TABLE idempotency_keys SET (fillfactor = 85);
 -- sixth index entry for every delivery row written, and every delivery update writes a
 -- new row version (its status is indexed).
 ALTER TABLE deliveries DROP CONSTRAINT deliveries_webhook_id_key;
+
+-- Only a pending delivery is ever looked for by when it is due (the worker's lease, the next
+-- wake-up, the queue depth), so only pending ones are indexed by it: a delivery settled by
+-- its inline attempt, most of them, leaves no entry behind, and the index stays as small as
+-- the queue.
+DROP INDEX deliveries_due;
+CREATE INDEX deliveries_pending ON deliveries (next_attempt_at) WHERE status = 'pending';

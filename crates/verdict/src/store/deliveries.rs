@@ -208,7 +208,7 @@ pub trait DeliveryStore {
     /// Deliveries waiting for an attempt.
     async fn queue_depth(&self, now: i64) -> Result<i64, StoreError>;
     /// When the earliest pending delivery with retries left is due (unix ms), if any: a walk
-    /// of the `(status, next_attempt_at)` index that stops at the first such row.
+    /// of the pending deliveries' `next_attempt_at` index that stops at the first such row.
     async fn next_due(&self) -> Result<Option<i64>, StoreError>;
     /// Leases the pending action requests of one of the tenant's events until `lease_until`:
     /// all of them or none, none while any is leased to another call or waits for the time
