@@ -178,10 +178,12 @@ where
         .fetch_optional(self.read())
         .await?;
         let rows: Vec<(uuid::Uuid, i64, uuid::Uuid)> = sqlx::query_as(
-            "SELECT c.id, c.opened_at, e.event_id FROM cases c \
+            "SELECT c.id, c.opened_at, c.opened_by_event FROM cases c \
+             WHERE c.tenant_id = $1 AND c.subject_hash = $2 AND c.status = 'open' \
+             UNION ALL SELECT c.id, c.opened_at, e.event_id FROM cases c \
              JOIN case_events e ON e.case_id = c.id \
              WHERE c.tenant_id = $1 AND c.subject_hash = $2 AND c.status = 'open' \
-             ORDER BY c.id, e.event_id",
+             ORDER BY 1, 3",
         )
         .bind(tenant_id)
         .bind(subject_hash)

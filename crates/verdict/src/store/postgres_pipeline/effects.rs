@@ -94,8 +94,10 @@ fn effect(action: ActionKind) -> Option<Effect> {
     LEFT JOIN case_ins c ON c.tenant_id = a.tenant_id AND c.subject_hash = a.subject_hash
     WHERE a.open_case
 ), case_attached AS (
+    -- The events after the opener (the case holds its opener).
     INSERT INTO case_events (case_id, event_id, attached_at)
-    SELECT case_id, event_id, now FROM case_of WHERE case_id IS NOT NULL
+    SELECT case_id, event_id, now FROM case_of
+    WHERE case_id IS NOT NULL AND opener IS DISTINCT FROM event_id
     ORDER BY case_id, event_id
     ON CONFLICT DO NOTHING
 )"#,

@@ -484,7 +484,10 @@ async fn apply_open_case(
             outcomes.push(Applied::AlreadyDone);
             continue;
         };
-        attach.push((case_id, t.event_id, t.now));
+        // The case holds its opener; only the events after it are attached.
+        if opener != t.event_id {
+            attach.push((case_id, t.event_id, t.now));
+        }
         outcomes.push(applied(opener == t.event_id));
     }
     if !attach.is_empty() {
