@@ -370,7 +370,7 @@ impl super::PipelineStore for PostgresStore {
             stop_before_one_statement(batch).await?;
             // An answer lost here leaves the batch committed or not: the requests get a 503,
             // and their retries find out which (a completed key replays).
-            match answered(fused::apply(&mut conn, batch, fused::APPLY_ALONE.as_str())).await {
+            match answered(fused::apply(&mut conn, batch, true)).await {
                 Ok(found) => {
                     let live = fused::live(batch, &found);
                     return fused::result(batch, &found, live, Default::default());
@@ -424,7 +424,7 @@ impl PostgresStore {
         // Each statement within its own deadline, so that the failpoints between them (which
         // tests hold for seconds) are not counted.
         let mut tx = answered(begin_on(&self.pipeline, "BEGIN")).await?;
-        let found = answered(fused::apply(&mut tx, batch, fused::APPLY.as_str())).await?;
+        let found = answered(fused::apply(&mut tx, batch, false)).await?;
         let attempts: Vec<_> = batch.attempts.iter().collect();
         answered(super::deliveries::disable_endpoints(&mut *tx, &attempts)).await?;
         let live = fused::live(batch, &found);

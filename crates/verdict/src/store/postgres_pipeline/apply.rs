@@ -1,13 +1,14 @@
-//! [`APPLY`]: most of a batch in one statement.
+//! [`apply()`]: most of a batch in one statement.
 
-use std::sync::LazyLock;
+use std::sync::OnceLock;
 
 use sqlx::PgConnection;
 use sqlx::Row as _;
 
+use super::effects::{self, EffectSet};
 use super::inputs::{ActIn, ClaimIn, DispatchedKey, Settling};
 use super::params::{Int8, Param, Rows, bind_all, render};
-use super::{Found, effects, index};
+use super::{Found, index};
 use crate::domain::ActionKind;
 use crate::store::rows::{OutboxRow, RequestRow};
 use crate::store::{Batch, NewEvent, StoreError};
@@ -78,19 +79,7 @@ WITH claim_in AS (
             AND t.status IN ('succeeded', 'failed', 'unknown')
             THEN substr(d.payload, 1, 0) ELSE d.payload END
     FROM attempt_in t WHERE d.id = t.delivery_id AND t.id IN (SELECT id FROM attempt_ins)
-), calls_recorded AS (
-    -- Dispatched signals whose connector calls answered: their events' action outcomes ...
-    UPDATE events e SET actions = calls_done_rows.actions FROM {calls_done_rows}
-    WHERE e.id = calls_done_rows.event_id
-), calls_completed AS (
-    -- ... and their keys, where still held, completed with the final response.
-    UPDATE idempotency_keys k SET state = 'completed', response_status = dispatched_keys.status,
-        response_body = dispatched_keys.body, lock_token = NULL, locked_until = 0
-    FROM {dispatched_keys}
-    WHERE k.tenant_id = dispatched_keys.tenant_id AND k.endpoint = dispatched_keys.endpoint
-        AND k.key_digest = dispatched_keys.key_digest
-        AND k.lock_token = dispatched_keys.lock_token AND k.state = 'dispatched'
-){effects}
+){calls}{effects}
 , expected AS (
     -- The live acts whose every effect this statement wrote for them: their outbox row, event
     -- and response were built, before it ran, with every effect done.
@@ -104,24 +93,14 @@ WITH claim_in AS (
     FROM outbox_in WHERE i IN (SELECT i FROM expected)
     ORDER BY tenant_id, signal_key, endpoint_id, i
     ON CONFLICT DO NOTHING RETURNING id
-), request_in AS (
-    SELECT * FROM {request_rows}
-), request_ins AS (
-    -- Their connector action requests (the `dispatched` recovery point's rows): one per
-    -- signal and action.
-    INSERT INTO deliveries ({request_rows.columns})
-    SELECT {request_rows.columns}
-    FROM request_in WHERE i IN (SELECT i FROM expected) ORDER BY tenant_id, signal_key, action, i
-    ON CONFLICT DO NOTHING RETURNING id
-), settled AS (
+){requests}
+, settled AS (
     -- Of those, the ones whose every outbox row (one per endpoint) and every action request
     -- this statement inserted: their expected outcomes are their actual ones, so they are
     -- finished here.
     SELECT e.i FROM expected e
     WHERE NOT EXISTS (SELECT 1 FROM outbox_in o WHERE o.i = e.i
-            AND NOT EXISTS (SELECT 1 FROM outbox_ins x WHERE x.id = o.id))
-        AND NOT EXISTS (SELECT 1 FROM request_in r WHERE r.i = e.i
-            AND NOT EXISTS (SELECT 1 FROM request_ins x WHERE x.id = r.id))
+            AND NOT EXISTS (SELECT 1 FROM outbox_ins x WHERE x.id = o.id)){requests_settled}
 ), event_ins AS (
     INSERT INTO events ({event_rows.columns})
     SELECT {event_rows.columns} FROM {event_rows}
@@ -146,22 +125,118 @@ UNION ALL SELECT 'held', i, TRUE FROM held
 {effects_outcomes}UNION ALL SELECT 'settled', i, TRUE FROM settled
 "#;
 
-/// [`TEMPLATE`], run inside the batch's transaction.
-pub(in crate::store) static APPLY: LazyLock<String> =
-    LazyLock::new(|| Inputs::of(&Batch::default()).render(&effects::assemble(TEMPLATE)));
+/// The completions of dispatched signals whose calls answered, in a batch that has some.
+const CALLS: &str = r#"
+, calls_recorded AS (
+    -- Dispatched signals whose connector calls answered: their events' action outcomes ...
+    UPDATE events e SET actions = calls_done_rows.actions FROM {calls_done_rows}
+    WHERE e.id = calls_done_rows.event_id
+), calls_completed AS (
+    -- ... and their keys, where still held, completed with the final response.
+    UPDATE idempotency_keys k SET state = 'completed', response_status = dispatched_keys.status,
+        response_body = dispatched_keys.body, lock_token = NULL, locked_until = 0
+    FROM {dispatched_keys}
+    WHERE k.tenant_id = dispatched_keys.tenant_id AND k.endpoint = dispatched_keys.endpoint
+        AND k.key_digest = dispatched_keys.key_digest
+        AND k.lock_token = dispatched_keys.lock_token AND k.state = 'dispatched'
+)"#;
 
-/// [`TEMPLATE`], run as a transaction of its own: it aborts, keeping nothing, unless every act
-/// that went ahead was settled by it (`verdict_require_settled` raises SQLSTATE [`UNSETTLED`]
-/// otherwise), since no later statement could finish the others.
-pub(in crate::store) static APPLY_ALONE: LazyLock<String> = LazyLock::new(|| {
-    Inputs::of(&Batch::default()).render(&format!(
-        "{}UNION ALL SELECT 'guard', 0, verdict_require_settled(\n    \
-         (SELECT count(*) FROM live) - (SELECT count(*) FROM settled))\n",
-        effects::assemble(TEMPLATE)
-    ))
-});
+/// The connector action requests of the acts, in a batch that has some.
+const REQUESTS: &str = r#"
+, request_in AS (
+    SELECT * FROM {request_rows}
+), request_ins AS (
+    -- Their connector action requests (the `dispatched` recovery point's rows): one per
+    -- signal and action.
+    INSERT INTO deliveries ({request_rows.columns})
+    SELECT {request_rows.columns}
+    FROM request_in WHERE i IN (SELECT i FROM expected) ORDER BY tenant_id, signal_key, action, i
+    ON CONFLICT DO NOTHING RETURNING id
+)"#;
 
-/// The SQLSTATE [`APPLY_ALONE`] aborts with when a batch needs its actual outcomes stored.
+/// The condition [`REQUESTS`] adds to `settled`: every request of the act inserted.
+const REQUESTS_SETTLED: &str = r#"
+        AND NOT EXISTS (SELECT 1 FROM request_in r WHERE r.i = e.i
+            AND NOT EXISTS (SELECT 1 FROM request_ins x WHERE x.id = r.id))"#;
+
+/// What a batch's statement holds besides what every batch needs: the CTEs of the local
+/// effects its acts ask for, and those of the connector calls' rows when it has any. Every CTE
+/// of a statement is set up each time it runs, whether it has rows or not, and that set-up
+/// (`standard_ExecutorStart` under `perf`) was a sixth of the database's time per signal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Shape {
+    effects: EffectSet,
+    /// Dispatched signals whose calls answered ([`CALLS`]).
+    calls: bool,
+    /// Connector action requests ([`REQUESTS`]).
+    requests: bool,
+}
+
+impl Shape {
+    /// How many shapes there are: one statement of each kind is rendered for each.
+    const COUNT: usize = EffectSet::COUNT * 4;
+
+    fn of(batch: &Batch, inputs: &Inputs) -> Self {
+        Self {
+            effects: EffectSet::asked(batch.acts.iter().map(|act| &act.effects[..])),
+            calls: !batch.calls_done.is_empty(),
+            requests: !inputs.requests.is_empty(),
+        }
+    }
+
+    /// Its position among [`Self::all`].
+    fn index(self) -> usize {
+        self.effects.index() * 4 + usize::from(self.calls) * 2 + usize::from(self.requests)
+    }
+
+    /// Every shape, in [`Self::index`] order.
+    #[cfg(test)]
+    fn all() -> impl Iterator<Item = Self> {
+        EffectSet::all().flat_map(|effects| {
+            [(false, false), (false, true), (true, false), (true, true)].map(|(calls, requests)| {
+                Self {
+                    effects,
+                    calls,
+                    requests,
+                }
+            })
+        })
+    }
+
+    /// [`TEMPLATE`] in this shape, with its placeholders for inputs still in it.
+    fn template(self) -> String {
+        let part = |present: bool, sql: &'static str| if present { sql } else { "" };
+        effects::assemble(TEMPLATE, self.effects)
+            .replacen("{calls}", part(self.calls, CALLS), 1)
+            .replacen("{requests}", part(self.requests, REQUESTS), 1)
+            .replacen(
+                "{requests_settled}",
+                part(self.requests, REQUESTS_SETTLED),
+                1,
+            )
+    }
+}
+
+/// [`TEMPLATE`] in `shape`: run inside the batch's transaction, or (`alone`) as a transaction
+/// of its own, which aborts, keeping nothing, unless every act that went ahead was settled by
+/// it (`verdict_require_settled` raises SQLSTATE [`UNSETTLED`] otherwise), since no later
+/// statement could finish the others. Rendered once per shape and kind, when first needed.
+fn statement(shape: Shape, alone: bool) -> &'static str {
+    static RENDERED: [[OnceLock<String>; 2]; Shape::COUNT] =
+        [const { [const { OnceLock::new() }, const { OnceLock::new() }] }; Shape::COUNT];
+    RENDERED[shape.index()][usize::from(alone)].get_or_init(|| {
+        let mut template = shape.template();
+        if alone {
+            template.push_str(
+                "UNION ALL SELECT 'guard', 0, verdict_require_settled(\n    \
+                 (SELECT count(*) FROM live) - (SELECT count(*) FROM settled))\n",
+            );
+        }
+        Inputs::of(&Batch::default()).render(shape, &template)
+    })
+}
+
+/// The SQLSTATE the statement run alone aborts with when a batch needs its actual outcomes stored.
 pub(super) const UNSETTLED: &str = "VD001";
 
 /// Everything [`TEMPLATE`] takes, as rows: built for a batch to bind it, and for an empty one
@@ -254,52 +329,73 @@ impl<'a> Inputs<'a> {
         }
     }
 
-    /// Runs `f` with the inputs in parameter order.
-    fn with<T>(&self, f: impl FnOnce(&[&dyn Param]) -> T) -> T {
+    /// Runs `f` with the inputs of the statement in `shape`, in parameter order.
+    fn with<T>(&self, shape: Shape, f: impl FnOnce(&[&dyn Param]) -> T) -> T {
         let events_index = (0..self.batch.acts.len()).map(index).collect();
-        f(&[
-            &Rows::new("claim_rows", self.claims.iter().collect()),
-            &Rows::new("act_rows", self.acts.iter().collect()),
-            &Int8("alert_window", self.batch.alert_window_ms),
-            &Rows::new("attempt_rows", self.batch.attempts.iter().collect()),
-            &Rows::new("calls_done_rows", self.batch.calls_done.iter().collect()),
-            &Rows::new("dispatched_keys", self.dispatched.iter().collect()),
-            &Rows::indexed(
-                "outbox_rows",
-                self.outbox_index.clone(),
-                self.outbox.iter().collect(),
+        let claims = Rows::new("claim_rows", self.claims.iter().collect());
+        let acts = Rows::new("act_rows", self.acts.iter().collect());
+        // Only the alert's CTE reads its window.
+        let alert_window = Int8("alert_window", self.batch.alert_window_ms);
+        let attempts = Rows::new("attempt_rows", self.batch.attempts.iter().collect());
+        let calls_done = Rows::new("calls_done_rows", self.batch.calls_done.iter().collect());
+        let dispatched = Rows::new("dispatched_keys", self.dispatched.iter().collect());
+        let outbox = Rows::indexed(
+            "outbox_rows",
+            self.outbox_index.clone(),
+            self.outbox.iter().collect(),
+        );
+        let requests = Rows::indexed(
+            "request_rows",
+            self.requests_index.clone(),
+            self.requests.iter().collect(),
+        );
+        let events = Rows::indexed("event_rows", events_index, self.events.clone());
+        let responses = Rows::indexed(
+            "responses",
+            self.keyed.clone(),
+            self.responses.iter().collect(),
+        );
+        let inputs: Vec<&dyn Param> = [
+            (true, &claims as &dyn Param),
+            (true, &acts),
+            (
+                shape.effects.contains(ActionKind::AlertCustomer),
+                &alert_window,
             ),
-            &Rows::indexed(
-                "request_rows",
-                self.requests_index.clone(),
-                self.requests.iter().collect(),
-            ),
-            &Rows::indexed("event_rows", events_index, self.events.clone()),
-            &Rows::indexed(
-                "responses",
-                self.keyed.clone(),
-                self.responses.iter().collect(),
-            ),
-        ])
+            (true, &attempts),
+            (shape.calls, &calls_done),
+            (shape.calls, &dispatched),
+            (true, &outbox),
+            (shape.requests, &requests),
+            (true, &events),
+            (true, &responses),
+        ]
+        .into_iter()
+        .filter_map(|(present, input)| present.then_some(input))
+        .collect();
+        f(&inputs)
     }
 
-    fn render(&self, template: &str) -> String {
-        self.with(|inputs| render(template, inputs))
+    fn render(&self, shape: Shape, template: &str) -> String {
+        self.with(shape, |inputs| render(template, inputs))
     }
 }
 
-/// Runs [`APPLY`] (or [`APPLY_ALONE`]): the held locks' re-check, the batch's claims, the
-/// effects of the acts whose lock held (and the keyless ones), the inline attempts' records,
-/// and what the acts whose effects all came out as their own store (each act's
-/// [`crate::store::Expected`]).
+/// Runs [`TEMPLATE`] (`alone`: as a transaction of its own): the held locks' re-check, the
+/// batch's claims, the effects of the acts whose lock held (and the keyless ones), the inline
+/// attempts' records, and what the acts whose effects all came out as their own store (each
+/// act's [`crate::store::Expected`]).
 pub(in crate::store) async fn apply(
     conn: &mut PgConnection,
     batch: &Batch,
-    statement: &'static str,
+    alone: bool,
 ) -> Result<Found, StoreError> {
     let inputs = Inputs::of(batch);
+    let shape = Shape::of(batch, &inputs);
     let rows = inputs
-        .with(|params| bind_all(sqlx::query(statement), params))
+        .with(shape, |params| {
+            bind_all(sqlx::query(statement(shape, alone)), params)
+        })
         .fetch_all(&mut *conn)
         .await?;
     let mut found = Found::default();
@@ -334,8 +430,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn apply_renders_with_every_input_numbered_once() {
-        for statement in [&*APPLY, &*APPLY_ALONE] {
+    fn apply_renders_with_every_input_numbered_once_in_every_shape() {
+        assert_eq!(Shape::all().count(), Shape::COUNT);
+        assert!(Shape::all().enumerate().all(|(n, s)| s.index() == n));
+        for statement in Shape::all().flat_map(|s| [statement(s, false), statement(s, true)]) {
             assert!(!statement.contains('{'), "{statement}");
             // Every parameter from $1 to the last appears, none twice in a row list.
             let last = (1..200)
@@ -344,6 +442,22 @@ mod tests {
                 .unwrap_or(0);
             assert!(last > 60, "{last}");
             assert!(!statement.contains(&format!("${}::", last + 1)));
+        }
+    }
+
+    #[test]
+    fn a_shape_holds_the_parts_its_batch_has_rows_for_and_no_other() {
+        for shape in Shape::all() {
+            let sql = statement(shape, true);
+            assert_eq!(sql.contains("calls_recorded"), shape.calls);
+            assert_eq!(sql.contains("request_ins"), shape.requests);
+            for action in ActionKind::LOCAL {
+                assert_eq!(
+                    sql.contains(&format!("'{}', o.*", action.as_str())),
+                    shape.effects.contains(action),
+                    "{action:?} in {shape:?}"
+                );
+            }
         }
     }
 }

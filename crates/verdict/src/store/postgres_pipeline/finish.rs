@@ -1,4 +1,4 @@
-//! [`FINISH`]: the events and key completions of the acts [`super::apply::APPLY`] did not
+//! [`FINISH`]: the events and key completions of the acts [`super::apply()`] did not
 //! settle.
 
 use std::sync::LazyLock;

@@ -11,7 +11,7 @@ use crate::store::{
     Act, AttemptRecord, Batch, CallsDone, Claim, Finished, HeldKey, StoredResponse,
 };
 
-/// A claim as [`super::apply::APPLY`] takes it: alone, at its position among the batch's
+/// A claim as [`super::apply()`] takes it: alone, at its position among the batch's
 /// claims, or with its act, at the act's position, completing the key with the act's expected
 /// response.
 pub(super) struct ClaimIn<'a> {
@@ -67,7 +67,7 @@ impl Row for ClaimIn<'_> {
     }
 }
 
-/// An act as [`super::apply::APPLY`] takes it: its target, which local effects it asks for,
+/// An act as [`super::apply()`] takes it: its target, which local effects it asks for,
 /// the ids a new ledger entry and a new case would get, and the key it holds, if any.
 pub(super) struct ActIn<'a> {
     i: i32,

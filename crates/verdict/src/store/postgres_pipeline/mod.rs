@@ -6,16 +6,17 @@
 //! that need no answer in between, each statement taking its rows as arrays (one shape whatever
 //! the batch size, so each is parsed and planned once per connection).
 //!
-//! Most signals are settled by one statement, [`apply::APPLY`]: the held locks' re-check, the
+//! Most signals are settled by one statement, [`apply()`]: the held locks' re-check, the
 //! new claims, every local effect of the acts that go ahead, the inline attempts' records, and,
 //! for each act whose effects all came out as its own (a fresh signal, the common case), its
 //! outbox row, event and key completion, built before the statement ran from the outcomes
 //! expected of it ([`super::Expected`], built by each request before it queued). A batch where
-//! that is every act is one round trip: the statement runs alone ([`APPLY_ALONE`]) and commits
-//! as it ends. An act that found an effect or its callback already another event's (a
-//! duplicate of a signal, or two signals about one subject in one batch) makes that statement
-//! abort, keeping nothing, and the batch runs again as a transaction: `BEGIN`, `APPLY`, then
-//! for those acts their actual outcomes, [`outbox::OUTBOX`], whose envelopes need them, and
+//! that is every act is one round trip: the statement runs alone (`alone`) and commits as it
+//! ends. It holds the CTEs of only the local effects its batch asks for. An act that found an
+//! effect or its callback already another event's (a duplicate of a signal, or two signals
+//! about one subject in one batch) makes that statement abort, keeping nothing, and the batch
+//! runs again as a transaction: `BEGIN`, the statement, then for those acts their actual
+//! outcomes, [`outbox::OUTBOX`], whose envelopes need them, and
 //! [`finish::FINISH`], whose bodies need the callbacks' outcomes, and `COMMIT`; six round
 //! trips for that batch.
 //!
@@ -33,7 +34,7 @@ mod outbox;
 mod params;
 mod requests;
 
-pub(super) use apply::{APPLY, APPLY_ALONE, apply};
+pub(super) use apply::apply;
 pub(super) use finish::finish;
 pub(super) use outbox::outbox;
 pub(super) use requests::requests;
@@ -44,13 +45,13 @@ use super::pipeline::{ActOutcome, Finished, batch_result, live_acts};
 use super::{Batch, BatchResult, NewDelivery, StoreError};
 use crate::domain::{ActionKind, Applied};
 
-/// Whether `batch` may run [`APPLY_ALONE`], committed as it ends: not when an attempt's
+/// Whether `batch` may run [`apply()`] alone, committed as it ends: not when an attempt's
 /// record disables its endpoint (one more statement).
 pub(super) fn may_commit_alone(batch: &Batch) -> bool {
     !batch.attempts.iter().any(|a| a.next.disable_endpoint)
 }
 
-/// Whether [`APPLY_ALONE`] aborted because an act it let go ahead was not settled.
+/// Whether [`apply()`], run alone, aborted because an act it let go ahead was not settled.
 pub(super) fn left_unsettled(err: &StoreError) -> bool {
     match err {
         StoreError::Database(sqlx::Error::Database(db)) => {
@@ -60,14 +61,14 @@ pub(super) fn left_unsettled(err: &StoreError) -> bool {
     }
 }
 
-/// The acts that went ahead: the keyless ones and those whose lock [`apply::APPLY`] found
+/// The acts that went ahead: the keyless ones and those whose lock [`apply()`] found
 /// held, in batch order.
 pub(super) fn live(batch: &Batch, found: &Found) -> Vec<usize> {
     live_acts(batch, |i, _| held(found, i))
 }
 
 /// The batch's result once committed: `actual`, the outcomes, stored records and outbox rows
-/// of the acts [`APPLY`] did not settle, in [`unsettled`]'s order.
+/// of the acts [`apply()`] did not settle, in [`unsettled`]'s order.
 pub(super) fn result(
     batch: &Batch,
     found: &Found,
@@ -87,7 +88,7 @@ pub(super) fn result(
     ))
 }
 
-/// What [`apply::APPLY`] found: the claims won, the acts whose lock held, each live act's
+/// What [`apply()`] found: the claims won, the acts whose lock held, each live act's
 /// effects, and the acts it settled, by index.
 #[derive(Default)]
 pub(super) struct Found {
@@ -102,7 +103,7 @@ fn index(i: usize) -> i32 {
     i32::try_from(i).unwrap_or(i32::MAX)
 }
 
-/// Whether act `i`'s held lock passed [`apply::APPLY`]'s re-check.
+/// Whether act `i`'s held lock passed [`apply()`]'s re-check.
 pub(super) fn held(found: &Found, i: usize) -> bool {
     found.held.contains(&index(i))
 }
@@ -141,7 +142,7 @@ pub(super) fn outcomes_of(batch: &Batch, live: &[usize], found: &Found) -> Vec<A
         .collect()
 }
 
-/// The live acts [`apply::APPLY`] did not settle, to finish with their actual outcomes.
+/// The live acts [`apply()`] did not settle, to finish with their actual outcomes.
 pub(super) fn unsettled(live: &[usize], found: &Found) -> Vec<usize> {
     live.iter()
         .copied()
@@ -152,7 +153,7 @@ pub(super) fn unsettled(live: &[usize], found: &Found) -> Vec<usize> {
 /// Per live act: its outcome, what it stores, and the outbox rows its commit inserted.
 pub(super) type Stored = (Vec<ActOutcome>, Vec<Finished>, Vec<Vec<NewDelivery>>);
 
-/// What each live act stores, in `live`'s order: what the acts [`apply::APPLY`] settled
+/// What each live act stores, in `live`'s order: what the acts [`apply()`] settled
 /// expected to store, and for the others their actual outcomes (`outcomes`, `finished`,
 /// `deliveries`, in `unsettled`'s order).
 fn in_live_order(

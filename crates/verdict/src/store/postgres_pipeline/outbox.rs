@@ -1,4 +1,4 @@
-//! [`OUTBOX`]: the outbox rows of the acts [`super::apply::APPLY`] did not settle, with
+//! [`OUTBOX`]: the outbox rows of the acts [`super::apply()`] did not settle, with
 //! envelopes built from their actual outcomes.
 
 use std::sync::LazyLock;

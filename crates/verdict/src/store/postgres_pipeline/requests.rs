@@ -1,4 +1,4 @@
-//! [`REQUESTS`]: the connector action requests of the acts [`super::apply::APPLY`] did not
+//! [`REQUESTS`]: the connector action requests of the acts [`super::apply()`] did not
 //! settle (every act with requests), for the actions each applied itself.
 
 use std::sync::LazyLock;
