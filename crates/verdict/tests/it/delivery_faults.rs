@@ -245,38 +245,49 @@ async fn a_worker_killed_mid_send_holds_up_only_its_own_delivery(backend: Backen
 
     let mut first = spawn_worker(&db);
     wait_for_requests(&receiver, 4, Duration::from_secs(10)).await;
+    // The hanging attempt's lease was taken just before the receiver got it.
+    let leased = Instant::now();
     let got = receiver.received();
     let (stuck, other) = (&got[2], &got[3]);
     let other_id = other.header("webhook-id").to_owned();
-    let delivered: Vec<Value> = server
-        .get(&tenant, "/v1/deliveries?status=succeeded")
-        .await
-        .json()["data"]
-        .as_array()
-        .unwrap()
-        .clone();
-    assert!(
-        delivered
+    // The receiver has the other request; the worker records its answer a moment later, while
+    // the first still hangs (for 20 s).
+    let recorded = Instant::now();
+    loop {
+        let delivered: Vec<Value> = server
+            .get(&tenant, "/v1/deliveries?status=succeeded")
+            .await
+            .json()["data"]
+            .as_array()
+            .unwrap()
+            .clone();
+        if delivered
             .iter()
-            .any(|d| d["webhook_id"] == other_id.as_str()),
-        "the other delivery went through while the first hung: {delivered:?}"
-    );
+            .any(|d| d["webhook_id"] == other_id.as_str())
+        {
+            break;
+        }
+        assert!(
+            recorded.elapsed() < Duration::from_secs(5),
+            "the other delivery went through while the first hung: {delivered:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     first.kill().unwrap();
     first.wait().unwrap();
-    let killed = Instant::now();
 
     let mut second = spawn_worker(&db);
     wait_for_requests(&receiver, 5, Duration::from_secs(45)).await;
-    let again_after = killed.elapsed();
+    let again_after = leased.elapsed();
     let resent = &receiver.received()[4];
     second.kill().unwrap();
     second.wait().unwrap();
     assert_eq!(resent.header("webhook-id"), stuck.header("webhook-id"));
     assert_eq!(resent.body, stuck.body, "the same bytes");
-    // The lease was taken about a second before the kill and lasts 35 s.
+    // The lease lasts 35 s; the second worker takes it up within its 1 s interval.
     assert!(
         again_after > Duration::from_secs(30) && again_after < Duration::from_secs(40),
-        "sent again {again_after:?} after the kill, the lease being 35 s"
+        "sent again {again_after:?} after its lease was taken, the lease being 35 s"
     );
     assert_eq!(receiver.received().len(), 5, "nothing else sent twice");
 }
