@@ -149,6 +149,9 @@ fn effect(action: ActionKind) -> Option<Effect> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct EffectSet(u8);
 
+// A ninth local action needs a wider set.
+const _: () = assert!(ActionKind::LOCAL.len() <= 8);
+
 impl EffectSet {
     /// How many sets there are: one statement is rendered for each.
     pub(super) const COUNT: usize = 1 << ActionKind::LOCAL.len();
