@@ -1,7 +1,7 @@
 //! Retention: what is deleted once it is old enough, besides expired idempotency keys.
 //!
 //! - Events older than the retention window (90 days by default), with their deliveries, the
-//!   deliveries' attempts and the alerts they sent; never an event whose delivery is still
+//!   deliveries' attempts; never an event whose delivery is still
 //!   pending (waiting, retrying or leased). An event whose callback is suspended (decided
 //!   while the endpoint was disabled) is kept like a pending one, but only up to
 //!   [`SUSPENDED_RETENTION_FACTOR`] times the window from its creation: an endpoint left
@@ -44,7 +44,6 @@ pub struct Pruned {
     pub events: u64,
     pub deliveries: u64,
     pub delivery_attempts: u64,
-    pub alerts: u64,
     pub playbook_versions: u64,
     pub console_sessions: u64,
 }
@@ -73,7 +72,6 @@ pub async fn prune(
         pruned.events += batch.events;
         pruned.deliveries += batch.deliveries;
         pruned.delivery_attempts += batch.attempts;
-        pruned.alerts += batch.alerts;
         // Fewer selected than asked for: nothing older is left. A batch that selected events
         // only to keep them all (a delivery turned pending meanwhile) also ends the run, so
         // kept events are not selected again and again.

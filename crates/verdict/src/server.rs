@@ -221,7 +221,6 @@ async fn prune(
                 events = p.events,
                 deliveries = p.deliveries,
                 delivery_attempts = p.delivery_attempts,
-                alerts = p.alerts,
                 playbook_versions = p.playbook_versions,
                 "pruned past retention"
             ),

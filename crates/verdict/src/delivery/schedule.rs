@@ -46,7 +46,7 @@ impl Trigger {
     /// The stored name.
     pub fn as_str(self) -> &'static str {
         match self {
-            Self::Inline => "inline",
+            Self::Inline => crate::store::deliveries::INLINE_TRIGGER,
             Self::Worker => "worker",
             Self::Redeliver => "redeliver",
         }

@@ -1,4 +1,4 @@
-//! The idempotent actions' tables (locks, cases, alerts, step-up ledger, denies): each has a
+//! The idempotent actions' tables (locks, cases, alert windows, step-up ledger, denies): each has a
 //! natural key that makes a repeated action a no-op, and records the event that applied it, so a
 //! retry of the same event reads "done" and a duplicate signal reads "already done".
 //!
@@ -6,12 +6,11 @@
 //! multi-row statements); a conflict in one row never fails the others.
 
 use async_trait::async_trait;
-use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Type};
+use sqlx::{ColumnIndex, Decode, Encode, Executor, IntoArguments, Type};
 use uuid::Uuid;
 
 use super::StoreError;
 use super::backend::{Backend, SqlDb};
-use super::events::push_ids;
 
 /// How a backend passes a list of (tenant, bytes) keys into a statement: as a table whose
 /// columns are `column1` and `column2`, usable after `FROM` or `IN`.
@@ -89,39 +88,6 @@ pub trait ActionStore {
 /// `column2` (see [`crate::store::actions::KeyList`]).
 pub(crate) fn push_keys<DB: KeyList>(q: &mut sqlx::QueryBuilder<DB>, keys: &[(Uuid, Vec<u8>)]) {
     DB::push_keys(q, keys)
-}
-
-/// Deletes the record of the alerts `events` sent: history, not state (the window
-/// guard is `alert_windows`, which stays).
-pub(crate) async fn delete_sent_alerts<DB, C>(
-    conn: &mut C,
-    events: &[uuid::Uuid],
-) -> Result<u64, sqlx::Error>
-where
-    DB: SqlDb + Database<Connection = C>,
-    C: sqlx::Connection<Database = DB>,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    DB::Arguments: IntoArguments<DB>,
-    usize: ColumnIndex<DB::Row>,
-    for<'n> &'n str: ColumnIndex<DB::Row>,
-    for<'e> Uuid: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
-    for<'e> Option<Uuid>: Encode<'e, DB>,
-    for<'e> i64: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
-    for<'e> Option<i64>: Encode<'e, DB>,
-    for<'e> i32: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
-    for<'e> Option<i32>: Encode<'e, DB>,
-    for<'e> bool: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
-    for<'e> String: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
-    for<'e> Option<String>: Encode<'e, DB>,
-    for<'e> Vec<u8>: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
-    for<'e> Option<Vec<u8>>: Encode<'e, DB>,
-    for<'e> &'e str: Encode<'e, DB> + Type<DB>,
-    for<'e> Option<&'e str>: Encode<'e, DB>,
-    for<'e> &'e [u8]: Encode<'e, DB> + Type<DB>,
-{
-    let mut q = sqlx::QueryBuilder::<DB>::new("DELETE FROM alerts WHERE event_id IN ");
-    push_ids(&mut q, events);
-    Ok(DB::rows_affected(&q.build().execute(&mut *conn).await?))
 }
 
 #[async_trait]

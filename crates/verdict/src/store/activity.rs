@@ -135,10 +135,13 @@ where
         .fetch_all(self.read())
         .await?;
         let (attempts_succeeded, attempts): (i64, i64) = sqlx::query_as(
-            "SELECT COALESCE(SUM(CASE WHEN a.status_code BETWEEN 200 AND 299 \
-             THEN 1 ELSE 0 END), 0), COUNT(*) FROM delivery_attempts a \
+            "SELECT COALESCE(SUM(CASE WHEN status_code BETWEEN 200 AND 299 \
+             THEN 1 ELSE 0 END), 0), COUNT(*) FROM ( \
+             SELECT a.status_code FROM delivery_attempts a \
              JOIN deliveries d ON d.id = a.delivery_id \
-             WHERE d.tenant_id = $1 AND a.attempted_at >= $2",
+             WHERE d.tenant_id = $1 AND a.attempted_at >= $2 \
+             UNION ALL SELECT inline_status_code FROM deliveries \
+             WHERE tenant_id = $1 AND inline_attempted_at >= $2) x",
         )
         .bind(tenant_id)
         .bind(since)

@@ -83,6 +83,18 @@ pub struct AttemptRecord {
     pub next: crate::domain::Next,
 }
 
+/// The stored trigger of a delivery's inline attempt, made right after the commit that stored
+/// the delivery: at most one per delivery, recorded on the delivery's own row.
+pub const INLINE_TRIGGER: &str = "inline";
+
+impl AttemptRecord {
+    /// Whether this is its delivery's inline attempt, recorded on the delivery row rather than
+    /// as a `delivery_attempts` row.
+    pub fn is_inline(&self) -> bool {
+        self.trigger == INLINE_TRIGGER
+    }
+}
+
 /// An attempt as read back.
 #[derive(Clone, Debug, sqlx::FromRow)]
 pub struct AttemptRow {
@@ -243,7 +255,7 @@ pub(crate) const DELIVERY_COLUMNS: &str = "id, event_id, webhook_id, status, att
      (SELECT name FROM endpoints e WHERE e.id = deliveries.endpoint_id) AS endpoint";
 
 /// Deletes the deliveries of `events` that are settled (not pending), and their
-/// attempts; returns how many of each.
+/// attempts; returns how many of each (an inline attempt recorded on its delivery counts).
 pub(crate) async fn delete_settled_deliveries<DB, C>(
     conn: &mut C,
     events: &[uuid::Uuid],
@@ -281,7 +293,10 @@ where
         "DELETE FROM deliveries WHERE status <> 'pending' AND event_id IN ",
     );
     push_ids(&mut q, events);
-    let deliveries = DB::rows_affected(&q.build().execute(&mut *conn).await?);
+    q.push(" RETURNING CAST(CASE WHEN inline_attempted_at IS NULL THEN 0 ELSE 1 END AS BIGINT)");
+    let inline: Vec<i64> = q.build_query_scalar().fetch_all(&mut *conn).await?;
+    let deliveries = inline.len() as u64;
+    let attempts = attempts + inline.iter().sum::<i64>().unsigned_abs();
     Ok((deliveries, attempts))
 }
 
@@ -502,14 +517,15 @@ fn push_insert_attempts<DB: SqlDb>(
     for<'e> Option<&'e str>: Encode<'e, DB>,
     for<'e> &'e [u8]: Encode<'e, DB> + Type<DB>,
 {
-    if attempts.is_empty() {
+    let rows: Vec<_> = attempts.iter().filter(|a| !a.is_inline()).collect();
+    if rows.is_empty() {
         return;
     }
     q.push(
         "INSERT INTO delivery_attempts (id, delivery_id, attempted_at, trigger_kind, \
          status_code, latency_ms, error, response_excerpt) ",
     );
-    q.push_values(attempts, |mut row, a| {
+    q.push_values(rows, |mut row, a| {
         row.push_bind(a.id)
             .push_bind(a.delivery_id)
             .push_bind(a.attempted_at)
@@ -550,13 +566,20 @@ fn push_advance_deliveries<DB: SqlDb>(
     if attempts.is_empty() {
         return;
     }
+    // An inline attempt is recorded here, once: a record sent again after its commit's answer
+    // was lost finds it there and moves nothing.
     q.push(
         "UPDATE deliveries SET status = v.column2, attempts = attempts + 1, \
          retries_left = v.column3, next_attempt_at = v.column4, leased_until = 0, sent_at = NULL, \
          last_error = v.column5, updated_at = v.column6, payload = CASE \
          WHEN action <> 'callback' AND v.column2 IN ('succeeded', 'failed', 'unknown') \
          THEN substr(payload, 1, 0) \
-         ELSE payload END FROM (",
+         ELSE payload END, \
+         inline_attempted_at = CASE WHEN v.column7 THEN v.column6 ELSE inline_attempted_at END, \
+         inline_status_code = CASE WHEN v.column7 THEN v.column8 ELSE inline_status_code END, \
+         inline_latency_ms = CASE WHEN v.column7 THEN v.column9 ELSE inline_latency_ms END, \
+         inline_error = CASE WHEN v.column7 THEN v.column5 ELSE inline_error END, \
+         inline_excerpt = CASE WHEN v.column7 THEN v.column10 ELSE inline_excerpt END FROM (",
     );
     q.push_values(attempts, |mut row, a| {
         row.push_bind(a.delivery_id)
@@ -564,9 +587,16 @@ fn push_advance_deliveries<DB: SqlDb>(
             .push_bind(a.next.retries_left)
             .push_bind(a.next.next_attempt_at)
             .push_bind(a.error.clone())
-            .push_bind(a.attempted_at);
+            .push_bind(a.attempted_at)
+            .push_bind(a.is_inline())
+            .push_bind(a.status_code)
+            .push_bind(a.latency_ms)
+            .push_bind(a.response_excerpt.clone());
     });
-    q.push(") AS v WHERE deliveries.id = v.column1; ");
+    q.push(
+        ") AS v WHERE deliveries.id = v.column1 \
+         AND NOT (v.column7 AND deliveries.inline_attempted_at IS NOT NULL); ",
+    );
 }
 
 /// Adds to `q` the statement that disables the callback endpoints that answered an
@@ -622,10 +652,19 @@ fn delivery_by_id() -> String {
     )
 }
 
-/// A delivery's attempts, oldest first (`$1` the delivery).
+/// A delivery's attempts, oldest first (`$1` the delivery): its inline one, recorded on its
+/// row, and its rows.
 const ATTEMPTS_OF: &str = "SELECT attempted_at, trigger_kind, status_code, latency_ms, \
-    error, response_excerpt, resolved_by, reason FROM delivery_attempts WHERE delivery_id = $1 \
-    ORDER BY attempted_at, id";
+    error, response_excerpt, resolved_by, reason FROM ( \
+    SELECT inline_attempted_at AS attempted_at, 'inline' AS trigger_kind, \
+        inline_status_code AS status_code, inline_latency_ms AS latency_ms, \
+        inline_error AS error, inline_excerpt AS response_excerpt, NULL AS resolved_by, \
+        NULL AS reason, 0 AS n, id FROM deliveries \
+    WHERE id = $1 AND inline_attempted_at IS NOT NULL \
+    UNION ALL SELECT attempted_at, trigger_kind, status_code, latency_ms, error, \
+        response_excerpt, resolved_by, reason, 1, id FROM delivery_attempts \
+    WHERE delivery_id = $1) a \
+    ORDER BY attempted_at, n, id";
 
 fn attempt_rows<DB: SqlDb>(
     rows: &[DB::Row],

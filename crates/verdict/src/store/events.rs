@@ -5,7 +5,6 @@ use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Type}
 use uuid::Uuid;
 
 use super::StoreError;
-use super::actions::delete_sent_alerts;
 use super::backend::{Backend, SqlDb};
 use super::deliveries::delete_settled_deliveries;
 use crate::domain::{Decision, Feed};
@@ -103,7 +102,7 @@ pub trait EventStore {
     /// One of the tenant's events.
     async fn event(&self, tenant_id: Uuid, id: Uuid) -> Result<Option<EventRecord>, StoreError>;
     /// Deletes up to `limit` events created before `created_before`, oldest first, in one
-    /// transaction with their deliveries, the deliveries' attempts and the alerts they sent.
+    /// transaction with their deliveries and the deliveries' attempts.
     /// An event with a delivery still pending (waiting, retrying or leased) is kept, delivery
     /// and all; so is one with a suspended callback, unless the event was created before
     /// `suspended_before`. The state events produced (locks, denies, cases, alert windows,
@@ -124,7 +123,6 @@ pub struct PrunedEvents {
     pub events: u64,
     pub deliveries: u64,
     pub attempts: u64,
-    pub alerts: u64,
 }
 
 /// Pushes `(a, b, c)` for a list of ids.
@@ -186,7 +184,6 @@ where
             return Ok(Default::default());
         }
         let (deliveries, attempts) = delete_settled_deliveries(&mut *tx, &ids).await?;
-        let alerts = delete_sent_alerts(&mut *tx, &ids).await?;
         // A delivery that became pending since (a redelivery) keeps its event.
         let mut q = sqlx::QueryBuilder::<DB>::new("DELETE FROM events WHERE id IN ");
         push_ids(&mut q, &ids);
@@ -198,7 +195,6 @@ where
             events,
             deliveries,
             attempts,
-            alerts,
         })
     }
 

@@ -21,7 +21,7 @@
 //! - [`endpoints`]: tenants' callback endpoints, their filters and sealed secrets;
 //! - [`keys`]: idempotency keys and the state table's judgement;
 //! - [`playbooks`]: playbook versions and what a decision reads;
-//! - [`actions`]: the idempotent effects (locks, cases, alerts, ledger, denies);
+//! - [`actions`]: the idempotent effects (locks, cases, alert windows, ledger, denies);
 //! - [`events`]: decided signals;
 //! - [`deliveries`]: the callback outbox and its attempts;
 //! - [`pipeline`]: the group commit that writes a batch of signals' claims and effects at once;

@@ -13,7 +13,7 @@ use crate::common::{
 const SIDE_EFFECTS: [&str; 6] = [
     "account_locks",
     "cases",
-    "alerts",
+    "alert_windows",
     "ledger_entries",
     "denies",
     "deliveries",
@@ -135,7 +135,7 @@ async fn same_signal_five_times_without_a_key_has_each_effect_once(backend: Back
     for table in [
         "account_locks",
         "cases",
-        "alerts",
+        "alert_windows",
         "ledger_entries",
         "denies",
         "deliveries",
@@ -219,7 +219,7 @@ async fn a_crash_after_dispatch_without_a_key_leaves_no_callback_without_its_eve
     for table in [
         "account_locks",
         "cases",
-        "alerts",
+        "alert_windows",
         "ledger_entries",
         "denies",
         "deliveries",
@@ -259,7 +259,7 @@ async fn concurrent_duplicates_without_a_key_still_have_each_effect_once(backend
     for table in [
         "account_locks",
         "cases",
-        "alerts",
+        "alert_windows",
         "ledger_entries",
         "denies",
         "deliveries",

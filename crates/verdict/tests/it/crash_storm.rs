@@ -118,10 +118,10 @@ async fn crash_storm_keeps_every_signal_exactly_once(backend: Backend) {
             "SELECT COUNT(*) FROM cases x JOIN events e ON e.id = x.opened_by_event",
         ),
         (
-            "alerts",
-            "SELECT COUNT(*) FROM alerts",
-            "SELECT COUNT(DISTINCT event_id) FROM alerts",
-            "SELECT COUNT(*) FROM alerts x JOIN events e ON e.id = x.event_id",
+            "alert_windows",
+            "SELECT COUNT(*) FROM alert_windows",
+            "SELECT COUNT(DISTINCT event_id) FROM alert_windows",
+            "SELECT COUNT(*) FROM alert_windows x JOIN events e ON e.id = x.event_id",
         ),
         (
             "denies",

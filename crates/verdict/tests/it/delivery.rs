@@ -64,6 +64,45 @@ async fn a_receiver_answering_503_twice_then_200_gets_three_identical_deliveries
     assert_eq!(delivery["attempts"][0]["trigger"], "inline");
 }
 
+async fn an_inline_attempt_is_recorded_on_its_delivery_and_listed_first(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let receiver = Receiver::start(vec![Step::status(503)]).await;
+    let tenant = db.tenant(&["--callback-url", &receiver.url]);
+    let server = Server::start(&db, &MANUAL_WORKER);
+    let reply = server
+        .send(&tenant, Some(&new_key()), &sim_swap("+447700900509"))
+        .await;
+    assert_eq!(reply.status, 200);
+    let mut recorded = 0;
+    for _ in 0..100 {
+        recorded = db
+            .scalar("SELECT COUNT(*) FROM deliveries WHERE inline_attempted_at IS NOT NULL")
+            .await;
+        if recorded == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(recorded, 1, "the inline attempt is on its delivery");
+    assert_eq!(
+        db.scalar("SELECT COUNT(*) FROM delivery_attempts").await,
+        0,
+        "and is no row of its own"
+    );
+    wait_for_next_round().await;
+    assert_eq!(db.worker_once(&RETRY_INTERVAL)["delivered"], 1);
+    assert_eq!(db.scalar("SELECT COUNT(*) FROM delivery_attempts").await, 1);
+
+    let delivery = delivery_of(&server, &tenant, &reply).await;
+    let attempts = delivery["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 2, "{delivery}");
+    assert_eq!(attempts[0]["trigger"], "inline");
+    assert_eq!(attempts[0]["status_code"], 503);
+    assert_eq!(attempts[1]["trigger"], "worker");
+    assert_eq!(attempts[1]["status_code"], 200);
+    assert_eq!(delivery["status"], "succeeded");
+}
+
 async fn a_receiver_that_sleeps_10s_does_not_hold_the_response_past_the_deadline(backend: Backend) {
     let db = TestDb::new(backend).await;
     let receiver = Receiver::start(vec![Step::slow(200, Duration::from_secs(10))]).await;
@@ -692,6 +731,7 @@ on_both_backends!(
     a_retry_between_two_rounds_goes_out_when_due,
     during_a_webhook_secret_rotation_callbacks_carry_both_signatures,
     a_receiver_answering_503_twice_then_200_gets_three_identical_deliveries,
+    an_inline_attempt_is_recorded_on_its_delivery_and_listed_first,
     a_receiver_that_sleeps_10s_does_not_hold_the_response_past_the_deadline,
     a_400_is_terminal_after_one_attempt,
     a_410_is_terminal_and_disables_the_endpoint_until_re_enabled,

@@ -381,7 +381,7 @@ async fn a_duplicate_storm_has_one_effect_per_signal(backend: Backend) {
     let rows = [
         ("account_locks", db.count("account_locks").await, n),
         ("cases", db.count("cases").await, n),
-        ("alerts", db.count("alerts").await, n),
+        ("alert_windows", db.count("alert_windows").await, n),
         ("denies", db.count("denies").await, n),
         ("deliveries", db.count("deliveries").await, n),
         (

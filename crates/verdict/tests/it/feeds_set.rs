@@ -387,7 +387,7 @@ async fn an_unmapped_event_type_is_recorded_as_ignored_until_the_playbook_maps_i
     for table in [
         "account_locks",
         "cases",
-        "alerts",
+        "alert_windows",
         "denies",
         "ledger_entries",
         "deliveries",

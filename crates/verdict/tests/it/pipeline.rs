@@ -138,7 +138,11 @@ async fn retry_after_a_transient_failure_mid_effects_gets_the_fresh_decision(bac
     assert_eq!(failed.status, 503);
     let retried = server.send(&tenant, Some(&key), &body).await;
     assert_fresh_decision(&retried);
-    assert_eq!(db.count("alerts").await, 1, "the customer is alerted");
+    assert_eq!(
+        db.count("alert_windows").await,
+        1,
+        "the customer is alerted"
+    );
     assert_eq!(db.count("events").await, 1);
 }
 
@@ -165,7 +169,7 @@ async fn retry_after_a_crash_mid_effects_gets_the_fresh_decision(backend: Backen
     }
     let reply = send_until_decided(&server, &tenant, &key, &body).await;
     assert_fresh_decision(&reply);
-    assert_eq!(db.count("alerts").await, 1);
+    assert_eq!(db.count("alert_windows").await, 1);
 }
 
 async fn a_takeover_after_a_crash_mid_effects_gets_the_fresh_decision(backend: Backend) {
@@ -193,7 +197,7 @@ async fn a_takeover_after_a_crash_mid_effects_gets_the_fresh_decision(backend: B
             .logged("took over an abandoned idempotency key")
             .await
     );
-    assert_eq!(db.count("alerts").await, 1);
+    assert_eq!(db.count("alert_windows").await, 1);
 }
 
 async fn a_takeover_uses_the_recorded_decision_not_a_newer_playbook(backend: Backend) {

@@ -65,10 +65,12 @@ WITH claim_in AS (
     -- A record is sent again when the answer to the commit that stored it was lost (the
     -- connection cut after the commit): its row is there, and is neither stored again (a
     -- duplicate key would fail the whole batch it joined) nor moves its delivery on twice.
+    -- An inline attempt (at most one per delivery) is no row: it is recorded on its
+    -- delivery below, once.
     INSERT INTO delivery_attempts (id, delivery_id, attempted_at, trigger_kind, status_code,
         latency_ms, error, response_excerpt)
     SELECT id, delivery_id, attempted_at, trigger_kind, status_code, latency_ms, error, excerpt
-    FROM attempt_in
+    FROM attempt_in WHERE trigger_kind <> 'inline'
     ON CONFLICT (id) DO NOTHING RETURNING id
 ), attempt_moved AS (
     -- Each delivery moves on with its attempt, once.
@@ -77,8 +79,20 @@ WITH claim_in AS (
         sent_at = NULL, last_error = t.error, updated_at = t.attempted_at,
         payload = CASE WHEN d.action <> 'callback'
             AND t.status IN ('succeeded', 'failed', 'unknown')
-            THEN substr(d.payload, 1, 0) ELSE d.payload END
-    FROM attempt_in t WHERE d.id = t.delivery_id AND t.id IN (SELECT id FROM attempt_ins)
+            THEN substr(d.payload, 1, 0) ELSE d.payload END,
+        inline_attempted_at = CASE WHEN t.trigger_kind = 'inline' THEN t.attempted_at
+            ELSE d.inline_attempted_at END,
+        inline_status_code = CASE WHEN t.trigger_kind = 'inline' THEN t.status_code
+            ELSE d.inline_status_code END,
+        inline_latency_ms = CASE WHEN t.trigger_kind = 'inline' THEN t.latency_ms
+            ELSE d.inline_latency_ms END,
+        inline_error = CASE WHEN t.trigger_kind = 'inline' THEN t.error
+            ELSE d.inline_error END,
+        inline_excerpt = CASE WHEN t.trigger_kind = 'inline' THEN t.excerpt
+            ELSE d.inline_excerpt END
+    FROM attempt_in t WHERE d.id = t.delivery_id
+        AND (t.id IN (SELECT id FROM attempt_ins)
+            OR (t.trigger_kind = 'inline' AND d.inline_attempted_at IS NULL))
 ){calls}{effects}
 , expected AS (
     -- The live acts whose every effect this statement wrote for them: their outbox row, event

@@ -119,7 +119,9 @@ fn effect(action: ActionKind) -> Option<Effect> {
         WHERE alert_windows.last_sent_at <= excluded.last_sent_at - {alert_window}
     RETURNING tenant_id, subject_hash, signal_type, event_id
 ), alert_of AS (
-    SELECT a.i, a.tenant_id, a.subject_hash, a.signal_type, a.event_id, a.now,
+    -- An act whose event holds its window alerted: the window row and the event's action
+    -- outcome are the alert's record.
+    SELECT a.i,
         COALESCE(COALESCE(w.event_id, (SELECT x.event_id FROM alert_windows x
             WHERE x.tenant_id = a.tenant_id AND x.subject_hash = a.subject_hash
             AND x.signal_type = a.signal_type)) = a.event_id, FALSE) AS ours
@@ -127,10 +129,6 @@ fn effect(action: ActionKind) -> Option<Effect> {
     LEFT JOIN alert_ins w ON w.tenant_id = a.tenant_id AND w.subject_hash = a.subject_hash
         AND w.signal_type = a.signal_type
     WHERE a.alert_customer
-), alert_sent AS (
-    INSERT INTO alerts (tenant_id, subject_hash, signal_type, event_id, sent_at)
-    SELECT tenant_id, subject_hash, signal_type, event_id, now FROM alert_of WHERE ours
-    ON CONFLICT DO NOTHING
 )"#,
             written: "EXISTS (SELECT 1 FROM alert_ins w WHERE w.tenant_id = a.tenant_id
             AND w.subject_hash = a.subject_hash AND w.signal_type = a.signal_type

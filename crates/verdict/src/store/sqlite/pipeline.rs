@@ -505,7 +505,8 @@ async fn apply_open_case(
 
 /// Alerts each subject unless it was alerted about this signal type within
 /// `window_ms`: claims the window (inserting it, or moving an expired one to this
-/// event), then records the alert of each event that holds its window.
+/// event). An event that holds its window alerted; its record is the window row and the
+/// event's own action outcome.
 async fn apply_alert_customer(
     conn: &mut SqliteConnection,
     targets: &[&ActionTarget],
@@ -577,26 +578,6 @@ async fn apply_alert_customer(
             )) == Some(&t.event_id)
         })
         .collect();
-    let sent: Vec<_> = targets
-        .iter()
-        .zip(&ours)
-        .filter(|(_, ours)| **ours)
-        .map(|(t, _)| t)
-        .collect();
-    if !sent.is_empty() {
-        let mut q = QueryBuilder::<Sqlite>::new(
-            "INSERT INTO alerts (tenant_id, subject_hash, signal_type, event_id, sent_at) ",
-        );
-        q.push_values(sent, |mut row, t| {
-            row.push_bind(t.tenant_id)
-                .push_bind(t.subject_hash.clone())
-                .push_bind(t.signal_type)
-                .push_bind(t.event_id)
-                .push_bind(t.now);
-        });
-        q.push(" ON CONFLICT DO NOTHING");
-        q.build().execute(&mut *conn).await?;
-    }
     Ok(ours.into_iter().map(applied).collect())
 }
 

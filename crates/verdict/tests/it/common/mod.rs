@@ -177,11 +177,15 @@ impl TestDb {
             "account_locks" => "SELECT COUNT(*) FROM account_locks",
             "cases" => "SELECT COUNT(*) FROM cases",
             "case_events" => "SELECT COUNT(*) FROM case_events",
-            "alerts" => "SELECT COUNT(*) FROM alerts",
+            "alert_windows" => "SELECT COUNT(*) FROM alert_windows",
             "ledger_entries" => "SELECT COUNT(*) FROM ledger_entries",
             "denies" => "SELECT COUNT(*) FROM denies",
             "deliveries" => "SELECT COUNT(*) FROM deliveries",
-            "delivery_attempts" => "SELECT COUNT(*) FROM delivery_attempts",
+            // Every attempt: the rows, and the inline ones recorded on their deliveries.
+            "delivery_attempts" => {
+                "SELECT (SELECT COUNT(*) FROM delivery_attempts) \
+                 + (SELECT COUNT(*) FROM deliveries WHERE inline_attempted_at IS NOT NULL)"
+            }
             "playbooks" => "SELECT COUNT(*) FROM playbooks",
             "endpoints" => "SELECT COUNT(*) FROM endpoints",
             other => panic!("no count query for {other}"),

@@ -196,7 +196,7 @@ pub async fn check_exactly_once(
         ("events", db.count("events").await),
         ("account_locks", db.count("account_locks").await),
         ("cases", db.count("cases").await),
-        ("alerts", db.count("alerts").await),
+        ("alert_windows", db.count("alert_windows").await),
         ("denies", db.count("denies").await),
         ("deliveries", db.count("deliveries").await),
     ];
