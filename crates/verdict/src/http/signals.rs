@@ -1,8 +1,10 @@
 //! `POST /v1/signals`: validate, authenticate, then hand over to the ingest pipeline.
 
+use std::sync::LazyLock;
+
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
 
@@ -18,6 +20,16 @@ use crate::store::{KeyGrant, Scope, SecretPurpose, StoredResponse};
 
 /// Largest body accepted.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
+
+// Header names and counters of the replay path, made once: parsing a name or looking a counter
+// up on every request was a measurable part of a replay.
+static IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+static WEBHOOK_ID: HeaderName = HeaderName::from_static("webhook-id");
+static IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+static SIGNALS: LazyLock<metrics::Counter> =
+    LazyLock::new(|| metrics::counter!("verdict_signals_total"));
+static REPLAYS: LazyLock<metrics::Counter> =
+    LazyLock::new(|| metrics::counter!("verdict_replays_total"));
 
 /// Accepts one signal.
 #[utoipa::path(post, path = "/v1/signals", operation_id = "post_signal", tag = "signals",
@@ -72,7 +84,7 @@ pub async fn post_signal(
     })?;
 
     // 4–6. Claim, act, persist.
-    metrics::counter!("verdict_signals_total").increment(1);
+    SIGNALS.increment(1);
     let reply = app
         .ingest
         .run(Inbound {
@@ -98,7 +110,7 @@ pub async fn post_signal(
             stored_response(stored, false)
         }
         Reply::Replayed(stored) => {
-            metrics::counter!("verdict_replays_total").increment(1);
+            REPLAYS.increment(1);
             stored_response(stored, true)
         }
     })
@@ -138,16 +150,16 @@ async fn replay_same_bytes(
     if let Err(limited) = app.rate_limits.admit(tenant) {
         return Some(ApiError::from(limited).into_response());
     }
-    metrics::counter!("verdict_signals_total").increment(1);
-    metrics::counter!("verdict_replays_total").increment(1);
-    Some(stored_response(stored, true))
+    SIGNALS.increment(1);
+    REPLAYS.increment(1);
+    Some(respond(stored.status, Body::from(stored.body), true))
 }
 
 /// The signal's idempotency key: its `Idempotency-Key`, or a Standard Webhooks sender's
 /// `webhook-id` (which the signature covers); when both are sent they must be the same.
 fn signal_key(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, KeyError> {
     let key = idempotency_key(headers)?;
-    let mut ids = headers.get_all("webhook-id").iter();
+    let mut ids = headers.get_all(&WEBHOOK_ID).iter();
     let Some(id) = ids.next() else {
         return Ok(key);
     };
@@ -163,7 +175,7 @@ fn signal_key(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, KeyError> {
 
 /// The request's `Idempotency-Key`, if it has one, checked (sent at most once).
 pub(super) fn idempotency_key(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, KeyError> {
-    let mut values = headers.get_all("idempotency-key").iter();
+    let mut values = headers.get_all(&IDEMPOTENCY_KEY).iter();
     let Some(first) = values.next() else {
         return Ok(None);
     };
@@ -225,22 +237,26 @@ async fn authenticate(
 
 /// A stored response as sent (marked `Idempotent-Replayed: true` when `replayed`).
 pub(super) fn stored_response(stored: StoredResponse, replayed: bool) -> Response {
-    let status = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    respond(stored.status, Body::from(stored.body), replayed)
+}
+
+/// A stored answer's status and body as sent.
+fn respond(status: u16, body: Body, replayed: bool) -> Response {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let content_type = if status.is_success() {
         "application/json"
     } else {
         PROBLEM_JSON
     };
-    let mut response = (
-        status,
-        [(header::CONTENT_TYPE, HeaderValue::from_static(content_type))],
-        stored.body,
-    )
-        .into_response();
+    let mut response = Response::new(body);
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     if replayed {
-        response
-            .headers_mut()
-            .insert("idempotent-replayed", HeaderValue::from_static("true"));
+        headers.insert(
+            IDEMPOTENT_REPLAYED.clone(),
+            HeaderValue::from_static("true"),
+        );
     }
     response
 }

@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use axum::body::Bytes;
 use moka::Expiry;
 use uuid::Uuid;
 
@@ -27,7 +28,9 @@ struct Entry {
     /// SHA-256 of the raw bytes of a request that completed or replayed the key: a retry with
     /// the very same bytes is the same valid payload, so it replays with no parsing at all.
     raw_body: [u8; 32],
-    response: StoredResponse,
+    status: u16,
+    /// The stored response body: a replay hands out a reference to it, not a copy.
+    body: Bytes,
     /// The row's own expiry (unix ms).
     expires_at: i64,
 }
@@ -38,6 +41,13 @@ pub struct Payload {
     pub fingerprint: Vec<u8>,
     /// SHA-256 over the raw bytes.
     pub raw_body: [u8; 32],
+}
+
+/// A completed key's response as a replay of the very same bytes sends it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Replay {
+    pub status: u16,
+    pub body: Bytes,
 }
 
 /// What the cache knows about a key.
@@ -75,7 +85,7 @@ impl CompletedCache {
                 .weigher(|key: &Key, entry: &Arc<Entry>| {
                     let bytes = key.1.len()
                         + entry.fingerprint.len()
-                        + entry.response.body.len()
+                        + entry.body.len()
                         + ENTRY_OVERHEAD_BYTES;
                     u32::try_from(bytes).unwrap_or(u32::MAX)
                 })
@@ -93,7 +103,10 @@ impl CompletedCache {
                 self.entries.invalidate(&key);
                 Cached::Miss
             }
-            Some(e) if e.fingerprint == fingerprint => Cached::Replay(e.response.clone()),
+            Some(e) if e.fingerprint == fingerprint => Cached::Replay(StoredResponse {
+                status: e.status,
+                body: e.body.to_vec(),
+            }),
             Some(_) => Cached::Mismatch,
         }
     }
@@ -105,11 +118,14 @@ impl CompletedCache {
         digest: &[u8],
         raw_body: &[u8; 32],
         now: i64,
-    ) -> Option<StoredResponse> {
+    ) -> Option<Replay> {
         self.entries
             .get(&(tenant, digest.to_vec()))
             .filter(|e| e.expires_at > now && &e.raw_body == raw_body)
-            .map(|e| e.response.clone())
+            .map(|e| Replay {
+                status: e.status,
+                body: e.body.clone(),
+            })
     }
 
     /// Remembers a completed key until the row's `expires_at`.
@@ -125,7 +141,8 @@ impl CompletedCache {
             Arc::new(Entry {
                 fingerprint: payload.fingerprint,
                 raw_body: payload.raw_body,
-                response,
+                status: response.status,
+                body: Bytes::from(response.body),
                 expires_at,
             }),
         );
@@ -170,7 +187,10 @@ mod tests {
         assert_eq!(cache.get(t, &[1], &[8], before), Cached::Mismatch);
         assert_eq!(
             cache.get_by_raw_body(t, &[1], &[9; 32], before),
-            Some(response(1, 1)),
+            Some(Replay {
+                status: 200,
+                body: Bytes::from(vec![1; 1])
+            }),
             "the same bytes replay without parsing"
         );
         assert_eq!(cache.get_by_raw_body(t, &[1], &[8; 32], before), None);

@@ -5,7 +5,7 @@ mod completed_cache;
 mod fingerprint;
 mod key;
 
-pub use completed_cache::{Cached, CompletedCache, DEFAULT_CAPACITY_BYTES, Payload};
+pub use completed_cache::{Cached, CompletedCache, DEFAULT_CAPACITY_BYTES, Payload, Replay};
 pub use fingerprint::{Fingerprint, FingerprintError};
 pub use key::{IdempotencyKey, KeyError};
 
