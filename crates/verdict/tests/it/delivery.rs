@@ -73,17 +73,14 @@ async fn an_inline_attempt_is_recorded_on_its_delivery_and_listed_first(backend:
         .send(&tenant, Some(&new_key()), &sim_swap("+447700900509"))
         .await;
     assert_eq!(reply.status, 200);
-    let mut recorded = 0;
-    for _ in 0..100 {
-        recorded = db
-            .scalar("SELECT COUNT(*) FROM deliveries WHERE inline_attempted_at IS NOT NULL")
-            .await;
-        if recorded == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(recorded, 1, "the inline attempt is on its delivery");
+    // Waits until the API shows the inline attempt's record.
+    delivery_of(&server, &tenant, &reply).await;
+    assert_eq!(
+        db.scalar("SELECT COUNT(*) FROM deliveries WHERE inline_attempted_at IS NOT NULL")
+            .await,
+        1,
+        "the inline attempt is on its delivery"
+    );
     assert_eq!(
         db.scalar("SELECT COUNT(*) FROM delivery_attempts").await,
         0,
