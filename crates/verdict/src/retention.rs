@@ -1,5 +1,6 @@
-//! Retention: what is deleted once it is old enough, besides expired idempotency keys.
+//! Retention: what is deleted once it is old enough.
 //!
+//! - Idempotency keys past their lifetime (24 hours by default).
 //! - Events older than the retention window (90 days by default), with their deliveries, the
 //!   deliveries' attempts; never an event whose delivery is still
 //!   pending (waiting, retrying or leased). An event whose callback is suspended (decided
@@ -15,9 +16,12 @@
 //!   longer sign anyone in; this only keeps the table small).
 //!
 //! Deletes go in batches of [`BATCH`], each its own transaction, so the pruner never holds the
-//! database (SQLite's single writer above all) for long.
+//! database (SQLite's single writer above all) for long. A run does at most a given number of
+//! batches of each kind and says whether it stopped at that bound ([`Progress::More`]); the
+//! server's pruner then runs again at once, so a backlog (ten million rows after a long outage
+//! or a shortened window) is worked off at the database's delete rate, not one run a minute.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::store::StoreError;
 
@@ -41,34 +45,119 @@ pub struct RetentionSettings {
 /// What a run deleted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Pruned {
+    pub idempotency_keys: u64,
     pub events: u64,
     pub deliveries: u64,
     pub delivery_attempts: u64,
     pub playbook_versions: u64,
     pub console_sessions: u64,
+    /// The longest batch's time, the longest the run held the database at once (ms).
+    pub longest_batch_ms: u64,
 }
 
 impl Pruned {
     /// Whether anything was deleted.
     pub fn is_empty(&self) -> bool {
-        *self == Self::default()
+        Self {
+            longest_batch_ms: 0,
+            ..*self
+        } == Self::default()
+    }
+
+    /// Notes one batch's time.
+    fn timed(&mut self, started: Instant) {
+        let ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.longest_batch_ms = self.longest_batch_ms.max(ms);
     }
 }
 
+/// Whether a run left work behind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Progress {
+    /// Nothing past retention is left (that the run could delete).
+    Done,
+    /// The run stopped at its bound of batches with rows still to delete.
+    More,
+}
+
+/// Runs `batch` (which deletes at most [`BATCH`] rows and returns how many) until a batch
+/// comes back short or `max_batches` ran; adds what it deleted to the count `field` picks.
+async fn drain<F, Fut>(
+    max_batches: usize,
+    pruned: &mut Pruned,
+    field: fn(&mut Pruned) -> &mut u64,
+    mut batch: F,
+) -> Result<Progress, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<u64, StoreError>>,
+{
+    for _ in 0..max_batches {
+        let started = Instant::now();
+        let n = batch().await?;
+        pruned.timed(started);
+        *field(pruned) += n;
+        if n < BATCH as u64 {
+            return Ok(Progress::Done);
+        }
+    }
+    Ok(Progress::More)
+}
+
 /// Deletes what is past retention at `now` (unix ms), at most `max_batches` batches of each
-/// kind; a run that stops at the bound leaves the rest to the next.
+/// kind; a run that stops at the bound says so, and leaves the rest to the next.
 pub async fn prune(
     store: &dyn RetentionStore,
     settings: RetentionSettings,
     now: i64,
     max_batches: usize,
-) -> Result<Pruned, StoreError> {
+) -> Result<(Pruned, Progress), StoreError> {
     let window = i64::try_from(settings.events.as_millis()).unwrap_or(i64::MAX);
     let before = now.saturating_sub(window);
     let suspended_before = now.saturating_sub(window.saturating_mul(SUSPENDED_RETENTION_FACTOR));
     let mut pruned = Pruned::default();
+    let keys = drain(
+        max_batches,
+        &mut pruned,
+        |p| &mut p.idempotency_keys,
+        || store.prune_expired_keys(now, BATCH),
+    )
+    .await?;
+    let events = prune_events(store, before, suspended_before, max_batches, &mut pruned).await?;
+    let playbooks = drain(
+        max_batches,
+        &mut pruned,
+        |p| &mut p.playbook_versions,
+        || store.prune_playbooks(KEEP_PLAYBOOK_VERSIONS, BATCH),
+    )
+    .await?;
+    let sessions = drain(
+        max_batches,
+        &mut pruned,
+        |p| &mut p.console_sessions,
+        || store.prune_console_sessions(now, BATCH),
+    )
+    .await?;
+    let progress = if [keys, events, playbooks, sessions].contains(&Progress::More) {
+        Progress::More
+    } else {
+        Progress::Done
+    };
+    Ok((pruned, progress))
+}
+
+/// Events past retention, with their deliveries and attempts, in batches.
+async fn prune_events(
+    store: &dyn RetentionStore,
+    before: i64,
+    suspended_before: i64,
+    max_batches: usize,
+    pruned: &mut Pruned,
+) -> Result<Progress, StoreError> {
     for _ in 0..max_batches {
+        let started = Instant::now();
         let batch = store.prune_events(before, suspended_before, BATCH).await?;
+        pruned.timed(started);
         pruned.events += batch.events;
         pruned.deliveries += batch.deliveries;
         pruned.delivery_attempts += batch.attempts;
@@ -76,22 +165,8 @@ pub async fn prune(
         // only to keep them all (a delivery turned pending meanwhile) also ends the run, so
         // kept events are not selected again and again.
         if batch.selected < BATCH as u64 || batch.events == 0 {
-            break;
+            return Ok(Progress::Done);
         }
     }
-    for _ in 0..max_batches {
-        let n = store.prune_playbooks(KEEP_PLAYBOOK_VERSIONS, BATCH).await?;
-        pruned.playbook_versions += n;
-        if n < BATCH as u64 {
-            break;
-        }
-    }
-    for _ in 0..max_batches {
-        let n = store.prune_console_sessions(now, BATCH).await?;
-        pruned.console_sessions += n;
-        if n < BATCH as u64 {
-            break;
-        }
-    }
-    Ok(pruned)
+    Ok(Progress::More)
 }

@@ -193,11 +193,12 @@ pub async fn work(config: &Config, delivery: DeliverySettings, once: bool) -> an
     Ok(())
 }
 
-/// Batches of each kind a pruning tick deletes at most: a backlog (the first start after a
-/// long retention) is worked off over several ticks instead of holding the database.
-const PRUNE_BATCHES_PER_TICK: usize = 20;
+/// Batches of each kind one pruning run deletes at most before it reports and checks for
+/// shutdown; a run that stops there with a backlog left is followed at once by another.
+const PRUNE_BATCHES_PER_RUN: usize = 20;
 
-/// Deletes expired idempotency keys and what is past retention, on a schedule.
+/// Deletes expired idempotency keys and what is past retention, on a schedule; a backlog is
+/// worked off run after run, each batch its own short transaction, until none is left.
 async fn prune(
     store: Arc<dyn RetentionStore>,
     every: Duration,
@@ -210,21 +211,34 @@ async fn prune(
             _ = stop.cancelled() => return,
             _ = ticker.tick() => {}
         }
-        match store.prune_expired_keys(now_ms()).await {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(pruned = n, "pruned expired idempotency keys"),
-            Err(err) => tracing::warn!(error = %err, "pruning expired keys failed"),
-        }
-        match retention::prune(&*store, retention, now_ms(), PRUNE_BATCHES_PER_TICK).await {
-            Ok(p) if p.is_empty() => {}
-            Ok(p) => tracing::info!(
-                events = p.events,
-                deliveries = p.deliveries,
-                delivery_attempts = p.delivery_attempts,
-                playbook_versions = p.playbook_versions,
-                "pruned past retention"
-            ),
-            Err(err) => tracing::warn!(error = %err, "pruning past retention failed"),
+        loop {
+            let run = retention::prune(&*store, retention, now_ms(), PRUNE_BATCHES_PER_RUN);
+            let progress = tokio::select! {
+                _ = stop.cancelled() => return,
+                run = run => match run {
+                    Ok((p, progress)) => {
+                        if !p.is_empty() {
+                            tracing::info!(
+                                idempotency_keys = p.idempotency_keys,
+                                events = p.events,
+                                deliveries = p.deliveries,
+                                delivery_attempts = p.delivery_attempts,
+                                playbook_versions = p.playbook_versions,
+                                longest_batch_ms = p.longest_batch_ms,
+                                "pruned past retention"
+                            );
+                        }
+                        progress
+                    }
+                    Err(err) => {
+                        tracing::warn!(error = ?err, "pruning past retention failed");
+                        retention::Progress::Done
+                    }
+                },
+            };
+            if progress == retention::Progress::Done {
+                break;
+            }
         }
     }
 }

@@ -175,11 +175,8 @@ async fn run_prune(config: &Config, retention: RetentionSettings) -> anyhow::Res
         .await
         .context("connecting to the database")?;
     let now = crate::clock::now_ms();
-    let keys = store.prune_expired_keys(now).await?;
-    let pruned = crate::retention::prune(&*store, retention, now, usize::MAX).await?;
-    let mut out = serde_json::to_value(pruned)?;
-    out["idempotency_keys"] = keys.into();
-    println!("{out}");
+    let (pruned, _) = crate::retention::prune(&*store, retention, now, usize::MAX).await?;
+    println!("{}", serde_json::to_value(pruned)?);
     Ok(())
 }
 

@@ -58,6 +58,11 @@ pub(crate) trait SqlDb: Database + sealed::Sealed + super::actions::KeyList {
     const MULTI_STATEMENT: bool;
     /// Rows a statement changed.
     fn rows_affected(done: &Self::QueryResult) -> u64;
+    /// The column that addresses a row physically: `ctid` on PostgreSQL, `rowid` on SQLite.
+    const ROW_ADDRESS: &'static str;
+    /// A condition that holds for the rows whose addresses `subquery` selects, found by address
+    /// (a TID scan on PostgreSQL) rather than by a key's index.
+    fn address_in(subquery: &str) -> String;
 }
 
 /// Runs what `q` holds, if anything, and empties it for the next statements.

@@ -282,21 +282,33 @@ where
     for<'e> Option<&'e str>: Encode<'e, DB>,
     for<'e> &'e [u8]: Encode<'e, DB> + Type<DB>,
 {
-    let mut q = sqlx::QueryBuilder::<DB>::new(
-        "DELETE FROM delivery_attempts WHERE delivery_id IN (SELECT id FROM deliveries \
-         WHERE status <> 'pending' AND event_id IN ",
-    );
-    push_ids(&mut q, events);
-    q.push(")");
-    let attempts = DB::rows_affected(&q.build().execute(&mut *conn).await?);
+    // The deliveries first: a writer that holds one (a resolution settling it) is waited
+    // out, and the attempts' own statement, with a snapshot of its own, then sees the attempt
+    // that writer committed. No foreign key keeps attempts from outliving their delivery
+    // (postgres/0028): this order does.
     let mut q = sqlx::QueryBuilder::<DB>::new(
         "DELETE FROM deliveries WHERE status <> 'pending' AND event_id IN ",
     );
     push_ids(&mut q, events);
-    q.push(" RETURNING CAST(CASE WHEN inline_attempted_at IS NULL THEN 0 ELSE 1 END AS BIGINT)");
-    let inline: Vec<i64> = q.build_query_scalar().fetch_all(&mut *conn).await?;
-    let deliveries = inline.len() as u64;
-    let attempts = attempts + inline.iter().sum::<i64>().unsigned_abs();
+    q.push(
+        " RETURNING id, CAST(CASE WHEN inline_attempted_at IS NULL THEN 0 ELSE 1 END AS BIGINT)",
+    );
+    let gone: Vec<(Uuid, i64)> = q.build_query_as().fetch_all(&mut *conn).await?;
+    if gone.is_empty() {
+        return Ok((0, 0));
+    }
+    let ids: Vec<Uuid> = gone.iter().map(|(id, _)| *id).collect();
+    let mut q =
+        sqlx::QueryBuilder::<DB>::new("DELETE FROM delivery_attempts WHERE delivery_id IN ");
+    push_ids(&mut q, &ids);
+    let rows = DB::rows_affected(&q.build().execute(&mut *conn).await?);
+    let deliveries = gone.len() as u64;
+    let attempts = rows
+        + gone
+            .iter()
+            .map(|(_, inline)| *inline)
+            .sum::<i64>()
+            .unsigned_abs();
     Ok((deliveries, attempts))
 }
 

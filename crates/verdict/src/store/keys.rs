@@ -178,8 +178,8 @@ pub trait KeyStore {
         lock_token: Uuid,
         response: &StoredResponse,
     ) -> Result<(), StoreError>;
-    /// Deletes keys whose lifetime ended; returns how many.
-    async fn prune_expired_keys(&self, now: i64) -> Result<u64, StoreError>;
+    /// Deletes up to `limit` keys whose lifetime ended, soonest-expired first; returns how many.
+    async fn prune_expired_keys(&self, now: i64, limit: i64) -> Result<u64, StoreError>;
     /// Completes a dispatched signal once its connector calls answered, in one transaction:
     /// its event's action outcomes (`actions`, JSON) and, when it has a key whose lock is
     /// still `held`'s, the key with its final response.
@@ -481,9 +481,25 @@ where
         Ok(())
     }
 
-    async fn prune_expired_keys(&self, now: i64) -> Result<u64, crate::store::StoreError> {
-        let done = sqlx::query("DELETE FROM idempotency_keys WHERE expires_at <= $1")
+    async fn prune_expired_keys(
+        &self,
+        now: i64,
+        limit: i64,
+    ) -> Result<u64, crate::store::StoreError> {
+        // Bounded, so one statement never holds the writer (SQLite's only one) for long however
+        // many keys expired at once; `idempotency_keys_by_expiry` finds them and their
+        // addresses find the rows, not a probe of the random-ordered primary key each.
+        let sql = format!(
+            "DELETE FROM idempotency_keys WHERE {}",
+            DB::address_in(&format!(
+                "SELECT {} FROM idempotency_keys WHERE expires_at <= $1 \
+                 ORDER BY expires_at LIMIT $2",
+                DB::ROW_ADDRESS
+            ))
+        );
+        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(now)
+            .bind(limit)
             .execute(self.write())
             .await?;
         Ok(DB::rows_affected(&done))

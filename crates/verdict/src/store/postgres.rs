@@ -319,6 +319,14 @@ impl super::backend::SqlDb for Postgres {
     fn rows_affected(done: &sqlx::postgres::PgQueryResult) -> u64 {
         done.rows_affected()
     }
+
+    const ROW_ADDRESS: &'static str = "ctid";
+
+    fn address_in(subquery: &str) -> String {
+        // `ctid IN (…)` joins; `= ANY (ARRAY(…))` is a TID scan. A row updated meanwhile has
+        // moved, so it is left alone, as a fresh look at its columns would require.
+        format!("ctid = ANY (ARRAY({subquery}))")
+    }
 }
 
 impl super::backend::Backend for PostgresStore {

@@ -274,8 +274,51 @@ async fn playbook_versions_beyond_the_newest_50_go_unless_an_event_names_them(ba
     assert_eq!(db.scalar("SELECT COUNT(*) FROM playbooks").await, 50);
 }
 
+async fn a_backlog_past_one_runs_bound_is_pruned_without_waiting_for_the_next_tick(
+    backend: Backend,
+) {
+    let db = TestDb::new(backend).await;
+    let tenant = db.tenant(&[]);
+    {
+        let server = Server::start(&db, &quiet_pruner());
+        let reply = server
+            .send(&tenant, Some(&new_key()), &sim_swap("+447700900931"))
+            .await;
+        assert_eq!(reply.status, 200);
+    }
+    // 12,000 expired copies of its key: more than one run's 20 batches of 500.
+    let digest = match backend {
+        Backend::Postgres => "int8send(n.i)",
+        Backend::Sqlite => "CAST(n.i AS BLOB)",
+    };
+    let seeded = db
+        .exec(format!(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 12000) \
+             INSERT INTO idempotency_keys (tenant_id, endpoint, key_digest, fingerprint, state, \
+                event_id, lock_token, locked_until, action_results, response_status, \
+                response_body, created_at, expires_at, ruling) \
+             SELECT k.tenant_id, k.endpoint, {digest}, k.fingerprint, k.state, k.event_id, \
+                k.lock_token, k.locked_until, k.action_results, k.response_status, \
+                k.response_body, k.created_at, n.i, k.ruling FROM idempotency_keys k, n"
+        ))
+        .await;
+    assert_eq!(seeded, 12_000);
+
+    // The first run is at start; the next tick is an hour away.
+    let server = Server::start(&db, &quiet_pruner());
+    for _ in 0..200 {
+        if db.count("idempotency_keys").await == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(db.count("idempotency_keys").await, 1, "the live key stays");
+    assert!(server.logged("pruned past retention").await);
+}
+
 on_both_backends!(
     events_past_retention_go_with_their_deliveries_but_never_a_pending_one,
+    a_backlog_past_one_runs_bound_is_pruned_without_waiting_for_the_next_tick,
     the_servers_pruner_applies_the_configured_retention,
     a_suspended_callback_keeps_its_event_past_retention_but_not_past_twice_it,
     playbook_versions_beyond_the_newest_50_go_unless_an_event_names_them,

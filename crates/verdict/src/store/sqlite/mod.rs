@@ -174,6 +174,12 @@ impl super::backend::SqlDb for Sqlite {
     fn rows_affected(done: &sqlx::sqlite::SqliteQueryResult) -> u64 {
         done.rows_affected()
     }
+
+    const ROW_ADDRESS: &'static str = "rowid";
+
+    fn address_in(subquery: &str) -> String {
+        format!("rowid IN ({subquery})")
+    }
 }
 
 impl super::backend::Backend for SqliteStore {
