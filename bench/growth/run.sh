@@ -1,5 +1,6 @@
 # The growth scenarios, sourced by scripts/bench (it uses that script's wrk_run, record, log, die,
-# free_port, wait_started, cpu_ticks, wal_lsn and its WORK, BIN, CALLBACK_URL, PIDS, PG_DBS).
+# launch_server, check_stored, json_field, cpu_ticks, wal_lsn and its WORK, BIN, CALLBACK_URL,
+# PIDS, PG_DBS).
 #
 # Two PostgreSQL databases, each with one tenant whose callback goes to the bench's nginx:
 #   empty  nothing but the tenant;
@@ -32,20 +33,14 @@ growth_db() {
     GROWTH_URL="postgres://$PGUSER@$PGHOST:$PGPORT/$1"
     GROWTH_KEY=$(VERDICT_DATABASE_URL=$GROWTH_URL VERDICT_MASTER_KEY=$MASTER_KEY VERDICT_ALLOW_PRIVATE_DESTINATIONS=1 \
         "$BIN" tenant create --name bench-growth --no-inbound-signature --callback-url "$CALLBACK_URL" --json |
-        python3 -c 'import json, sys; print(json.load(sys.stdin)["api_key"])')
+        json_field api_key)
 }
 
-# growth_serve URL LOG: starts a server on database URL; sets GROWTH_PID and GROWTH_BASE.
+# growth_serve URL LOG: starts a server on database URL, its pruner ticking every second; sets
+# GROWTH_PID and GROWTH_BASE.
 growth_serve() {
-    local port
-    port=$(free_port)
-    GROWTH_BASE="http://127.0.0.1:$port"
-    env -u FAILPOINTS VERDICT_DATABASE_URL="$1" VERDICT_MASTER_KEY="$MASTER_KEY" VERDICT_ALLOW_PRIVATE_DESTINATIONS=1 \
-        VERDICT_RATE_LIMIT_PER_TENANT=0 VERDICT_PRUNE_INTERVAL_SECS=1 \
-        "$BIN" serve --listen "127.0.0.1:$port" >"$2" 2>&1 &
-    GROWTH_PID=$!
-    PIDS+=("$GROWTH_PID")
-    BACKEND=postgres wait_started "$GROWTH_BASE" "$GROWTH_PID" "$2"
+    launch_server "$1" "$2" VERDICT_PRUNE_INTERVAL_SECS=1
+    GROWTH_PID=$LAUNCHED_PID GROWTH_BASE=$LAUNCHED_BASE
 }
 
 # n_tup DB: "inserted deleted" rows of events, as the statistics collector counts them.
@@ -77,9 +72,7 @@ growth_run() {
     sleep 1 # the server's backends flush their counts as they exit
     read -r ins1 del1 <<<"$(events_tup "$db")"
     local added=$((ins1 - ins0))
-    if [ "$added" -lt "$BENCH_requests" ] || [ "$added" -gt "$BENCH_started" ]; then
-        die "$scenario $side round $round: $added events stored for $BENCH_requests completed requests"
-    fi
+    check_stored "$scenario $side round $round" "$added"
     [ "$side" = floor ] && GROWTH_LAST_EMPTY_STORED=$added
     local cpu
     cpu=$(awk -v t=$((after_cpu - before_cpu)) -v hz="$CLK_TCK" -v n="$BENCH_requests" \

@@ -211,34 +211,43 @@ async fn prune(
             _ = stop.cancelled() => return,
             _ = ticker.tick() => {}
         }
+        // A run that stopped at its bound with rows left is followed by another at once, so a
+        // backlog is worked off without waiting for the next tick.
         loop {
-            let run = retention::prune(&*store, retention, now_ms(), PRUNE_BATCHES_PER_RUN);
             let progress = tokio::select! {
                 _ = stop.cancelled() => return,
-                run = run => match run {
-                    Ok((p, progress)) => {
-                        if !p.is_empty() {
-                            tracing::info!(
-                                idempotency_keys = p.idempotency_keys,
-                                events = p.events,
-                                deliveries = p.deliveries,
-                                delivery_attempts = p.delivery_attempts,
-                                playbook_versions = p.playbook_versions,
-                                longest_batch_ms = p.longest_batch_ms,
-                                "pruned past retention"
-                            );
-                        }
-                        progress
-                    }
-                    Err(err) => {
-                        tracing::warn!(error = ?err, "pruning past retention failed");
-                        retention::Progress::Done
-                    }
-                },
+                progress = prune_run(&*store, retention) => progress,
             };
             if progress == retention::Progress::Done {
                 break;
             }
+        }
+    }
+}
+
+/// One bounded pruning run, logged; a failed one is retried at the next tick.
+async fn prune_run(
+    store: &dyn RetentionStore,
+    retention: RetentionSettings,
+) -> retention::Progress {
+    match retention::prune(store, retention, now_ms(), PRUNE_BATCHES_PER_RUN).await {
+        Ok((pruned, progress)) => {
+            if !pruned.is_empty() {
+                tracing::info!(
+                    idempotency_keys = pruned.idempotency_keys,
+                    events = pruned.events,
+                    deliveries = pruned.deliveries,
+                    delivery_attempts = pruned.delivery_attempts,
+                    playbook_versions = pruned.playbook_versions,
+                    longest_batch_ms = pruned.longest_batch_ms,
+                    "pruned past retention"
+                );
+            }
+            progress
+        }
+        Err(err) => {
+            tracing::warn!(error = ?err, "pruning past retention failed");
+            retention::Progress::Done
         }
     }
 }
