@@ -2,6 +2,7 @@
 //! the crate, so any module may import it without making a cycle.
 
 pub mod action;
+pub mod answer;
 pub mod connector;
 pub mod decision;
 pub mod delivery;
@@ -13,6 +14,7 @@ pub mod signal;
 pub mod time;
 
 pub use action::{ActionKind, ActionResult, Applied, Outcome, UnknownAction};
+pub use answer::SignalAnswer;
 pub use connector::{
     ConnectorKind, ConnectorName, Guarantee, InvalidConnectorName, MAX_CONNECTOR_NAME_CHARS,
     MatchAttribute, UnknownConnectorValue,

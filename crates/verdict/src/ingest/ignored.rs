@@ -299,6 +299,7 @@ impl Render for IgnoredDraft {
             },
             key_state: crate::domain::KeyState::Completed,
             locked_until: 0,
+            answer_in_event: false,
         }
     }
 

@@ -6,7 +6,7 @@ use uuid::Uuid;
 
 use super::{Decided, DecisionRecord, Inbound};
 use crate::clock::{now_ms, to_ms};
-use crate::domain::{ActionKind, ActionResult, Applied, Feed, KeyState, Outcome};
+use crate::domain::{ActionKind, ActionResult, Applied, Feed, KeyState, Outcome, SignalAnswer};
 use crate::secrets::hex;
 use crate::store::{ActOutcome, ActionTarget, Finished, NewEvent, Render, StoredResponse};
 
@@ -152,11 +152,30 @@ impl Render for Draft {
         let metadata_in_callback =
             outcome.callback == Some(Applied::Done) && !self.metadata.is_empty();
         let actions = json(&record.actions);
-        let body = SignalResponse {
+        let body = json(&SignalResponse {
             event_id: self.event_id,
             subject_hash: hex(&self.subject_hash),
             record,
+        })
+        .into_bytes();
+        let key_state = if outcome.requests.is_empty() {
+            KeyState::Completed
+        } else {
+            KeyState::Dispatched
         };
+        // A completed key keeps no copy of an answer its event reproduces. A dispatched one
+        // keeps its bytes: its event's outcomes change when the calls answer.
+        let answer_in_event = key_state == KeyState::Completed
+            && SignalAnswer {
+                event_id: self.event_id,
+                subject_hash: &self.subject_hash,
+                decision: self.decided.decision,
+                playbook_version: self.decided.playbook_version,
+                rule: &self.decided.rule,
+                actions: &actions,
+            }
+            .render()
+            .is_ok_and(|rendered| rendered == body);
         Finished {
             event: NewEvent {
                 id: self.event_id,
@@ -181,16 +200,10 @@ impl Render for Draft {
                 feed: self.feed,
                 signal_key: self.signal_key.clone(),
             },
-            response: StoredResponse {
-                status: 200,
-                body: json(&body).into_bytes(),
-            },
-            key_state: if outcome.requests.is_empty() {
-                KeyState::Completed
-            } else {
-                KeyState::Dispatched
-            },
+            response: StoredResponse { status: 200, body },
+            key_state,
             locked_until: self.lock_until,
+            answer_in_event,
         }
     }
 }

@@ -11,6 +11,7 @@ use uuid::Uuid;
 use super::StoreError;
 use super::backend::{Backend, SqlDb};
 pub use crate::domain::KeyState;
+use crate::domain::SignalAnswer;
 
 /// The primary key of an idempotency row.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -89,6 +90,42 @@ pub struct ExistingKey {
     pub response_status: Option<i32>,
     pub response_body: Option<Vec<u8>>,
     pub expires_at: i64,
+    /// Its event's columns, read only for a completed key that keeps no response bytes: its
+    /// answer is rendered from them ([`SignalAnswer`]).
+    pub event_subject_hash: Option<Vec<u8>>,
+    pub event_decision: Option<String>,
+    pub event_playbook_version: Option<i64>,
+    pub event_rule: Option<String>,
+    pub event_actions: Option<String>,
+}
+
+impl ExistingKey {
+    /// The answer a completed key without response bytes replays: its event's 200.
+    fn answer_from_event(&self) -> Result<Vec<u8>, StoreError> {
+        let (Some(subject_hash), Some(decision), Some(playbook_version), Some(rule), Some(actions)) = (
+            &self.event_subject_hash,
+            &self.event_decision,
+            self.event_playbook_version,
+            &self.event_rule,
+            &self.event_actions,
+        ) else {
+            return Err(StoreError::Corrupt(
+                "a completed key without a response has no event".into(),
+            ));
+        };
+        SignalAnswer {
+            event_id: self.event_id,
+            subject_hash,
+            decision: decision
+                .parse()
+                .map_err(|e| StoreError::Corrupt(Box::new(e)))?,
+            playbook_version,
+            rule,
+            actions,
+        }
+        .render()
+        .map_err(|e| StoreError::Corrupt(Box::new(e)))
+    }
 }
 
 /// What to do about a row a claim found; shared by both backends so they judge alike.
@@ -120,10 +157,14 @@ pub fn judge(row: ExistingKey, fingerprint: &[u8], now: i64) -> Result<Judgement
         .map_err(|e| StoreError::Corrupt(Box::new(e)))?;
     Ok(match state {
         KeyState::Completed => {
-            let (Some(status), Some(body)) = (row.response_status, row.response_body) else {
+            let Some(status) = row.response_status else {
                 return Err(StoreError::Corrupt(
                     "a completed key has no response".into(),
                 ));
+            };
+            let body = match row.response_body {
+                Some(body) => body,
+                None => row.answer_from_event()?,
             };
             Judgement::Final(ClaimOutcome::Completed {
                 response: StoredResponse {
@@ -273,10 +314,14 @@ where
     for<'e> &'e [u8]: Encode<'e, DB> + Type<DB>,
 {
     sqlx::query_as(
-        "SELECT fingerprint, state, event_id, lock_token, locked_until, ruling, \
-         action_results, response_status, response_body, expires_at \
-         FROM idempotency_keys \
-         WHERE tenant_id = $1 AND endpoint = $2 AND key_digest = $3",
+        "SELECT k.fingerprint, k.state, k.event_id, k.lock_token, k.locked_until, k.ruling, \
+         k.action_results, k.response_status, k.response_body, k.expires_at, \
+         e.subject_hash AS event_subject_hash, e.decision AS event_decision, \
+         e.playbook_version AS event_playbook_version, e.rule AS event_rule, \
+         e.actions AS event_actions \
+         FROM idempotency_keys k \
+         LEFT JOIN events e ON k.response_body IS NULL AND e.id = k.event_id \
+         WHERE k.tenant_id = $1 AND k.endpoint = $2 AND k.key_digest = $3",
     )
     .bind(key.tenant_id)
     .bind(key.endpoint)

@@ -54,6 +54,16 @@ pub struct Finished {
     pub key_state: KeyState,
     /// Until when a dispatched key's lock protects the request finishing it (unix ms).
     pub locked_until: i64,
+    /// Whether the response is its event's 200 as `SignalAnswer` renders it from the event's
+    /// row: the key then stores no bytes of its own, and a replay renders them again.
+    pub answer_in_event: bool,
+}
+
+impl Finished {
+    /// The response bytes its key row stores: none when they are rendered from the event.
+    pub fn stored_body(&self) -> Option<Vec<u8>> {
+        (!self.answer_in_event).then(|| self.response.body.clone())
+    }
 }
 
 /// What an act stores, built from its effects' outcomes inside its commit: the caller's part

@@ -33,6 +33,39 @@ async fn completed_key_replays_status_and_body_with_replayed_header(backend: Bac
     assert_eq!(db.count("events").await, 1);
 }
 
+async fn a_completed_key_keeps_no_copy_of_its_answer_and_another_instance_replays_it(
+    backend: Backend,
+) {
+    let db = TestDb::new(backend).await;
+    let tenant = db.tenant(&["--callback-url", common::UNUSED_CALLBACK]);
+    let server = Server::start(&db, &[]);
+    let key = new_key();
+    let body = sim_swap("+447700900031");
+    let first = server.send(&tenant, Some(&key), &body).await;
+    assert_eq!(first.status, 200, "{}", first.text());
+
+    // The answer is its event's: the key row keeps neither its bytes nor the decision its
+    // event holds.
+    assert_eq!(
+        db.scalar(
+            "SELECT COUNT(*) FROM idempotency_keys WHERE state = 'completed' \
+             AND response_status = 200 AND response_body IS NULL AND ruling IS NULL"
+        )
+        .await,
+        1
+    );
+    // Another instance has no cached answer: it renders it from the event, byte for byte.
+    let other = Server::start(&db, &[]);
+    let replay = other.send(&tenant, Some(&key), &body).await;
+    assert_eq!(replay.status, 200, "{}", replay.text());
+    assert!(replay.replayed());
+    assert_eq!(
+        replay.body, first.body,
+        "a replay is byte for byte the answer"
+    );
+    assert_eq!(db.count("events").await, 1);
+}
+
 async fn retry_with_other_body_gets_422(backend: Backend) {
     let db = TestDb::new(backend).await;
     let tenant = db.tenant(&[]);
@@ -618,6 +651,7 @@ async fn sigterm_finishes_the_request_in_flight_before_exiting(backend: Backend)
 on_both_backends!(
     sigterm_finishes_the_request_in_flight_before_exiting,
     completed_key_replays_status_and_body_with_replayed_header,
+    a_completed_key_keeps_no_copy_of_its_answer_and_another_instance_replays_it,
     retry_with_other_body_gets_422,
     in_flight_key_gets_409_with_retry_after_then_the_result,
     abandoned_in_flight_key_is_taken_over_after_the_lock_expires,

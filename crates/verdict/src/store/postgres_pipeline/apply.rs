@@ -124,6 +124,7 @@ WITH claim_in AS (
     -- Completed, or dispatched (still locked) while the act's connector calls are out.
     UPDATE idempotency_keys k SET state = responses.state, response_status = responses.status,
         response_body = responses.body,
+        ruling = CASE WHEN responses.state = 'completed' THEN NULL ELSE k.ruling END,
         lock_token = CASE WHEN responses.state = 'completed' THEN NULL ELSE k.lock_token END,
         locked_until = CASE WHEN responses.state = 'completed' THEN 0
             ELSE responses.locked_until END

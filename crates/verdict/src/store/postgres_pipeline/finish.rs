@@ -21,6 +21,7 @@ WITH event_ins AS (
 )
 UPDATE idempotency_keys k SET state = v.state, response_status = v.status,
     response_body = v.body,
+    ruling = CASE WHEN v.state = 'completed' THEN NULL ELSE k.ruling END,
     lock_token = CASE WHEN v.state = 'completed' THEN NULL ELSE k.lock_token END,
     locked_until = CASE WHEN v.state = 'completed' THEN 0 ELSE v.locked_until END
 FROM {v}

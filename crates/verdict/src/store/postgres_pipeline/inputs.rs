@@ -52,12 +52,16 @@ impl Row for ClaimIn<'_> {
             Col::Int8("locked_until", |c| c.claim.locked_until),
             Col::Int8("now", |c| c.claim.now),
             Col::Int8("expires_at", |c| c.claim.expires_at),
-            Col::Text("ruling", |c| c.claim.ruling.clone()),
+            // The decision is kept for a claim's recovery while in flight; one inserted with
+            // its act never is, and its event holds the decision.
+            Col::OptText("ruling", |c| {
+                c.act.is_none().then(|| c.claim.ruling.clone())
+            }),
             Col::OptInt4("act", |c| c.act.map(|(i, _)| i)),
             Col::OptInt4("status", |c| {
                 c.act.map(|(_, f)| i32::from(f.response.status))
             }),
-            Col::OptBytes("body", |c| c.act.map(|(_, f)| f.response.body.clone())),
+            Col::OptBytes("body", |c| c.act.and_then(|(_, f)| f.stored_body())),
             // `completed`, or `dispatched` (locked until then) for an act with connector calls.
             Col::OptStr("state", |c| c.act.map(|(_, f)| f.key_state.as_str())),
             Col::Int8("act_locked_until", |c| {
@@ -169,7 +173,7 @@ impl Row for Completion<'_> {
             Col::Bytes("key_digest", |c| c.held.key.digest.clone()),
             Col::Uuid("lock_token", |c| c.held.lock_token),
             Col::Int4("status", |c| i32::from(c.finished.response.status)),
-            Col::Bytes("body", |c| c.finished.response.body.clone()),
+            Col::OptBytes("body", |c| c.finished.stored_body()),
             Col::Str("state", |c| c.finished.key_state.as_str()),
             Col::Int8("locked_until", |c| c.finished.locked_until),
         ]
@@ -213,7 +217,7 @@ impl Row for Settling<'_> {
     fn columns() -> Vec<Col<Self>> {
         vec![
             Col::Int4("status", |s| i32::from(s.0.response.status)),
-            Col::Bytes("body", |s| s.0.response.body.clone()),
+            Col::OptBytes("body", |s| s.0.stored_body()),
             Col::Str("state", |s| s.0.key_state.as_str()),
             Col::Int8("locked_until", |s| s.0.locked_until),
         ]

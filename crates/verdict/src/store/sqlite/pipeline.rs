@@ -245,6 +245,7 @@ fn push_complete_keys(q: &mut QueryBuilder<Sqlite>, done: &[(&HeldKey, &Finished
     q.push(
         "UPDATE idempotency_keys SET state = v.column7, response_status = v.column5, \
          response_body = v.column6, \
+         ruling = CASE WHEN v.column7 = 'completed' THEN NULL ELSE ruling END, \
          lock_token = CASE WHEN v.column7 = 'completed' THEN NULL ELSE lock_token END, \
          locked_until = CASE WHEN v.column7 = 'completed' THEN 0 ELSE v.column8 END FROM (",
     );
@@ -254,7 +255,7 @@ fn push_complete_keys(q: &mut QueryBuilder<Sqlite>, done: &[(&HeldKey, &Finished
             .push_bind(h.key.digest.clone())
             .push_bind(h.lock_token)
             .push_bind(i32::from(finished.response.status))
-            .push_bind(finished.response.body.clone())
+            .push_bind(finished.stored_body())
             .push_bind(finished.key_state.as_str())
             .push_bind(finished.locked_until);
     });
