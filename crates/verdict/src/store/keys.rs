@@ -90,8 +90,9 @@ pub struct ExistingKey {
     pub response_status: Option<i32>,
     pub response_body: Option<Vec<u8>>,
     pub expires_at: i64,
-    /// Its event's columns, read only for a completed key that keeps no response bytes: its
-    /// answer is rendered from them ([`SignalAnswer`]).
+    /// Its event's columns where the key keeps no response bytes (NULL where it does, or
+    /// where its event is not stored yet): a completed key's answer is rendered from them
+    /// ([`SignalAnswer`]).
     pub event_subject_hash: Option<Vec<u8>>,
     pub event_decision: Option<String>,
     pub event_playbook_version: Option<i64>,
