@@ -152,30 +152,32 @@ impl Render for Draft {
         let metadata_in_callback =
             outcome.callback == Some(Applied::Done) && !self.metadata.is_empty();
         let actions = json(&record.actions);
-        let body = json(&SignalResponse {
-            event_id: self.event_id,
-            subject_hash: hex(&self.subject_hash),
-            record,
-        })
-        .into_bytes();
         let key_state = if outcome.requests.is_empty() {
             KeyState::Completed
         } else {
             KeyState::Dispatched
         };
-        // A completed key keeps no copy of an answer its event reproduces. A dispatched one
-        // keeps its bytes: its event's outcomes change when the calls answer.
-        let answer_in_event = key_state == KeyState::Completed
-            && SignalAnswer {
+        // Rendered from the event's columns, so a completed key keeps no copy of it (a replay
+        // renders it again). A dispatched key keeps its bytes: its event's outcomes change
+        // when the calls answer.
+        let answer = SignalAnswer {
+            event_id: self.event_id,
+            subject_hash: &self.subject_hash,
+            decision: self.decided.decision,
+            playbook_version: self.decided.playbook_version,
+            rule: &self.decided.rule,
+            actions: &actions,
+        }
+        .render();
+        let answer_in_event = key_state == KeyState::Completed && answer.is_ok();
+        let body = answer.unwrap_or_else(|_| {
+            json(&SignalResponse {
                 event_id: self.event_id,
-                subject_hash: &self.subject_hash,
-                decision: self.decided.decision,
-                playbook_version: self.decided.playbook_version,
-                rule: &self.decided.rule,
-                actions: &actions,
-            }
-            .render()
-            .is_ok_and(|rendered| rendered == body);
+                subject_hash: hex(&self.subject_hash),
+                record,
+            })
+            .into_bytes()
+        });
         Finished {
             event: NewEvent {
                 id: self.event_id,
@@ -212,4 +214,50 @@ impl Render for Draft {
 /// failing `Serialize` impls.
 pub(super) fn json<T: Serialize>(value: &T) -> String {
     serde_json::to_string(value).expect("serialising owned JSON-safe values cannot fail")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::Decision;
+
+    #[test]
+    fn the_answer_rendered_from_the_event_is_the_signal_response_byte_for_byte() {
+        let record = DecisionRecord {
+            decision: Decision::StepUp,
+            playbook_version: 7,
+            rule: "recent \"port\" out".into(),
+            actions: vec![
+                ActionResult {
+                    action: ActionKind::Deny,
+                    outcome: Outcome::Failed("not applied: é".into()),
+                    connector: None,
+                },
+                ActionResult {
+                    action: ActionKind::Callback,
+                    outcome: Outcome::Pending,
+                    connector: Some("cases".parse().unwrap()),
+                },
+            ],
+        };
+        let event_id = Uuid::now_v7();
+        let subject_hash = [0x0f_u8, 0xa0, 0x42];
+        let actions = json(&record.actions);
+        let rendered = SignalAnswer {
+            event_id,
+            subject_hash: &subject_hash,
+            decision: record.decision,
+            playbook_version: record.playbook_version,
+            rule: &record.rule,
+            actions: &actions,
+        }
+        .render()
+        .unwrap();
+        let response = SignalResponse {
+            event_id,
+            subject_hash: hex(&subject_hash),
+            record,
+        };
+        assert_eq!(rendered, json(&response).into_bytes());
+    }
 }
