@@ -7,6 +7,7 @@ pub mod connector;
 pub mod decision;
 pub mod delivery;
 pub mod endpoint;
+pub mod envelope;
 pub mod feed;
 pub mod key;
 pub mod reason;
@@ -25,6 +26,7 @@ pub use endpoint::{
     DEFAULT_ENDPOINT, EndpointFilter, EndpointName, InvalidEndpointName, MAX_ENDPOINT_NAME_CHARS,
     RepeatedFilterValue, UnknownFilterValue,
 };
+pub use envelope::CallbackEnvelope;
 pub use feed::{Feed, IGNORED_DECISION, RISC_CREDENTIAL_COMPROMISE, UNMAPPED_TYPE, UnknownFeed};
 pub use key::{KeyState, UnknownKeyState};
 pub use reason::{InvalidReason, MAX_REASON_CHARS, Reason};

@@ -304,7 +304,10 @@ impl Render for IgnoredDraft {
     }
 
     /// Never asked for: an ignored event has no callback.
-    fn envelope(&self, _: &[(ActionKind, Applied)]) -> Vec<u8> {
-        Vec::new()
+    fn envelope(&self, _: &[(ActionKind, Applied)]) -> crate::store::EnvelopeBytes {
+        crate::store::EnvelopeBytes {
+            bytes: Vec::new(),
+            in_event: false,
+        }
     }
 }

@@ -6,9 +6,13 @@ use uuid::Uuid;
 
 use super::{Decided, DecisionRecord, Inbound};
 use crate::clock::{now_ms, to_ms};
-use crate::domain::{ActionKind, ActionResult, Applied, Feed, KeyState, Outcome, SignalAnswer};
+use crate::domain::{
+    ActionKind, ActionResult, Applied, CallbackEnvelope, Feed, KeyState, Outcome, SignalAnswer,
+};
 use crate::secrets::hex;
-use crate::store::{ActOutcome, ActionTarget, Finished, NewEvent, Render, StoredResponse};
+use crate::store::{
+    ActOutcome, ActionTarget, EnvelopeBytes, Finished, NewEvent, Render, StoredResponse,
+};
 
 /// The success body of `POST /v1/signals`.
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
@@ -39,6 +43,8 @@ pub(super) struct Draft {
     pub(super) callback_suspended: bool,
     /// Until when a key left `dispatched` stays locked to this request.
     lock_until: i64,
+    /// When its event is stored (unix ms), fixed once: the callback envelope's timestamp.
+    created_at: i64,
 }
 
 impl Draft {
@@ -63,6 +69,7 @@ impl Draft {
             callback_refusal,
             callback_suspended: false,
             lock_until,
+            created_at: now_ms(),
         }
     }
 
@@ -108,10 +115,51 @@ impl Draft {
     }
 }
 
+impl Draft {
+    /// The envelope's columns, as its event's row stores them.
+    fn callback_envelope(&self) -> CallbackEnvelope<'_> {
+        CallbackEnvelope {
+            event_id: self.event_id,
+            tenant_id: self.tenant_id,
+            signal_type: self.signal_type,
+            subject_hash: &self.subject_hash,
+            created_at: self.created_at,
+            decision: self.decided.decision.as_str(),
+            metadata: &self.metadata,
+            feed: self.feed.as_str(),
+        }
+    }
+
+    /// Whether the event stored for these local outcomes renders `bytes` again. Never with an
+    /// action bound to a connector: its event's outcomes change when the call answers.
+    fn envelope_in_event(&self, effects: &[(ActionKind, Applied)], bytes: &[u8]) -> bool {
+        if !self.decided.bound.is_empty() {
+            return false;
+        }
+        let outcome = ActOutcome {
+            effects: effects.to_vec(),
+            callback: Some(Applied::Done),
+            ..ActOutcome::default()
+        };
+        let stored = json(&self.record(&outcome).actions);
+        // The metadata as the event's row gives it back.
+        let Ok(metadata) = serde_json::from_str(&json(&self.metadata)) else {
+            return false;
+        };
+        CallbackEnvelope {
+            metadata: &metadata,
+            ..self.callback_envelope()
+        }
+        .render_from_event(&stored)
+        .is_ok_and(|from_event| from_event == bytes)
+    }
+}
+
 impl Render for Draft {
-    /// The callback envelope: its timestamp is fixed here, and its bytes are stored with the
-    /// outbox row and repeated unchanged on every retry and redelivery.
-    fn envelope(&self, effects: &[(ActionKind, Applied)]) -> Vec<u8> {
+    /// The callback envelope: its timestamp is the event's, and its bytes are repeated
+    /// unchanged on every retry and redelivery, from the outbox row or rendered again from
+    /// the event's.
+    fn envelope(&self, effects: &[(ActionKind, Applied)]) -> EnvelopeBytes {
         // A bound action's own effect is its connector's call, which has not answered yet.
         let actions: Vec<ActionResult> = effects
             .iter()
@@ -128,29 +176,20 @@ impl Render for Draft {
                 }
             })
             .collect();
-        let envelope = verdict_webhooks::Envelope {
-            event_id: self.event_id.to_string(),
-            tenant: self.tenant_id.to_string(),
-            event_type: format!("decision.{}", self.signal_type),
-            subject_hash: hex(&self.subject_hash),
-            timestamp: crate::clock::now_utc()
-                .format(&time::format_description::well_known::Rfc3339)
-                .unwrap_or_default(),
-            decision: self.decided.decision.as_str().to_owned(),
-            actions: serde_json::to_value(actions).unwrap_or_default(),
-            metadata: serde_json::Value::Object(self.metadata.clone()),
-            feed: self.feed.as_str().to_owned(),
-        };
-        json(&envelope).into_bytes()
+        let bytes = self.callback_envelope().render(&actions);
+        let in_event = self.envelope_in_event(effects, &bytes);
+        EnvelopeBytes { bytes, in_event }
     }
 
     /// The event and the response, from the effects' outcomes.
     fn finished(&self, outcome: &ActOutcome) -> Finished {
         let record = self.record(outcome);
         // Stored once: in the callback's envelope when this event has an outbox row of its
-        // own (its bytes are kept for every retry and pruned with the event), else here.
-        let metadata_in_callback =
-            outcome.callback == Some(Applied::Done) && !self.metadata.is_empty();
+        // own that keeps the envelope's bytes (for every retry, pruned with the event), else
+        // here (the envelope is then rendered from this row).
+        let metadata_in_callback = outcome.callback == Some(Applied::Done)
+            && !self.metadata.is_empty()
+            && !self.envelope(&outcome.effects).in_event;
         let actions = json(&record.actions);
         let key_state = if outcome.requests.is_empty() {
             KeyState::Completed
@@ -196,7 +235,7 @@ impl Render for Draft {
                 playbook_version: self.decided.playbook_version,
                 rule: self.decided.rule.clone(),
                 actions,
-                created_at: now_ms(),
+                created_at: self.created_at,
                 evaluated_at: self.decided.evaluated_at,
                 facts: json(&self.decided.facts),
                 feed: self.feed,

@@ -16,6 +16,9 @@ pub struct NewDelivery {
     pub id: Uuid,
     pub webhook_id: String,
     pub payload: Vec<u8>,
+    /// Whether its event's row renders the payload again byte for byte: the outbox row then
+    /// stores none ([`DueDelivery::payload`] is filled in from the event).
+    pub payload_in_event: bool,
     /// Reserved for the inline attempt until then; if the process dies, the worker takes it.
     pub leased_until: i64,
     /// `Pending`, or `Suspended` while the endpoint is disabled (no attempt is made).
@@ -707,6 +710,87 @@ where
         .map_err(Into::into)
 }
 
+/// An event's columns a callback's envelope is rendered from.
+type EnvelopeColumns = (
+    Uuid,
+    Uuid,
+    String,
+    Vec<u8>,
+    i64,
+    String,
+    String,
+    String,
+    String,
+);
+
+/// Fills in the envelopes of the leased callbacks whose outbox rows keep none (an empty
+/// payload, which no stored envelope is), rendered from their events' rows.
+async fn with_envelopes<DB: SqlDb, E>(
+    exec: E,
+    mut due: Vec<DueDelivery>,
+) -> Result<Vec<DueDelivery>, StoreError>
+where
+    for<'c> E: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    usize: ColumnIndex<DB::Row>,
+    for<'e> Uuid: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
+    for<'e> i64: Decode<'e, DB> + Type<DB>,
+    for<'e> String: Decode<'e, DB> + Type<DB>,
+    for<'e> Vec<u8>: Decode<'e, DB> + Type<DB>,
+{
+    let in_event: Vec<Uuid> = due
+        .iter()
+        .filter(|d| d.payload.is_empty() && d.action == ActionKind::Callback.as_str())
+        .map(|d| d.event_id)
+        .collect();
+    if in_event.is_empty() {
+        return Ok(due);
+    }
+    let mut q = sqlx::QueryBuilder::<DB>::new(
+        "SELECT id, tenant_id, signal_type, subject_hash, created_at, decision, actions, \
+         metadata, feed FROM events WHERE id IN ",
+    );
+    push_ids(&mut q, &in_event);
+    let events: Vec<EnvelopeColumns> = q.build_query_as().fetch_all(exec).await?;
+    for d in due
+        .iter_mut()
+        .filter(|d| d.payload.is_empty() && d.action == ActionKind::Callback.as_str())
+    {
+        let (
+            id,
+            tenant_id,
+            signal_type,
+            subject_hash,
+            created_at,
+            decision,
+            actions,
+            metadata,
+            feed,
+        ) = events
+            .iter()
+            .find(|e| e.0 == d.event_id)
+            .ok_or_else(|| StoreError::Corrupt("a callback stored without its event".into()))?;
+        let metadata: serde_json::Map<String, serde_json::Value> = if metadata.is_empty() {
+            serde_json::Map::new()
+        } else {
+            serde_json::from_str(metadata).map_err(|e| StoreError::Corrupt(Box::new(e)))?
+        };
+        d.payload = crate::domain::CallbackEnvelope {
+            event_id: *id,
+            tenant_id: *tenant_id,
+            signal_type,
+            subject_hash,
+            created_at: *created_at,
+            decision,
+            metadata: &metadata,
+            feed,
+        }
+        .render_from_event(actions)
+        .map_err(|e| StoreError::Corrupt(Box::new(e)))?;
+    }
+    Ok(due)
+}
+
 #[async_trait]
 impl<B: Backend<Db = DB>, DB: SqlDb> DeliveryStore for B
 where
@@ -758,14 +842,15 @@ where
         // their number, that both databases can read as a set.
         let skip = serde_json::to_string(skip)
             .map_err(|e| crate::store::StoreError::Corrupt(Box::new(e)))?;
-        Ok(sqlx::query_as(B::lease_due())
+        let due = sqlx::query_as(B::lease_due())
             .bind(now)
             .bind(lease_until)
             .bind(limit)
             .bind(since)
             .bind(skip)
             .fetch_all(self.write())
-            .await?)
+            .await?;
+        with_envelopes(self.write(), due).await
     }
 
     async fn record_attempt(
@@ -813,7 +898,10 @@ where
             .fetch_optional(self.write())
             .await?;
         if let Some(due) = row {
-            return Ok(Redelivery::Leased(Box::new(due)));
+            let mut due = with_envelopes(self.write(), vec![due]).await?;
+            if let Some(due) = due.pop() {
+                return Ok(Redelivery::Leased(Box::new(due)));
+            }
         }
         let last: Option<i64> = sqlx::query_scalar(
             "SELECT MAX(a.attempted_at) FROM delivery_attempts a \

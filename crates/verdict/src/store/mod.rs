@@ -76,8 +76,8 @@ pub use keys::{
 };
 pub use operator::{KeyedUndo, OperatorStore, Undo};
 pub use pipeline::{
-    Act, ActOutcome, Batch, BatchResult, CallbackDraft, CallsDone, Committed, Expected, Finished,
-    HeldKey, PipelineStore, Render, RequestDraft,
+    Act, ActOutcome, Batch, BatchResult, CallbackDraft, CallsDone, Committed, EnvelopeBytes,
+    Expected, Finished, HeldKey, PipelineStore, Render, RequestDraft,
 };
 pub use playbooks::{DecisionInputs, EndpointTarget, PlaybookStore, StoredPlaybook};
 pub use tenants::{NewTenant, SealedSecret, SecretPurpose, TenantRecord, TenantStore};

@@ -72,7 +72,15 @@ pub trait Render: Send + Sync {
     /// What the act stores for these outcomes: its event and, with a key, its response.
     fn finished(&self, outcome: &ActOutcome) -> Finished;
     /// The callback's envelope (its bytes, fixed from then on) for these local outcomes.
-    fn envelope(&self, effects: &[(ActionKind, Applied)]) -> Vec<u8>;
+    fn envelope(&self, effects: &[(ActionKind, Applied)]) -> EnvelopeBytes;
+}
+
+/// A callback's envelope, and whether its event's row renders it again byte for byte
+/// ([`crate::domain::CallbackEnvelope`]): the outbox row then stores no copy of it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EnvelopeBytes {
+    pub bytes: Vec<u8>,
+    pub in_event: bool,
 }
 
 /// A callback to one endpoint to record in the outbox, its envelope rendered inside the
@@ -234,13 +242,14 @@ fn deliveries_of(
     if callbacks.is_empty() {
         return Vec::new();
     }
-    let payload = render.envelope(effects);
+    let envelope = render.envelope(effects);
     callbacks
         .iter()
         .map(|c| NewDelivery {
             id: c.id,
             webhook_id: c.webhook_id.clone(),
-            payload: payload.clone(),
+            payload: envelope.bytes.clone(),
+            payload_in_event: envelope.in_event,
             leased_until: c.leased_until,
             status: c.status,
             endpoint_id: c.endpoint_id,

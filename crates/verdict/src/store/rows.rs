@@ -184,7 +184,14 @@ impl Row for OutboxRow<'_> {
             Col::Uuid("event_id", |r| r.target.event_id),
             Col::Bytes("signal_key", |r| r.target.signal_key.clone()),
             Col::Text("webhook_id", |r| r.delivery.webhook_id.clone()),
-            Col::Bytes("payload", |r| r.delivery.payload.clone()),
+            // Empty when the event renders it: a callback's envelope is never empty.
+            Col::Bytes("payload", |r| {
+                if r.delivery.payload_in_event {
+                    Vec::new()
+                } else {
+                    r.delivery.payload.clone()
+                }
+            }),
             Col::Str("status", |r| r.delivery.status.as_str()),
             Col::Int8("attempts", |_| 0),
             Col::Int8("next_attempt_at", |r| r.target.now),

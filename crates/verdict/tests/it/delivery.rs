@@ -51,6 +51,12 @@ async fn a_receiver_answering_503_twice_then_200_gets_three_identical_deliveries
         );
     }
     receiver.verify_all_with_python(&tenant.webhook_secret);
+    // The retries rendered it from the event's row: the outbox row keeps no copy of it.
+    assert_eq!(
+        db.scalar("SELECT COUNT(*) FROM deliveries WHERE length(payload) = 0")
+            .await,
+        1
+    );
 
     let delivery = delivery_of(&server, &tenant, &reply).await;
     assert_eq!(delivery["status"], "succeeded");
@@ -249,6 +255,21 @@ async fn suspended_payload(db: &TestDb) -> String {
     .await
 }
 
+/// When the event of the one suspended delivery was stored, as its callback's envelope gives
+/// it (RFC 3339).
+async fn suspended_event_time(db: &TestDb) -> String {
+    let created_at = db
+        .scalar(
+            "SELECT e.created_at FROM events e JOIN deliveries d ON d.event_id = e.id \
+             WHERE d.status = 'suspended'",
+        )
+        .await;
+    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(created_at) * 1_000_000)
+        .unwrap()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap()
+}
+
 /// A 410 disables the endpoint; the signal decided next keeps its callback `suspended`.
 async fn a_suspended_callback(
     db: &TestDb,
@@ -295,7 +316,13 @@ async fn a_callback_decided_while_the_endpoint_is_disabled_is_sent_once_when_re_
     let tenant = db.tenant(&["--callback-url", &receiver.url]);
     let server = Server::start(&db, &MANUAL_WORKER);
     let (reply, _) = a_suspended_callback(&db, &server, &tenant, &receiver).await;
-    let stored = suspended_payload(&db).await;
+    assert_eq!(
+        suspended_payload(&db).await,
+        "",
+        "its envelope is rendered from its event"
+    );
+    let event_id = reply.json()["event_id"].as_str().unwrap().to_owned();
+    let decided_at = suspended_event_time(&db).await;
 
     let out = db.cli(&[
         "tenant",
@@ -317,14 +344,21 @@ async fn a_callback_decided_while_the_endpoint_is_disabled_is_sent_once_when_re_
 
     let got = receiver.received();
     assert_eq!(got.len(), 2, "the 410, then the resumed callback once");
-    let event_id = reply.json()["event_id"].as_str().unwrap().replace('-', "");
-    assert_eq!(got[1].header("webhook-id"), format!("msg_{event_id}"));
     assert_eq!(
-        String::from_utf8(got[1].body.clone()).unwrap(),
-        stored,
-        "the bytes stored when it was decided"
+        got[1].header("webhook-id"),
+        format!("msg_{}", event_id.replace('-', ""))
     );
-    assert_eq!(got[1].json()["event_id"], reply.json()["event_id"]);
+    let resumed = got[1].json();
+    assert_eq!(resumed["event_id"], reply.json()["event_id"]);
+    assert_eq!(
+        resumed["timestamp"], decided_at,
+        "the envelope of the decision, built when it was decided"
+    );
+    assert_eq!(resumed["decision"], reply.json()["decision"]);
+    assert_eq!(
+        resumed["metadata"],
+        serde_json::json!({"case_ref": "abc-1"})
+    );
     receiver.verify_all_with_python(&tenant.webhook_secret);
     assert_eq!(
         delivery_of(&server, &tenant, &reply).await["status"],
