@@ -130,10 +130,11 @@ impl Draft {
         }
     }
 
-    /// Whether the event stored for these local outcomes renders `bytes` again. Never with an
-    /// action bound to a connector: its event's outcomes change when the call answers.
+    /// Whether the event stored for these local outcomes renders `bytes` again. Never with a
+    /// connector's call among its actions (bound or custom): its event's outcomes change when
+    /// the call answers.
     fn envelope_in_event(&self, effects: &[(ActionKind, Applied)], bytes: &[u8]) -> bool {
-        if !self.decided.bound.is_empty() {
+        if !self.decided.bound.is_empty() || self.decided.actions.iter().any(|a| a.is_custom()) {
             return false;
         }
         let outcome = ActOutcome {
