@@ -34,7 +34,8 @@ FROM generate_series(1, :live + :old) AS i,
      (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms) AS n;
 
 DROP INDEX idempotency_keys_by_expiry, events_by_created_at, events_by_playbook_version,
-    events_by_subject, events_by_tenant, deliveries_by_tenant, deliveries_pending;
+    events_by_subject, events_by_tenant, deliveries_by_tenant, deliveries_pending,
+    deliveries_by_event;
 
 -- A UUIDv7: 48 bits of unix ms, version 7, the variant, random bits (from the copy's md5).
 CREATE FUNCTION pg_temp.v7(at bigint, h text, salt text) RETURNS uuid LANGUAGE sql IMMUTABLE AS
@@ -71,6 +72,7 @@ CREATE INDEX events_by_subject ON events (tenant_id, subject_hash);
 CREATE INDEX events_by_tenant ON events (tenant_id, id);
 CREATE INDEX deliveries_by_tenant ON deliveries (tenant_id, status, id);
 CREATE INDEX deliveries_pending ON deliveries (next_attempt_at) WHERE status = 'pending';
+CREATE INDEX deliveries_by_event ON deliveries (event_id);
 VACUUM ANALYZE idempotency_keys;
 VACUUM ANALYZE events;
 VACUUM ANALYZE deliveries;
