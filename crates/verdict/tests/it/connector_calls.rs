@@ -492,7 +492,67 @@ async fn an_operator_finds_a_subject_and_takes_the_way_back(backend: Backend) {
     assert!(!server.logs().contains("frank"), "the account was logged");
 }
 
+/// A decision with connector calls changes its event's outcomes when they answer, so its
+/// callback keeps the envelope's bytes (with the metadata, stored once there) and is sent as
+/// built.
+async fn a_callback_beside_connector_calls_keeps_its_envelope_and_the_event_its_metadata_there(
+    backend: Backend,
+) {
+    let db = TestDb::new(backend).await;
+    let receiver = crate::common::receiver::Receiver::start(vec![]).await;
+    let tenant = db.tenant(&["--no-inbound-signature", "--callback-url", &receiver.url]);
+    let scim = ScimServer::start().await;
+    let http = EffectReceiver::start(Duration::ZERO).await;
+    bind_connectors(&db, &tenant, &scim, &http.url).await;
+    scim.create_user("erin", "acct-erin", true).await;
+    let server = Server::start(&db, &ENV);
+    let reply = server
+        .send(&tenant, Some(&new_key()), &swap_of_account("erin"))
+        .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(outcome(&reply.json(), "callback")["outcome"], "done");
+
+    assert_eq!(
+        db.scalar(
+            "SELECT COUNT(*) FROM deliveries WHERE action = 'callback' AND length(payload) > 0"
+        )
+        .await,
+        1,
+        "the callback keeps its bytes"
+    );
+    assert_eq!(
+        db.scalar("SELECT COALESCE(SUM(LENGTH(metadata)), 0) FROM events")
+            .await,
+        0,
+        "the metadata is stored once, in the callback's bytes"
+    );
+    let event_id = reply.json()["event_id"].as_str().unwrap().to_owned();
+    let shown = server
+        .get(&tenant, &format!("/v1/events/{event_id}"))
+        .await
+        .json();
+    assert_eq!(shown["metadata"]["case_ref"], "r-1");
+    for _ in 0..50 {
+        if !receiver.received().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let sent = receiver.received();
+    assert_eq!(sent.len(), 1);
+    let envelope = sent[0].json();
+    assert_eq!(envelope["event_id"], event_id.as_str());
+    assert_eq!(envelope["metadata"]["case_ref"], "r-1");
+    assert_eq!(
+        outcome(&envelope, "lock_account")["outcome"],
+        "pending",
+        "built before the connector answered"
+    );
+    receiver.verify_all_with_python(&tenant.webhook_secret);
+}
+
 on_both_backends!(
+    a_callback_beside_connector_calls_keeps_its_envelope_and_the_event_its_metadata_there,
     an_operator_finds_a_subject_and_takes_the_way_back,
     bound_actions_act_on_the_tenants_systems_once,
     a_refusing_connector_fails_its_action_and_the_event_shows_it,
