@@ -160,7 +160,7 @@ pub async fn show(
             Err(err) => return unavailable(&err),
         }
     }
-    let actions = current_actions(&event.actions, &deliveries);
+    let actions = current_actions(&event.actions(), &deliveries);
     let body = html! {
         (layout::notice(done.notice()))
         (event_summary(&event, &actions))

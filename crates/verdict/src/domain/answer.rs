@@ -18,7 +18,7 @@ pub struct SignalAnswer<'a> {
     pub decision: Decision,
     pub playbook_version: i64,
     pub rule: &'a str,
-    /// The event's `actions` column: a JSON array of action results, as stored.
+    /// The event's `actions` column, as stored ([`super::stored_actions`]).
     pub actions: &'a str,
 }
 
@@ -34,8 +34,10 @@ struct Body<'a> {
 }
 
 impl SignalAnswer<'_> {
-    /// The answer's bytes; fails only if the stored actions are not JSON.
+    /// The answer's bytes; fails only if the stored actions are not action results.
     pub fn render(&self) -> Result<Vec<u8>, serde_json::Error> {
+        let actions = super::stored_actions::as_json(self.actions)
+            .map_err(|e| <serde_json::Error as serde::de::Error>::custom(e))?;
         let mut subject_hash = String::with_capacity(self.subject_hash.len() * 2);
         for byte in self.subject_hash {
             // Writing to a String cannot fail.
@@ -47,7 +49,7 @@ impl SignalAnswer<'_> {
             decision: self.decision,
             playbook_version: self.playbook_version,
             rule: self.rule,
-            actions: serde_json::from_str(self.actions)?,
+            actions: serde_json::from_str(&actions)?,
         })
     }
 }

@@ -45,7 +45,9 @@ impl CallbackEnvelope<'_> {
     /// but the callback's own (the envelope is built before the callback has one). Fails
     /// only if the stored actions are not action results.
     pub fn render_from_event(&self, stored_actions: &str) -> Result<Vec<u8>, serde_json::Error> {
-        let mut actions: Vec<ActionResult> = serde_json::from_str(stored_actions)?;
+        let json = super::stored_actions::as_json(stored_actions)
+            .map_err(|e| <serde_json::Error as serde::de::Error>::custom(e))?;
+        let mut actions: Vec<ActionResult> = serde_json::from_str(&json)?;
         actions.retain(|a| a.action != ActionKind::Callback);
         Ok(self.render(&actions))
     }

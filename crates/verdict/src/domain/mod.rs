@@ -12,6 +12,7 @@ pub mod feed;
 pub mod key;
 pub mod reason;
 pub mod signal;
+pub mod stored_actions;
 pub mod time;
 
 pub use action::{ActionKind, ActionResult, Applied, Outcome, UnknownAction};

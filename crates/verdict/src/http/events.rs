@@ -102,6 +102,7 @@ pub fn parse_json(text: &str) -> Value {
 impl From<EventRecord> for EventView {
     fn from(e: EventRecord) -> Self {
         let metadata = parse_json(&e.metadata());
+        let actions = parse_json(&e.actions());
         Self {
             id: e.id,
             signal_type: e.signal_type,
@@ -112,7 +113,7 @@ impl From<EventRecord> for EventView {
             decision: e.decision.as_str().to_owned(),
             playbook_version: e.playbook_version,
             rule: e.rule,
-            actions: parse_json(&e.actions),
+            actions,
             created_at: rfc3339(e.created_at),
             feed: e.feed.as_str().to_owned(),
             signal_key: (!e.signal_key.is_empty()).then(|| hex(&e.signal_key)),

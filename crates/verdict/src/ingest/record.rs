@@ -6,6 +6,7 @@ use uuid::Uuid;
 
 use super::{Decided, DecisionRecord, Inbound};
 use crate::clock::{now_ms, to_ms};
+use crate::domain::stored_actions::stored_form;
 use crate::domain::{
     ActionKind, ActionResult, Applied, CallbackEnvelope, Feed, KeyState, Outcome, SignalAnswer,
 };
@@ -142,7 +143,8 @@ impl Draft {
             callback: Some(Applied::Done),
             ..ActOutcome::default()
         };
-        let stored = json(&self.record(&outcome).actions);
+        let actions = self.record(&outcome).actions;
+        let stored = stored_form(&actions, &json(&actions));
         // The metadata as the event's row gives it back.
         let Ok(metadata) = serde_json::from_str(&json(&self.metadata)) else {
             return false;
@@ -192,6 +194,7 @@ impl Render for Draft {
             && !self.metadata.is_empty()
             && !self.envelope(&outcome.effects).in_event;
         let actions = json(&record.actions);
+        let stored_results = record.actions.clone();
         let key_state = if outcome.requests.is_empty() {
             KeyState::Completed
         } else {
@@ -235,7 +238,7 @@ impl Render for Draft {
                 decision: self.decided.decision,
                 playbook_version: self.decided.playbook_version,
                 rule: self.decided.rule.clone(),
-                actions,
+                actions: stored_form(&stored_results, &actions),
                 created_at: self.created_at,
                 evaluated_at: self.decided.evaluated_at,
                 facts: json(&self.decided.facts),

@@ -238,7 +238,7 @@ impl Stored {
             actual: Outcome {
                 decision: event.decision,
                 rule: event.rule.clone(),
-                actions: serde_json::from_str::<Vec<StoredAction>>(&event.actions)
+                actions: serde_json::from_str::<Vec<StoredAction>>(&event.actions())
                     .map_err(|_| bad("actions are not a list of action results"))?
                     .into_iter()
                     .map(|a| a.action)
@@ -386,7 +386,7 @@ mod tests {
             decision: decision.parse().unwrap(),
             playbook_version: 1,
             rule: rule.into(),
-            actions: actions.into(),
+            stored_actions: actions.into(),
             created_at: now,
             evaluated_at: now,
             facts: facts.into(),

@@ -56,7 +56,9 @@ pub struct EventRecord {
     pub decision: Decision,
     pub playbook_version: i64,
     pub rule: String,
-    pub actions: String,
+    /// The actions column, in its stored form (read it with [`EventRecord::actions`]).
+    #[sqlx(rename = "actions")]
+    pub stored_actions: String,
     pub created_at: i64,
     pub evaluated_at: i64,
     pub facts: String,
@@ -68,6 +70,15 @@ pub struct EventRecord {
 }
 
 impl EventRecord {
+    /// Each action and its outcome, JSON, whichever form they are stored in (the column as it
+    /// is if it is neither, which then reads as no JSON).
+    pub fn actions(&self) -> String {
+        crate::domain::stored_actions::as_json(&self.stored_actions).map_or_else(
+            |_| self.stored_actions.clone(),
+            std::borrow::Cow::into_owned,
+        )
+    }
+
     /// The signal's metadata, JSON: the event's own, or its callback envelope's `metadata`
     /// where it is stored once for an event with a callback.
     pub fn metadata(&self) -> String {
