@@ -9,6 +9,7 @@ use serde_json::value::RawValue;
 use uuid::Uuid;
 
 use super::Decision;
+use super::stored_actions::StoredActionsError;
 
 /// The columns of an event that its signal's 200 answer is made of.
 #[derive(Clone, Copy, Debug)]
@@ -35,22 +36,21 @@ struct Body<'a> {
 
 impl SignalAnswer<'_> {
     /// The answer's bytes; fails only if the stored actions are not action results.
-    pub fn render(&self) -> Result<Vec<u8>, serde_json::Error> {
-        let actions = super::stored_actions::as_json(self.actions)
-            .map_err(|e| <serde_json::Error as serde::de::Error>::custom(e))?;
+    pub fn render(&self) -> Result<Vec<u8>, StoredActionsError> {
+        let actions = super::stored_actions::as_json(self.actions)?;
         let mut subject_hash = String::with_capacity(self.subject_hash.len() * 2);
         for byte in self.subject_hash {
             // Writing to a String cannot fail.
             let _ = write!(subject_hash, "{byte:02x}");
         }
-        serde_json::to_vec(&Body {
+        Ok(serde_json::to_vec(&Body {
             event_id: self.event_id,
             subject_hash,
             decision: self.decision,
             playbook_version: self.playbook_version,
             rule: self.rule,
             actions: serde_json::from_str(&actions)?,
-        })
+        })?)
     }
 }
 

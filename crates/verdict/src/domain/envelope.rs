@@ -7,6 +7,7 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 use uuid::Uuid;
 
+use super::stored_actions::StoredActionsError;
 use super::{ActionKind, ActionResult};
 
 /// The columns of an event that its callback's envelope is made of, but its actions.
@@ -44,9 +45,8 @@ impl CallbackEnvelope<'_> {
     /// The envelope as the event's stored `actions` column gives it: every action's outcome
     /// but the callback's own (the envelope is built before the callback has one). Fails
     /// only if the stored actions are not action results.
-    pub fn render_from_event(&self, stored_actions: &str) -> Result<Vec<u8>, serde_json::Error> {
-        let json = super::stored_actions::as_json(stored_actions)
-            .map_err(|e| <serde_json::Error as serde::de::Error>::custom(e))?;
+    pub fn render_from_event(&self, stored_actions: &str) -> Result<Vec<u8>, StoredActionsError> {
+        let json = super::stored_actions::as_json(stored_actions)?;
         let mut actions: Vec<ActionResult> = serde_json::from_str(&json)?;
         actions.retain(|a| a.action != ActionKind::Callback);
         Ok(self.render(&actions))
