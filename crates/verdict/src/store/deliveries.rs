@@ -723,6 +723,32 @@ type EnvelopeColumns = (
     String,
 );
 
+/// The envelope of `event_id`'s callback, rendered from its row among `events`.
+fn envelope_from(events: &[EnvelopeColumns], event_id: Uuid) -> Result<Vec<u8>, StoreError> {
+    let (id, tenant_id, signal_type, subject_hash, created_at, decision, actions, metadata, feed) =
+        events
+            .iter()
+            .find(|e| e.0 == event_id)
+            .ok_or_else(|| StoreError::Corrupt("a callback stored without its event".into()))?;
+    let metadata: serde_json::Map<String, serde_json::Value> = if metadata.is_empty() {
+        serde_json::Map::new()
+    } else {
+        serde_json::from_str(metadata).map_err(|e| StoreError::Corrupt(Box::new(e)))?
+    };
+    crate::domain::CallbackEnvelope {
+        event_id: *id,
+        tenant_id: *tenant_id,
+        signal_type,
+        subject_hash,
+        created_at: *created_at,
+        decision,
+        metadata: &metadata,
+        feed,
+    }
+    .render_from_event(actions)
+    .map_err(|e| StoreError::Corrupt(Box::new(e)))
+}
+
 /// Fills in the envelopes of the leased callbacks whose outbox rows keep none (an empty
 /// payload, which no stored envelope is), rendered from their events' rows.
 async fn with_envelopes<DB: SqlDb, E>(
@@ -752,42 +778,23 @@ where
     );
     push_ids(&mut q, &in_event);
     let events: Vec<EnvelopeColumns> = q.build_query_as().fetch_all(exec).await?;
-    for d in due
-        .iter_mut()
-        .filter(|d| d.payload.is_empty() && d.action == ActionKind::Callback.as_str())
-    {
-        let (
-            id,
-            tenant_id,
-            signal_type,
-            subject_hash,
-            created_at,
-            decision,
-            actions,
-            metadata,
-            feed,
-        ) = events
-            .iter()
-            .find(|e| e.0 == d.event_id)
-            .ok_or_else(|| StoreError::Corrupt("a callback stored without its event".into()))?;
-        let metadata: serde_json::Map<String, serde_json::Value> = if metadata.is_empty() {
-            serde_json::Map::new()
-        } else {
-            serde_json::from_str(metadata).map_err(|e| StoreError::Corrupt(Box::new(e)))?
-        };
-        d.payload = crate::domain::CallbackEnvelope {
-            event_id: *id,
-            tenant_id: *tenant_id,
-            signal_type,
-            subject_hash,
-            created_at: *created_at,
-            decision,
-            metadata: &metadata,
-            feed,
+    // A callback whose envelope cannot be rendered is left out of this lease (logged), not
+    // allowed to fail it: the other deliveries go out.
+    due.retain_mut(|d| {
+        if !(d.payload.is_empty() && d.action == ActionKind::Callback.as_str()) {
+            return true;
         }
-        .render_from_event(actions)
-        .map_err(|e| StoreError::Corrupt(Box::new(e)))?;
-    }
+        match envelope_from(&events, d.event_id) {
+            Ok(payload) => {
+                d.payload = payload;
+                true
+            }
+            Err(err) => {
+                tracing::error!(delivery_id = %d.id, error = ?err, "a callback's envelope could not be rendered from its event");
+                false
+            }
+        }
+    });
     Ok(due)
 }
 
@@ -1103,5 +1110,53 @@ where
                 ))
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(id: Uuid, actions: &str, metadata: &str) -> EnvelopeColumns {
+        (
+            id,
+            Uuid::nil(),
+            "sim_swap".into(),
+            vec![0xab],
+            1_764_960_000_123,
+            "deny".into(),
+            actions.into(),
+            metadata.into(),
+            "signals".into(),
+        )
+    }
+
+    #[test]
+    fn a_callbacks_envelope_is_rendered_from_its_events_row() {
+        let id = Uuid::now_v7();
+        let events = [event(id, "lock_account,callback", r#"{"ref":"r-1"}"#)];
+        let envelope: serde_json::Value =
+            serde_json::from_slice(&envelope_from(&events, id).unwrap()).unwrap();
+        assert_eq!(envelope["event_id"], id.to_string());
+        assert_eq!(
+            envelope["actions"],
+            serde_json::json!([{"action": "lock_account", "outcome": "done"}])
+        );
+        assert_eq!(envelope["metadata"]["ref"], "r-1");
+        assert_eq!(envelope["timestamp"], "2025-12-05T18:40:00.123Z");
+    }
+
+    #[test]
+    fn a_callback_without_its_event_or_with_unreadable_actions_is_corrupt() {
+        let id = Uuid::now_v7();
+        assert!(matches!(
+            envelope_from(&[], id),
+            Err(StoreError::Corrupt(_))
+        ));
+        let events = [event(id, "Nope", "{}")];
+        assert!(matches!(
+            envelope_from(&events, id),
+            Err(StoreError::Corrupt(_))
+        ));
     }
 }
