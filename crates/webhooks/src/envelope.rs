@@ -15,7 +15,8 @@ pub struct Envelope {
     pub event_type: String,
     /// The tenant-scoped keyed digest of the subject (hex); never the raw identifier.
     pub subject_hash: String,
-    /// RFC 3339 time the envelope was built, fixed across retries.
+    /// RFC 3339 time the decision's event was stored (to the millisecond), fixed across
+    /// retries.
     pub timestamp: String,
     /// `allow`, `step_up` or `deny`.
     pub decision: String,

@@ -730,11 +730,9 @@ fn envelope_from(events: &[EnvelopeColumns], event_id: Uuid) -> Result<Vec<u8>, 
             .iter()
             .find(|e| e.0 == event_id)
             .ok_or_else(|| StoreError::Corrupt("a callback stored without its event".into()))?;
-    let metadata: serde_json::Map<String, serde_json::Value> = if metadata.is_empty() {
-        serde_json::Map::new()
-    } else {
-        serde_json::from_str(metadata).map_err(|e| StoreError::Corrupt(Box::new(e)))?
-    };
+    // An event whose callback renders its envelope keeps the metadata (`{}` at least).
+    let metadata: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(metadata).map_err(|e| StoreError::Corrupt(Box::new(e)))?;
     crate::domain::CallbackEnvelope {
         event_id: *id,
         tenant_id: *tenant_id,
@@ -756,13 +754,14 @@ async fn with_envelopes<DB: SqlDb, E>(
     mut due: Vec<DueDelivery>,
 ) -> Result<Vec<DueDelivery>, StoreError>
 where
-    for<'c> E: Executor<'c, Database = DB>,
+    for<'c> E: Executor<'c, Database = DB> + Copy,
     DB::Arguments: IntoArguments<DB>,
     usize: ColumnIndex<DB::Row>,
     for<'e> Uuid: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
     for<'e> i64: Decode<'e, DB> + Type<DB>,
-    for<'e> String: Decode<'e, DB> + Type<DB>,
+    for<'e> String: Encode<'e, DB> + Decode<'e, DB> + Type<DB>,
     for<'e> Vec<u8>: Decode<'e, DB> + Type<DB>,
+    for<'e> &'e str: Encode<'e, DB> + Type<DB>,
 {
     let in_event: Vec<Uuid> = due
         .iter()
@@ -778,8 +777,10 @@ where
     );
     push_ids(&mut q, &in_event);
     let events: Vec<EnvelopeColumns> = q.build_query_as().fetch_all(exec).await?;
-    // A callback whose envelope cannot be rendered is left out of this lease (logged), not
-    // allowed to fail it: the other deliveries go out.
+    // A callback whose envelope cannot be rendered is left out of this lease and made dead
+    // with why (an operator can redeliver it once its event is mended), not allowed to fail
+    // the lease: the other deliveries go out.
+    let mut unrenderable = Vec::new();
     due.retain_mut(|d| {
         if !(d.payload.is_empty() && d.action == ActionKind::Callback.as_str()) {
             return true;
@@ -791,12 +792,26 @@ where
             }
             Err(err) => {
                 tracing::error!(delivery_id = %d.id, error = ?err, "a callback's envelope could not be rendered from its event");
+                unrenderable.push(d.id);
                 false
             }
         }
     });
+    for id in unrenderable {
+        sqlx::query(
+            "UPDATE deliveries SET status = $2, leased_until = 0, last_error = $3 WHERE id = $1",
+        )
+        .bind(id)
+        .bind(crate::domain::DeliveryStatus::Dead.as_str())
+        .bind(UNRENDERABLE)
+        .execute(exec)
+        .await?;
+    }
     Ok(due)
 }
+
+/// Why a callback left out of its lease is dead.
+const UNRENDERABLE: &str = "its envelope could not be rendered from its event";
 
 #[async_trait]
 impl<B: Backend<Db = DB>, DB: SqlDb> DeliveryStore for B
@@ -1147,16 +1162,18 @@ mod tests {
     }
 
     #[test]
-    fn a_callback_without_its_event_or_with_unreadable_actions_is_corrupt() {
+    fn a_callback_without_its_event_or_with_unreadable_columns_is_corrupt() {
         let id = Uuid::now_v7();
         assert!(matches!(
             envelope_from(&[], id),
             Err(StoreError::Corrupt(_))
         ));
-        let events = [event(id, "Nope", "{}")];
-        assert!(matches!(
-            envelope_from(&events, id),
-            Err(StoreError::Corrupt(_))
-        ));
+        for (actions, metadata) in [("Nope", "{}"), ("deny", "")] {
+            let events = [event(id, actions, metadata)];
+            assert!(matches!(
+                envelope_from(&events, id),
+                Err(StoreError::Corrupt(_))
+            ));
+        }
     }
 }

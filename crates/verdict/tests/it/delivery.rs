@@ -758,7 +758,57 @@ async fn a_retry_between_two_rounds_goes_out_when_due(backend: Backend) {
     );
 }
 
+/// A callback whose envelope cannot be rendered from its event (here, an event row mangled by
+/// hand) does not hold up the others: it is made dead with why, and the rest go out.
+async fn a_callback_its_event_cannot_render_is_made_dead_and_the_others_go_out(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let receiver = Receiver::start(vec![Step::status(503), Step::status(503)]).await;
+    let tenant = db.tenant(&["--callback-url", &receiver.url]);
+    let server = Server::start(&db, &MANUAL_WORKER);
+    let first = server
+        .send(&tenant, Some(&new_key()), &sim_swap("+447700900531"))
+        .await;
+    let second = server
+        .send(&tenant, Some(&new_key()), &sim_swap("+447700900532"))
+        .await;
+    assert_eq!((first.status, second.status), (200, 200));
+    assert_eq!(
+        receiver.received().len(),
+        2,
+        "two inline attempts, both 503"
+    );
+    let mangled = first.json()["event_id"].as_str().unwrap().to_owned();
+    let id = match db.backend {
+        Backend::Sqlite => format!("x'{}'", mangled.replace('-', "")),
+        Backend::Postgres => format!("'{mangled}'"),
+    };
+    assert_eq!(
+        db.exec(format!(
+            "UPDATE events SET actions = 'Nope' WHERE id = {id}"
+        ))
+        .await,
+        1
+    );
+
+    wait_for_next_round().await;
+    assert_eq!(db.worker_once(&RETRY_INTERVAL)["delivered"], 1);
+    let dead = delivery_of(&server, &tenant, &first).await;
+    assert_eq!(dead["status"], "dead", "{dead}");
+    assert_eq!(
+        dead["last_error"],
+        "its envelope could not be rendered from its event"
+    );
+    assert_eq!(
+        delivery_of(&server, &tenant, &second).await["status"],
+        "succeeded"
+    );
+    wait_for_next_round().await;
+    assert_eq!(db.worker_once(&RETRY_INTERVAL)["attempted"], 0);
+    assert_eq!(receiver.received().len(), 3);
+}
+
 on_both_backends!(
+    a_callback_its_event_cannot_render_is_made_dead_and_the_others_go_out,
     a_retry_between_two_rounds_goes_out_when_due,
     during_a_webhook_secret_rotation_callbacks_carry_both_signatures,
     a_receiver_answering_503_twice_then_200_gets_three_identical_deliveries,
