@@ -56,11 +56,5 @@ pub fn to_ms(t: OffsetDateTime) -> i64 {
 
 /// Unix milliseconds as RFC 3339 (empty past the year 9999).
 pub fn rfc3339(ms: i64) -> String {
-    OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
-        .ok()
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .unwrap_or_default()
+    UnixMillis::new(ms).rfc3339()
 }

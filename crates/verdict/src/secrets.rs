@@ -234,13 +234,7 @@ pub fn api_key_hash(api_key: &str) -> [u8; 32] {
 
 /// Lower-case hex, for digests shown to users.
 pub fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        })
+    crate::domain::hex(bytes)
 }
 
 #[cfg(test)]

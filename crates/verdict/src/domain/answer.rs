@@ -2,8 +2,6 @@
 //! checked against this rendering, and a key whose answer it reproduces stores no bytes of its
 //! own (a replay renders it again from the event row).
 
-use std::fmt::Write as _;
-
 use serde::Serialize;
 use serde_json::value::RawValue;
 use uuid::Uuid;
@@ -38,11 +36,7 @@ impl SignalAnswer<'_> {
     /// The answer's bytes; fails only if the stored actions are not action results.
     pub fn render(&self) -> Result<Vec<u8>, StoredActionsError> {
         let actions = super::stored_actions::as_json(self.actions)?;
-        let mut subject_hash = String::with_capacity(self.subject_hash.len() * 2);
-        for byte in self.subject_hash {
-            // Writing to a String cannot fail.
-            let _ = write!(subject_hash, "{byte:02x}");
-        }
+        let subject_hash = super::hex(self.subject_hash);
         Ok(serde_json::to_vec(&Body {
             event_id: self.event_id,
             subject_hash,

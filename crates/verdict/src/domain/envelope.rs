@@ -3,8 +3,6 @@
 //! retry and redelivery renders the same bytes again from the event row.
 
 use serde_json::{Map, Value};
-use time::OffsetDateTime;
-use time::format_description::well_known::Rfc3339;
 use uuid::Uuid;
 
 use super::stored_actions::StoredActionsError;
@@ -31,8 +29,8 @@ impl CallbackEnvelope<'_> {
             event_id: self.event_id.to_string(),
             tenant: self.tenant_id.to_string(),
             event_type: format!("decision.{}", self.signal_type),
-            subject_hash: hex(self.subject_hash),
-            timestamp: rfc3339(self.created_at),
+            subject_hash: super::hex(self.subject_hash),
+            timestamp: super::UnixMillis::new(self.created_at).rfc3339(),
             decision: self.decision.to_owned(),
             // Neither can fail: action results are strings, and the metadata is JSON already.
             actions: serde_json::to_value(actions).unwrap_or_default(),
@@ -51,25 +49,6 @@ impl CallbackEnvelope<'_> {
         actions.retain(|a| a.action != ActionKind::Callback);
         Ok(self.render(&actions))
     }
-}
-
-/// Unix ms as RFC 3339 (empty past the year 9999, which no clock reading reaches).
-fn rfc3339(ms: i64) -> String {
-    OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
-        .ok()
-        .and_then(|at| at.format(&Rfc3339).ok())
-        .unwrap_or_default()
-}
-
-/// Lowercase hex: the domain imports nothing else of the crate.
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for byte in bytes {
-        // Writing to a String cannot fail.
-        let _ = write!(out, "{byte:02x}");
-    }
-    out
 }
 
 #[cfg(test)]

@@ -33,3 +33,15 @@ pub use key::{KeyState, UnknownKeyState};
 pub use reason::{InvalidReason, MAX_REASON_CHARS, Reason};
 pub use signal::{SignalType, UnknownSignalType};
 pub use time::UnixMillis;
+
+/// Lower-case hex of `bytes` (digests shown to users, as the answer and the envelope give them).
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            // Writing to a String cannot fail.
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+}

@@ -18,6 +18,17 @@ impl UnixMillis {
     pub const fn as_i64(self) -> i64 {
         self.0
     }
+
+    /// As RFC 3339 (empty past the year 9999).
+    pub fn rfc3339(self) -> String {
+        OffsetDateTime::from_unix_timestamp_nanos(i128::from(self.0) * 1_000_000)
+            .ok()
+            .and_then(|t| {
+                t.format(&time::format_description::well_known::Rfc3339)
+                    .ok()
+            })
+            .unwrap_or_default()
+    }
 }
 
 impl From<OffsetDateTime> for UnixMillis {

@@ -723,6 +723,11 @@ type EnvelopeColumns = (
     String,
 );
 
+/// Whether a leased delivery is a callback whose envelope its event's row renders.
+fn renders_from_event(d: &DueDelivery) -> bool {
+    d.payload.is_empty() && d.action == ActionKind::Callback.as_str()
+}
+
 /// The envelope of `event_id`'s callback, rendered from its row among `events`.
 fn envelope_from(events: &[EnvelopeColumns], event_id: Uuid) -> Result<Vec<u8>, StoreError> {
     let (id, tenant_id, signal_type, subject_hash, created_at, decision, actions, metadata, feed) =
@@ -765,7 +770,7 @@ where
 {
     let in_event: Vec<Uuid> = due
         .iter()
-        .filter(|d| d.payload.is_empty() && d.action == ActionKind::Callback.as_str())
+        .filter(|d| renders_from_event(d))
         .map(|d| d.event_id)
         .collect();
     if in_event.is_empty() {
@@ -782,7 +787,7 @@ where
     // the lease: the other deliveries go out.
     let mut unrenderable = Vec::new();
     due.retain_mut(|d| {
-        if !(d.payload.is_empty() && d.action == ActionKind::Callback.as_str()) {
+        if !renders_from_event(d) {
             return true;
         }
         match envelope_from(&events, d.event_id) {
