@@ -52,7 +52,7 @@ INSERT INTO deliveries
 SELECT pg_temp.v7(s.at, s.h, 'd'), d.tenant_id, pg_temp.v7(s.at, s.h, 'e'),
        sha256(convert_to(s.h || 'k', 'UTF8')), 'msg_' || s.h, d.payload, 'succeeded', 1, s.at, 0,
        NULL, s.at, s.at, d.retries_left, d.action, d.connector, s.at, d.endpoint_id, s.at, 204, 1,
-       NULL, d.inline_excerpt
+       NULL, d.inline_excerpt, s.at
 FROM t_seq s, t_delivery d ORDER BY s.at;
 
 INSERT INTO idempotency_keys

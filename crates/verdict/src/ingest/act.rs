@@ -11,7 +11,7 @@ use super::record::Draft;
 use super::{
     Decided, Destination, Holding, Inbound, Ingest, IngestError, Keying, OneCommit, Prepared, Reply,
 };
-use crate::clock::now_ms;
+use crate::clock::{now_ms, to_ms};
 use crate::delivery::schedule;
 use crate::domain::DeliveryStatus;
 use crate::store::failpoint::failpoint;
@@ -112,6 +112,7 @@ impl Ingest {
             event_id,
             subject_hash: signal.subject_hash.to_vec(),
             signal_key: signal.signal_key.to_vec(),
+            observed_at: to_ms(signal.inbound.signal.observed_at),
             signal_type: signal.inbound.signal.signal_type.as_str(),
             now: now_ms(),
         };

@@ -253,6 +253,7 @@ impl Ingest {
                 subject_hash,
                 // No action runs, so nothing is keyed by the signal.
                 signal_key: Vec::new(),
+                observed_at: 0,
                 signal_type: UNMAPPED_TYPE,
                 now,
             },

@@ -183,6 +183,7 @@ impl Row for OutboxRow<'_> {
             Col::Uuid("tenant_id", |r| r.target.tenant_id),
             Col::Uuid("event_id", |r| r.target.event_id),
             Col::Bytes("signal_key", |r| r.target.signal_key.clone()),
+            Col::Int8("observed_at", |r| r.target.observed_at),
             Col::Text("webhook_id", |r| r.delivery.webhook_id.clone()),
             // Empty when the event renders it: a callback's envelope is never empty.
             Col::Bytes("payload", |r| {
@@ -217,6 +218,7 @@ impl Row for RequestRow<'_> {
             Col::Uuid("tenant_id", |r| r.target.tenant_id),
             Col::Uuid("event_id", |r| r.target.event_id),
             Col::Bytes("signal_key", |r| r.target.signal_key.clone()),
+            Col::Int8("observed_at", |r| r.target.observed_at),
             Col::Text("webhook_id", |r| r.request.webhook_id.clone()),
             Col::Bytes("payload", |r| r.request.payload.clone()),
             Col::Str("status", |_| "pending"),

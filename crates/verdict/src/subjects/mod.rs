@@ -282,6 +282,8 @@ async fn undo_now(
         subject_hash: digest.to_vec(),
         // Each way back is its own "signal": its request is one of its kind per event.
         signal_key: event_id.as_bytes().to_vec(),
+        // Its time too: the id's own (UUIDv7) milliseconds, the same on every retry of it.
+        observed_at: v7_millis(event_id),
         signal_type: event_type(action),
         now,
     };
@@ -538,4 +540,23 @@ pub struct WayBack {
         pattern = r"^[^\u0000-\u0008\u000B-\u001F\u007F-\u009F]*[^\s\u0000-\u001F\u007F-\u009F][^\u0000-\u0008\u000B-\u001F\u007F-\u009F]*$"
     )]
     pub reason: String,
+}
+
+/// The unix milliseconds a UUIDv7 starts with.
+fn v7_millis(id: Uuid) -> i64 {
+    let b = id.as_bytes();
+    i64::from_be_bytes([0, 0, b[0], b[1], b[2], b[3], b[4], b[5]])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_v7_ids_millis_are_when_it_was_made() {
+        let before = crate::clock::now_ms();
+        let id = Uuid::now_v7();
+        let after = crate::clock::now_ms();
+        assert!((before..=after).contains(&v7_millis(id)));
+    }
 }

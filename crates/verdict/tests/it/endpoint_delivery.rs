@@ -344,11 +344,17 @@ async fn the_console_shows_no_token_from_a_url_and_each_endpoints_deliveries(bac
 /// The schema as it was before endpoints (migrations below `0022` on PostgreSQL, `0020` on
 /// SQLite), applied to the test's database, then `statements` run on it.
 async fn before_endpoints(db: &TestDb, statements: &[String]) {
+    migrated_before(db, ("0020", "0022"), statements).await;
+}
+
+/// Migrates `db` up to the migrations numbered `first_after` (SQLite's, PostgreSQL's), not
+/// included, then runs `statements`: rows as an older version stored them.
+async fn migrated_before(db: &TestDb, first_after: (&str, &str), statements: &[String]) {
     let (dir, first_after) = match db.backend {
-        Backend::Sqlite => ("sqlite", "0020"),
-        Backend::Postgres => ("postgres", "0022"),
+        Backend::Sqlite => ("sqlite", first_after.0),
+        Backend::Postgres => ("postgres", first_after.1),
     };
-    let old = db.dir().join("migrations-before-endpoints");
+    let old = db.dir().join(format!("migrations-before-{first_after}"));
     std::fs::create_dir_all(&old).unwrap();
     let all = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("migrations")
@@ -492,7 +498,71 @@ async fn a_tenants_callback_url_becomes_its_default_endpoint_with_its_deliveries
     );
 }
 
+/// Deliveries stored before their signal's unique index led with its observation time get it
+/// when the index changes: a callback its event's, a way back's request its event id's own
+/// milliseconds, so a signal sent again after the upgrade still finds its callback.
+async fn deliveries_stored_before_the_time_ordered_index_take_their_signals_time(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant_id = uuid::Uuid::now_v7();
+    let (event_id, way_back_id) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
+    // A signal's key is a digest, never its event's id (a way back's is).
+    let signal_key = uuid::Uuid::new_v4();
+    let blob = |id: uuid::Uuid| match backend {
+        Backend::Sqlite => format!("x'{}'", id.simple()),
+        Backend::Postgres => format!("'{id}'"),
+    };
+    let bytes = |id: uuid::Uuid| match backend {
+        Backend::Sqlite => format!("x'{}'", id.simple()),
+        Backend::Postgres => format!("'\\x{}'::bytea", id.simple()),
+    };
+    let (tenant, event, way_back) = (blob(tenant_id), blob(event_id), blob(way_back_id));
+    let statements = [
+        format!(
+            "INSERT INTO tenants (id, name, inbound_signature_required, created_at) \
+             VALUES ({tenant}, 'old', FALSE, 1)"
+        ),
+        format!(
+            "INSERT INTO events (id, tenant_id, signal_type, subject_hash, observed_at, \
+             attributes, metadata, decision, playbook_version, rule, actions, created_at, \
+             signal_key) VALUES ({event}, {tenant}, 'sim_swap', {s}, 1700000000123, '{{}}', \
+             '{{}}', 'deny', 1, 'r', 'callback', 1700000000200, {s})",
+            s = bytes(signal_key),
+        ),
+        format!(
+            "INSERT INTO deliveries (id, tenant_id, event_id, signal_key, webhook_id, payload, \
+             status, next_attempt_at, created_at, updated_at, action, endpoint_id) VALUES ({}, \
+             {tenant}, {event}, {}, 'msg_old', {}, 'succeeded', 1, 1, 1, 'callback', {tenant})",
+            blob(uuid::Uuid::now_v7()),
+            bytes(signal_key),
+            bytes(event_id),
+        ),
+        format!(
+            "INSERT INTO deliveries (id, tenant_id, event_id, signal_key, webhook_id, payload, \
+             status, next_attempt_at, created_at, updated_at, action, connector) VALUES ({}, \
+             {tenant}, {way_back}, {}, 'old:unlock_account', {}, 'succeeded', 1, 1, 1, \
+             'unlock_account', 'idp')",
+            blob(uuid::Uuid::now_v7()),
+            bytes(way_back_id),
+            bytes(way_back_id),
+        ),
+    ];
+    migrated_before(&db, ("0028", "0030"), &statements).await;
+    // The current binary migrates.
+    db.cli(&["tenant", "list", "--json"]);
+    let (secs, _) = way_back_id.get_timestamp().unwrap().to_unix();
+    let way_back_ms = db
+        .scalar("SELECT observed_at FROM deliveries WHERE action = 'unlock_account'")
+        .await;
+    assert_eq!(way_back_ms / 1000, i64::try_from(secs).unwrap());
+    assert_eq!(
+        db.scalar("SELECT observed_at FROM deliveries WHERE action = 'callback'")
+            .await,
+        1_700_000_000_123
+    );
+}
+
 on_both_backends!(
+    deliveries_stored_before_the_time_ordered_index_take_their_signals_time,
     a_tenants_callback_url_becomes_its_default_endpoint_with_its_deliveries,
     the_console_shows_no_token_from_a_url_and_each_endpoints_deliveries,
     each_matching_endpoint_gets_one_delivery_per_decision,

@@ -29,8 +29,9 @@ SELECT o.i, o.id,
     -- A row with this draft's id is this commit's: inserted now, or by APPLY before it.
     mine.id IS NOT NULL OR EXISTS (SELECT 1 FROM deliveries y WHERE y.id = o.id) AS fresh,
     COALESCE(COALESCE(w.event_id, (SELECT x.event_id FROM deliveries x
-        WHERE x.tenant_id = o.tenant_id AND x.signal_key = o.signal_key
-        AND x.action = 'callback' AND x.endpoint_id = o.endpoint_id)) = o.event_id, FALSE)
+        WHERE x.tenant_id = o.tenant_id AND x.observed_at = o.observed_at
+        AND x.signal_key = o.signal_key AND x.action = 'callback'
+        AND x.endpoint_id = o.endpoint_id)) = o.event_id, FALSE)
         AS ours
 FROM outbox_in o
 LEFT JOIN inserted mine ON mine.id = o.id

@@ -612,20 +612,11 @@ async fn insert_deliveries(
         .await?
         .into_iter()
         .collect();
-    let missing: Vec<_> = rows
+    let missing: Vec<&OutboxRow<'_>> = rows
         .iter()
         .filter(|r| !inserted.contains(&r.delivery.id))
-        .map(key)
-        .collect::<HashSet<_>>()
-        .into_iter()
         .collect();
-    let holder = holders_of(
-        conn,
-        "SELECT tenant_id, signal_key, event_id FROM deliveries \
-         WHERE action = 'callback' AND (tenant_id, signal_key) IN ",
-        &missing,
-    )
-    .await?;
+    let holder = callback_holders(conn, &missing).await?;
     Ok(rows
         .iter()
         .map(|r| {
@@ -634,6 +625,34 @@ async fn insert_deliveries(
             (applied(ours), fresh)
         })
         .collect())
+}
+
+/// Which event holds the callback of each of `rows`' signals, looked up by the unique
+/// index's leading columns (tenant, observation time, signal key).
+async fn callback_holders(
+    conn: &mut SqliteConnection,
+    rows: &[&OutboxRow<'_>],
+) -> Result<HashMap<(Uuid, Vec<u8>), Uuid>, sqlx::Error> {
+    if rows.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let mut q = QueryBuilder::<Sqlite>::new(
+        "SELECT tenant_id, signal_key, event_id FROM deliveries \
+         WHERE action = 'callback' AND (tenant_id, observed_at, signal_key) IN (VALUES ",
+    );
+    let mut list = q.separated(", ");
+    for r in rows {
+        list.push("(");
+        list.push_bind_unseparated(r.target.tenant_id);
+        list.push_unseparated(", ");
+        list.push_bind_unseparated(r.target.observed_at);
+        list.push_unseparated(", ");
+        list.push_bind_unseparated(r.target.signal_key.clone());
+        list.push_unseparated(")");
+    }
+    q.push(")");
+    let found: Vec<(Uuid, Vec<u8>, Uuid)> = q.build_query_as().fetch_all(conn).await?;
+    Ok(found.into_iter().map(|(t, k, e)| ((t, k), e)).collect())
 }
 
 /// Adds to `q` the statement that inserts `events` (none if there are none); an event already
