@@ -1,6 +1,8 @@
 //! What a decided signal stores once its effects are known, built inside its commit: the
 //! callback's envelope, the event row and the response.
 
+use std::sync::Mutex;
+
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -46,6 +48,10 @@ pub(super) struct Draft {
     lock_until: i64,
     /// When its event is stored (unix ms), fixed once: the callback envelope's timestamp.
     created_at: i64,
+    /// The last envelope rendered: for which local outcomes, and whether its event renders
+    /// it. Where the metadata is stored follows from that, and the commit asks for the
+    /// envelope before the event of the same outcomes.
+    last_envelope: Mutex<Option<(Vec<(ActionKind, Applied)>, bool)>>,
 }
 
 impl Draft {
@@ -71,6 +77,7 @@ impl Draft {
             callback_suspended: false,
             lock_until,
             created_at: now_ms(),
+            last_envelope: Mutex::new(None),
         }
     }
 
@@ -158,6 +165,19 @@ impl Draft {
     }
 }
 
+impl Draft {
+    /// Whether the envelope for these local outcomes is rendered from its event: the answer
+    /// the commit's own rendering of it gave, else a rendering now.
+    fn envelope_renders_from_event(&self, effects: &[(ActionKind, Applied)]) -> bool {
+        let remembered = self.last_envelope.lock().ok().and_then(|last| {
+            last.as_ref()
+                .filter(|(rendered_for, _)| rendered_for.as_slice() == effects)
+                .map(|&(_, in_event)| in_event)
+        });
+        remembered.unwrap_or_else(|| self.envelope(effects).in_event)
+    }
+}
+
 impl Render for Draft {
     /// The callback envelope: its timestamp is the event's, and its bytes are repeated
     /// unchanged on every retry and redelivery, from the outbox row or rendered again from
@@ -181,6 +201,9 @@ impl Render for Draft {
             .collect();
         let bytes = self.callback_envelope().render(&actions);
         let in_event = self.envelope_in_event(effects, &bytes);
+        if let Ok(mut last) = self.last_envelope.lock() {
+            *last = Some((effects.to_vec(), in_event));
+        }
         EnvelopeBytes { bytes, in_event }
     }
 
@@ -192,7 +215,7 @@ impl Render for Draft {
         // here (the envelope is then rendered from this row).
         let metadata_in_callback = outcome.callback == Some(Applied::Done)
             && !self.metadata.is_empty()
-            && !self.envelope(&outcome.effects).in_event;
+            && !self.envelope_renders_from_event(&outcome.effects);
         let actions = json(&record.actions);
         let stored_results = record.actions.clone();
         let key_state = if outcome.requests.is_empty() {
