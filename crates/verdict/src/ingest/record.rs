@@ -50,8 +50,17 @@ pub(super) struct Draft {
     created_at: i64,
     /// The last envelope rendered: for which local outcomes, and whether its event renders
     /// it. Where the metadata is stored follows from that, and the commit asks for the
-    /// envelope before the event of the same outcomes.
-    last_envelope: Mutex<Option<(Vec<(ActionKind, Applied)>, bool)>>,
+    /// envelope before the event of the same outcomes. Keyed by the outcomes alone: every
+    /// other field is fixed once the draft is shared with the commit.
+    last_envelope: Mutex<Option<RenderedEnvelope>>,
+}
+
+/// What a rendering of the callback's envelope found.
+struct RenderedEnvelope {
+    /// The local outcomes it was rendered for.
+    effects: Vec<(ActionKind, Applied)>,
+    /// Whether its event renders it again byte for byte.
+    in_event: bool,
 }
 
 impl Draft {
@@ -171,8 +180,8 @@ impl Draft {
     fn envelope_renders_from_event(&self, effects: &[(ActionKind, Applied)]) -> bool {
         let remembered = self.last_envelope.lock().ok().and_then(|last| {
             last.as_ref()
-                .filter(|(rendered_for, _)| rendered_for.as_slice() == effects)
-                .map(|&(_, in_event)| in_event)
+                .filter(|rendered| rendered.effects == effects)
+                .map(|rendered| rendered.in_event)
         });
         remembered.unwrap_or_else(|| self.envelope(effects).in_event)
     }
@@ -202,7 +211,10 @@ impl Render for Draft {
         let bytes = self.callback_envelope().render(&actions);
         let in_event = self.envelope_in_event(effects, &bytes);
         if let Ok(mut last) = self.last_envelope.lock() {
-            *last = Some((effects.to_vec(), in_event));
+            *last = Some(RenderedEnvelope {
+                effects: effects.to_vec(),
+                in_event,
+            });
         }
         EnvelopeBytes { bytes, in_event }
     }

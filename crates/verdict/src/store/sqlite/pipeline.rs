@@ -612,9 +612,10 @@ async fn insert_deliveries(
         .await?
         .into_iter()
         .collect();
+    let mut asked = HashSet::new();
     let missing: Vec<&OutboxRow<'_>> = rows
         .iter()
-        .filter(|r| !inserted.contains(&r.delivery.id))
+        .filter(|r| !inserted.contains(&r.delivery.id) && asked.insert(key(r)))
         .collect();
     let holder = callback_holders(conn, &missing).await?;
     Ok(rows
