@@ -461,7 +461,7 @@ where
             .fetch_all(&mut *tx)
             .await?;
         tx.commit().await?;
-        Ok(Some((delivery, attempt_rows(&rows)?)))
+        Ok(Some((delivery, attempt_rows::<DB>(&rows)?)))
     }
 
     async fn queue_depth(&self, now: i64) -> Result<i64, crate::store::StoreError> {
