@@ -179,6 +179,99 @@ async fn same_signal_five_times_without_a_key_has_each_effect_once(backend: Back
     );
 }
 
+/// A step-up charge stored before its uniqueness led with the signal's time, whose event was
+/// pruned by then, keeps no time (`postgres/0031`, `sqlite/0029`): the same signal sent again
+/// is still not charged twice.
+async fn a_charge_stored_without_its_signals_time_is_not_made_again(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = tenant_with_every_action(&db).await;
+    let server = Server::start(&db, &[]);
+    let body = sim_swap("+447700900204");
+    assert_eq!(server.send(&tenant, None, &body).await.status, 200);
+    // As the migration leaves an entry whose event was gone.
+    assert_eq!(
+        db.exec("UPDATE ledger_entries SET observed_at = NULL")
+            .await,
+        1
+    );
+
+    let again = server.send(&tenant, None, &body).await;
+    assert_eq!(again.status, 200);
+    let charge = again.json()["actions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["action"] == "charge_step_up")
+        .cloned()
+        .unwrap();
+    assert_eq!(charge["outcome"], "already_done", "{charge}");
+    assert_eq!(db.count("ledger_entries").await, 1, "one charge per signal");
+}
+
+/// Step-up charges stored before their uniqueness led with the signal's time take their
+/// event's observation time when it changes; one whose event was pruned keeps none, and its
+/// signal key stays unique among those.
+async fn charges_stored_before_the_time_ordered_index_take_their_signals_time(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant_id = uuid::Uuid::now_v7();
+    let event_id = uuid::Uuid::now_v7();
+    let (timed_key, untimed_key) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
+    let blob = |id: uuid::Uuid| match backend {
+        Backend::Sqlite => format!("x'{}'", id.simple()),
+        Backend::Postgres => format!("'{id}'"),
+    };
+    let bytes = |id: uuid::Uuid| match backend {
+        Backend::Sqlite => format!("x'{}'", id.simple()),
+        Backend::Postgres => format!("'\\x{}'::bytea", id.simple()),
+    };
+    let (tenant, event) = (blob(tenant_id), blob(event_id));
+    let entry = |key: uuid::Uuid, event: String| {
+        format!(
+            "INSERT INTO ledger_entries (id, tenant_id, event_id, signal_key, subject_hash, \
+             kind, created_at) VALUES ({}, {tenant}, {event}, {}, {}, 'step_up_verification', \
+             1700000000300)",
+            blob(uuid::Uuid::now_v7()),
+            bytes(key),
+            bytes(key),
+        )
+    };
+    let statements = [
+        format!(
+            "INSERT INTO tenants (id, name, inbound_signature_required, created_at) \
+             VALUES ({tenant}, 'old', FALSE, 1)"
+        ),
+        format!(
+            "INSERT INTO events (id, tenant_id, signal_type, subject_hash, observed_at, \
+             attributes, metadata, decision, playbook_version, rule, actions, created_at, \
+             signal_key) VALUES ({event}, {tenant}, 'credential_breach', {s}, 1700000000123, \
+             '{{}}', '{{}}', 'step_up', 1, 'r', 'charge_step_up', 1700000000200, {s})",
+            s = bytes(timed_key),
+        ),
+        entry(timed_key, event.clone()),
+        // Its event pruned: no row of it is left.
+        entry(untimed_key, blob(uuid::Uuid::now_v7())),
+    ];
+    crate::endpoint_delivery::migrated_before(&db, ("0029", "0031"), &statements).await;
+    // The current binary migrates.
+    db.cli(&["tenant", "list", "--json"]);
+    assert_eq!(
+        db.scalar("SELECT COUNT(*) FROM ledger_entries WHERE observed_at = 1700000000123")
+            .await,
+        1,
+        "the entry whose event is there takes its time"
+    );
+    assert_eq!(
+        db.scalar("SELECT COUNT(*) FROM ledger_entries WHERE observed_at IS NULL")
+            .await,
+        1,
+        "the entry whose event was pruned has none"
+    );
+    let again = db
+        .try_exec(entry(untimed_key, blob(uuid::Uuid::now_v7())))
+        .await;
+    assert!(again.is_err(), "an untimed signal key is unique: {again:?}");
+}
+
 async fn a_crash_after_dispatch_without_a_key_leaves_no_callback_without_its_event(
     backend: Backend,
 ) {
@@ -351,4 +444,6 @@ on_both_backends!(
     concurrent_duplicates_without_a_key_still_have_each_effect_once,
     a_crash_after_dispatch_without_a_key_leaves_no_callback_without_its_event,
     an_open_case_collects_later_events_for_the_subject,
+    a_charge_stored_without_its_signals_time_is_not_made_again,
+    charges_stored_before_the_time_ordered_index_take_their_signals_time,
 );

@@ -349,7 +349,7 @@ async fn before_endpoints(db: &TestDb, statements: &[String]) {
 
 /// Migrates `db` up to the migrations numbered `first_after` (SQLite's, PostgreSQL's), not
 /// included, then runs `statements`: rows as an older version stored them.
-async fn migrated_before(db: &TestDb, first_after: (&str, &str), statements: &[String]) {
+pub(crate) async fn migrated_before(db: &TestDb, first_after: (&str, &str), statements: &[String]) {
     let (dir, first_after) = match db.backend {
         Backend::Sqlite => ("sqlite", first_after.0),
         Backend::Postgres => ("postgres", first_after.1),

@@ -111,6 +111,7 @@ impl Row for ActIn<'_> {
             Col::Uuid("event_id", |a| a.act.target.event_id),
             Col::Bytes("subject_hash", |a| a.act.target.subject_hash.clone()),
             Col::Bytes("signal_key", |a| a.act.target.signal_key.clone()),
+            Col::Int8("observed_at", |a| a.act.target.observed_at),
             Col::Str("signal_type", |a| a.act.target.signal_type),
             Col::Int8("now", |a| a.act.target.now),
             Col::Uuid("ledger_id", |a| a.ledger_id),

@@ -7,7 +7,6 @@
 
 use std::collections::{HashMap, HashSet};
 
-use sqlx::query_builder::Separated;
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 use uuid::Uuid;
 
@@ -43,42 +42,24 @@ async fn apply_effects(
         let applied = match action {
             // One lock per subject.
             ActionKind::LockAccount => {
-                let lock = OncePerKey {
+                let lock = OncePerSubject {
                     insert: "INSERT INTO account_locks (tenant_id, subject_hash, event_id, \
                              locked_at) ",
                     holders: "SELECT tenant_id, subject_hash, event_id FROM account_locks \
                               WHERE (tenant_id, subject_hash) IN ",
-                    ..OncePerKey::PER_SUBJECT
                 };
-                apply_once_per_key(conn, &lock, &targets).await?
+                apply_once_per_subject(conn, &lock, &targets).await?
             }
             // One standing deny per subject.
             ActionKind::Deny => {
-                let deny = OncePerKey {
+                let deny = OncePerSubject {
                     insert: "INSERT INTO denies (tenant_id, subject_hash, event_id, issued_at) ",
                     holders: "SELECT tenant_id, subject_hash, event_id FROM denies \
                               WHERE (tenant_id, subject_hash) IN ",
-                    ..OncePerKey::PER_SUBJECT
                 };
-                apply_once_per_key(conn, &deny, &targets).await?
+                apply_once_per_subject(conn, &deny, &targets).await?
             }
-            // One step-up charge per signal.
-            ActionKind::ChargeStepUp => {
-                let ledger = OncePerKey {
-                    insert: "INSERT INTO ledger_entries (tenant_id, signal_key, event_id, \
-                             created_at, id, subject_hash, kind) ",
-                    returning: " ON CONFLICT DO NOTHING RETURNING tenant_id, signal_key, event_id",
-                    holders: "SELECT tenant_id, signal_key, event_id FROM ledger_entries \
-                              WHERE (tenant_id, signal_key) IN ",
-                    key: |t| (t.tenant_id, t.signal_key.clone()),
-                    more: |t, row| {
-                        row.push_bind(Uuid::now_v7())
-                            .push_bind(t.subject_hash.clone())
-                            .push_bind("step_up_verification");
-                    },
-                };
-                apply_once_per_key(conn, &ledger, &targets).await?
-            }
+            ActionKind::ChargeStepUp => apply_charge_step_up(conn, &targets).await?,
             ActionKind::OpenCase => apply_open_case(conn, &targets).await?,
             ActionKind::AlertCustomer => {
                 apply_alert_customer(conn, &targets, alert_window_ms).await?
@@ -353,65 +334,44 @@ async fn holders_of(
     Ok(rows.into_iter().map(|(t, k, e)| ((t, k), e)).collect())
 }
 
-/// An effect held at most once per natural key, by the event that applied it: its rows start
-/// (tenant, key, event, time), then `more`.
-struct OncePerKey {
+/// An effect held at most once per subject, by the event that applied it: its rows are
+/// (tenant, subject, event, time).
+struct OncePerSubject {
     /// The statement that inserts rows, up to its `VALUES`.
     insert: &'static str,
-    /// What the insert returns: the key and the event that now holds it.
-    returning: &'static str,
-    /// Who holds keys the insert did not take, up to the list of keys.
+    /// Who holds subjects the insert did not take, up to the list of keys.
     holders: &'static str,
-    /// The natural key of a target's row.
-    key: fn(&ActionTarget) -> (Uuid, Vec<u8>),
-    /// The row's values after the first four.
-    more: fn(&ActionTarget, &mut Separated<'_, Sqlite, &'static str>),
 }
 
-impl OncePerKey {
-    /// What an effect held once per subject shares (the statements name its table).
-    const PER_SUBJECT: Self = Self {
-        insert: "",
-        returning: " ON CONFLICT DO NOTHING RETURNING tenant_id, subject_hash, event_id",
-        holders: "",
-        key: |t| (t.tenant_id, t.subject_hash.clone()),
-        more: |_, _| {},
-    };
-}
-
-/// Applies an effect held once per key for each target: `Done` where the target's
-/// event holds the key afterwards (now, or from an earlier attempt of the same event).
-async fn apply_once_per_key(
+/// Applies an effect held once per subject for each target: `Done` where the target's
+/// event holds the subject's row afterwards (now, or from an earlier attempt of the same event).
+async fn apply_once_per_subject(
     conn: &mut SqliteConnection,
-    kind: &OncePerKey,
+    kind: &OncePerSubject,
     targets: &[&ActionTarget],
 ) -> Result<Vec<Applied>, sqlx::Error> {
     if targets.is_empty() {
         return Ok(Vec::new());
     }
+    let key = |t: &ActionTarget| (t.tenant_id, t.subject_hash.clone());
     // One row per key: rows of one statement must not conflict with each other.
     let mut seen = HashSet::new();
-    let mut rows: Vec<_> = targets
-        .iter()
-        .filter(|t| seen.insert((kind.key)(t)))
-        .collect();
+    let mut rows: Vec<_> = targets.iter().filter(|t| seen.insert(key(t))).collect();
     // Concurrent batches take the keys' index locks in one order: no deadlock cycle.
-    rows.sort_by_key(|t| (kind.key)(t));
+    rows.sort_by_key(|t| key(t));
     let mut q = QueryBuilder::<Sqlite>::new(kind.insert);
     q.push_values(rows, |mut row, t| {
-        let (tenant, key) = (kind.key)(t);
-        row.push_bind(tenant)
-            .push_bind(key)
+        row.push_bind(t.tenant_id)
+            .push_bind(t.subject_hash.clone())
             .push_bind(t.event_id)
             .push_bind(t.now);
-        (kind.more)(t, &mut row);
     });
-    q.push(kind.returning);
+    q.push(" ON CONFLICT DO NOTHING RETURNING tenant_id, subject_hash, event_id");
     let inserted: Vec<(Uuid, Vec<u8>, Uuid)> = q.build_query_as().fetch_all(&mut *conn).await?;
     let mut holder: HashMap<_, _> = inserted.into_iter().map(|(t, k, e)| ((t, k), e)).collect();
     let missing: Vec<_> = targets
         .iter()
-        .map(|t| (kind.key)(t))
+        .map(|t| key(t))
         .filter(|k| !holder.contains_key(k))
         .collect::<HashSet<_>>()
         .into_iter()
@@ -419,7 +379,78 @@ async fn apply_once_per_key(
     holder.extend(holders_of(conn, kind.holders, &missing).await?);
     Ok(targets
         .iter()
-        .map(|t| applied(holder.get(&(kind.key)(t)) == Some(&t.event_id)))
+        .map(|t| applied(holder.get(&key(t)) == Some(&t.event_id)))
+        .collect())
+}
+
+/// Charges one step-up per signal: `Done` where the target's event holds its signal's
+/// ledger entry afterwards. Entries are unique by (tenant, observation time, signal key), in
+/// time order (sqlite/0029); one stored before that whose event was pruned has no time, and
+/// its own index is checked first.
+async fn apply_charge_step_up(
+    conn: &mut SqliteConnection,
+    targets: &[&ActionTarget],
+) -> Result<Vec<Applied>, sqlx::Error> {
+    if targets.is_empty() {
+        return Ok(Vec::new());
+    }
+    let key = |t: &ActionTarget| (t.tenant_id, t.signal_key.clone());
+    let mut seen = HashSet::new();
+    let mut rows: Vec<_> = targets.iter().filter(|t| seen.insert(key(t))).collect();
+    rows.sort_by_key(|t| (t.tenant_id, t.observed_at, t.signal_key.clone()));
+    let mut q = QueryBuilder::<Sqlite>::new(
+        "INSERT INTO ledger_entries (tenant_id, observed_at, signal_key, event_id, created_at, \
+         id, subject_hash, kind) \
+         SELECT column1, column2, column3, column4, column5, column6, column7, \
+         'step_up_verification' FROM (",
+    );
+    q.push_values(rows, |mut row, t| {
+        row.push_bind(t.tenant_id)
+            .push_bind(t.observed_at)
+            .push_bind(t.signal_key.clone())
+            .push_bind(t.event_id)
+            .push_bind(t.now)
+            .push_bind(Uuid::now_v7())
+            .push_bind(t.subject_hash.clone());
+    });
+    q.push(
+        ") AS v WHERE NOT EXISTS (SELECT 1 FROM ledger_entries x WHERE x.observed_at IS NULL \
+         AND x.tenant_id = v.column1 AND x.signal_key = v.column3) \
+         ON CONFLICT DO NOTHING RETURNING tenant_id, signal_key, event_id",
+    );
+    let inserted: Vec<(Uuid, Vec<u8>, Uuid)> = q.build_query_as().fetch_all(&mut *conn).await?;
+    let mut holder: HashMap<_, _> = inserted.into_iter().map(|(t, k, e)| ((t, k), e)).collect();
+    let missing: Vec<&&ActionTarget> = targets
+        .iter()
+        .filter(|t| !holder.contains_key(&key(t)))
+        .collect();
+    if !missing.is_empty() {
+        let mut q = QueryBuilder::<Sqlite>::new(
+            "SELECT tenant_id, signal_key, event_id FROM ledger_entries \
+             WHERE (tenant_id, observed_at, signal_key) IN (VALUES ",
+        );
+        let mut list = q.separated(", ");
+        for t in &missing {
+            list.push("(");
+            list.push_bind_unseparated(t.tenant_id);
+            list.push_unseparated(", ");
+            list.push_bind_unseparated(t.observed_at);
+            list.push_unseparated(", ");
+            list.push_bind_unseparated(t.signal_key.clone());
+            list.push_unseparated(")");
+        }
+        q.push(
+            ") UNION ALL SELECT tenant_id, signal_key, event_id FROM ledger_entries \
+             WHERE observed_at IS NULL AND (tenant_id, signal_key) IN ",
+        );
+        let keys: Vec<_> = missing.iter().map(|t| key(t)).collect();
+        push_keys(&mut q, &keys);
+        let found: Vec<(Uuid, Vec<u8>, Uuid)> = q.build_query_as().fetch_all(&mut *conn).await?;
+        holder.extend(found.into_iter().map(|(t, k, e)| ((t, k), e)));
+    }
+    Ok(targets
+        .iter()
+        .map(|t| applied(holder.get(&key(t)) == Some(&t.event_id)))
         .collect())
 }
 

@@ -301,19 +301,24 @@ impl TestDb {
     /// Runs a statement (written to work on both backends) against the test database; returns
     /// the rows it affected.
     pub async fn exec(&self, sql: impl Into<String>) -> u64 {
+        self.try_exec(sql).await.unwrap()
+    }
+
+    /// [`Self::exec`], for a statement the database may refuse: its error.
+    pub async fn try_exec(&self, sql: impl Into<String>) -> Result<u64, sqlx::Error> {
         let sql = sqlx::AssertSqlSafe(sql.into());
         match self.backend {
             Backend::Sqlite => {
-                let pool = SqlitePool::connect(&self.url).await.unwrap();
-                let done = sqlx::query(sql).execute(&pool).await.unwrap();
+                let pool = SqlitePool::connect(&self.url).await?;
+                let done = sqlx::query(sql).execute(&pool).await;
                 pool.close().await;
-                done.rows_affected()
+                Ok(done?.rows_affected())
             }
             Backend::Postgres => {
-                let pool = PgPool::connect(&self.url).await.unwrap();
-                let done = sqlx::query(sql).execute(&pool).await.unwrap();
+                let pool = PgPool::connect(&self.url).await?;
+                let done = sqlx::query(sql).execute(&pool).await;
                 pool.close().await;
-                done.rows_affected()
+                Ok(done?.rows_affected())
             }
         }
     }
