@@ -9,6 +9,10 @@
 # fresh signals at C (8) connections with wrk (bench/wrk/new.lua). Prints the WAL bytes per
 # signal stored, then the records between the two WAL positions grouped by relation and record
 # type, per signal: records, bytes (full-page images included) and the full-page images alone.
+# SIGNAL_TYPE (default sim_swap, read by bench/wrk/new.lua) measures another rule of the default
+# playbook: credential_breach is its step-up (alert_customer, charge_step_up, callback).
+# SEED (a SQL file run with psql -v rows=SEED_ROWS, default 1,000,000, once the tenants exist)
+# grows the database first, e.g. bench/wal/seed-ledger.sql.
 # A diagnostic beside ./scripts/bench, whose WAL column measures the same total.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -65,6 +69,10 @@ export VERDICT_MASTER_KEY
 with_callback=$("$BIN" tenant create --name wal-callback --no-inbound-signature \
     --callback-url "http://127.0.0.1:$hook_port/" --json | json_field api_key)
 no_callback=$("$BIN" tenant create --name wal-nocallback --no-inbound-signature --json | json_field api_key)
+if [ -n "${SEED:-}" ]; then
+    echo "== seeding with $SEED (rows=${SEED_ROWS:=1000000})"
+    psql -q -d "$DB" -v rows="$SEED_ROWS" -f "$SEED" >/dev/null
+fi
 
 port=$(free_port)
 base="http://127.0.0.1:$port"
