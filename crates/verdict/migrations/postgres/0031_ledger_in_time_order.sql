@@ -6,16 +6,32 @@
 -- the others observed about now.
 --
 -- An entry outlives its event (retention keeps it, so a signal sent again after its event was
--- pruned is not charged twice), and an entry whose event is gone has no time to take: it keeps
--- `observed_at` NULL and its own unique index of (tenant, signal key), which nothing inserts
--- into any more and which a charge checks before inserting.
+-- pruned is not charged twice), and an entry whose event is gone has no time to take: it moves
+-- to `ledger_entries_untimed`, unique by (tenant, signal key), which nothing inserts into any
+-- more and which a charge checks before inserting. The column then has no default and no
+-- NULL: a process of an older version still running inserts without it and fails, instead of
+-- charging a signal again.
 --
 -- The entry's own unique event id goes: one per signal makes it one per event (an event is of
 -- one signal), and nothing looks an entry up by its event.
 ALTER TABLE ledger_entries ADD COLUMN observed_at BIGINT;
 UPDATE ledger_entries l SET observed_at = e.observed_at FROM events e WHERE e.id = l.event_id;
-CREATE UNIQUE INDEX ledger_entries_untimed ON ledger_entries (tenant_id, signal_key)
-    WHERE observed_at IS NULL;
+CREATE TABLE ledger_entries_untimed (
+    tenant_id UUID NOT NULL,
+    signal_key BYTEA NOT NULL,
+    event_id UUID NOT NULL,
+    id UUID NOT NULL,
+    subject_hash BYTEA NOT NULL,
+    kind TEXT NOT NULL,
+    created_at BIGINT NOT NULL,
+    PRIMARY KEY (tenant_id, signal_key)
+);
+INSERT INTO ledger_entries_untimed (tenant_id, signal_key, event_id, id, subject_hash, kind,
+    created_at)
+SELECT tenant_id, signal_key, event_id, id, subject_hash, kind, created_at
+FROM ledger_entries WHERE observed_at IS NULL;
+DELETE FROM ledger_entries WHERE observed_at IS NULL;
+ALTER TABLE ledger_entries ALTER COLUMN observed_at SET NOT NULL;
 ALTER TABLE ledger_entries DROP CONSTRAINT ledger_entries_tenant_id_signal_key_key;
 ALTER TABLE ledger_entries DROP CONSTRAINT ledger_entries_event_id_key;
 ALTER TABLE ledger_entries ADD CONSTRAINT ledger_entries_one_per_signal

@@ -55,8 +55,9 @@ pub struct ActionTarget {
     pub subject_hash: Vec<u8>,
     /// Digest of (subject, type, observed_at): the same signal under any key or none.
     pub signal_key: Vec<u8>,
-    /// When the signal was observed (unix ms), which its key digests: a delivery's uniqueness
-    /// leads with it, so that index is written in time order rather than at random.
+    /// When the signal was observed (unix ms), which its key digests: a delivery's and a ledger
+    /// entry's uniqueness lead with it, so those indexes are written in time order rather than
+    /// at random.
     pub observed_at: i64,
     pub signal_type: &'static str,
     pub now: i64,

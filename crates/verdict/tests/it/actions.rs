@@ -180,8 +180,8 @@ async fn same_signal_five_times_without_a_key_has_each_effect_once(backend: Back
 }
 
 /// A step-up charge stored before its uniqueness led with the signal's time, whose event was
-/// pruned by then, keeps no time (`postgres/0031`, `sqlite/0029`): the same signal sent again
-/// is still not charged twice.
+/// pruned by then, has no time (`postgres/0031`, `sqlite/0029` move it to
+/// `ledger_entries_untimed`): the same signal sent again is still not charged twice.
 async fn a_charge_stored_without_its_signals_time_is_not_made_again(backend: Backend) {
     let db = TestDb::new(backend).await;
     let tenant = tenant_with_every_action(&db).await;
@@ -189,11 +189,13 @@ async fn a_charge_stored_without_its_signals_time_is_not_made_again(backend: Bac
     let body = sim_swap("+447700900204");
     assert_eq!(server.send(&tenant, None, &body).await.status, 200);
     // As the migration leaves an entry whose event was gone.
-    assert_eq!(
-        db.exec("UPDATE ledger_entries SET observed_at = NULL")
-            .await,
-        1
-    );
+    db.exec(
+        "INSERT INTO ledger_entries_untimed (tenant_id, signal_key, event_id, id, subject_hash, \
+         kind, created_at) SELECT tenant_id, signal_key, event_id, id, subject_hash, kind, \
+         created_at FROM ledger_entries",
+    )
+    .await;
+    assert_eq!(db.exec("DELETE FROM ledger_entries").await, 1);
 
     let again = server.send(&tenant, None, &body).await;
     assert_eq!(again.status, 200);
@@ -205,12 +207,17 @@ async fn a_charge_stored_without_its_signals_time_is_not_made_again(backend: Bac
         .cloned()
         .unwrap();
     assert_eq!(charge["outcome"], "already_done", "{charge}");
-    assert_eq!(db.count("ledger_entries").await, 1, "one charge per signal");
+    assert_eq!(
+        db.scalar("SELECT COUNT(*) FROM ledger_entries").await,
+        0,
+        "one charge per signal"
+    );
 }
 
 /// Step-up charges stored before their uniqueness led with the signal's time take their
-/// event's observation time when it changes; one whose event was pruned keeps none, and its
-/// signal key stays unique among those.
+/// event's observation time when migrated; one whose event was pruned keeps none and moves
+/// aside, its signal key still unique there. An insert without the time, as an older process
+/// would make, is refused rather than charging a signal again.
 async fn charges_stored_before_the_time_ordered_index_take_their_signals_time(backend: Backend) {
     let db = TestDb::new(backend).await;
     let tenant_id = uuid::Uuid::now_v7();
@@ -225,7 +232,8 @@ async fn charges_stored_before_the_time_ordered_index_take_their_signals_time(ba
         Backend::Postgres => format!("'\\x{}'::bytea", id.simple()),
     };
     let (tenant, event) = (blob(tenant_id), blob(event_id));
-    let entry = |key: uuid::Uuid, event: String| {
+    // As an older version inserted them: no observation time.
+    let entry = |key: uuid::Uuid, event: &str| {
         format!(
             "INSERT INTO ledger_entries (id, tenant_id, event_id, signal_key, subject_hash, \
              kind, created_at) VALUES ({}, {tenant}, {event}, {}, {}, 'step_up_verification', \
@@ -247,29 +255,51 @@ async fn charges_stored_before_the_time_ordered_index_take_their_signals_time(ba
              '{{}}', '{{}}', 'step_up', 1, 'r', 'charge_step_up', 1700000000200, {s})",
             s = bytes(timed_key),
         ),
-        entry(timed_key, event.clone()),
+        entry(timed_key, &event),
         // Its event pruned: no row of it is left.
-        entry(untimed_key, blob(uuid::Uuid::now_v7())),
+        entry(untimed_key, &blob(uuid::Uuid::now_v7())),
     ];
     crate::endpoint_delivery::migrated_before(&db, ("0029", "0031"), &statements).await;
     // The current binary migrates.
     db.cli(&["tenant", "list", "--json"]);
     assert_eq!(
-        db.scalar("SELECT COUNT(*) FROM ledger_entries WHERE observed_at = 1700000000123")
-            .await,
-        1,
-        "the entry whose event is there takes its time"
+        db.scalar("SELECT observed_at FROM ledger_entries").await,
+        1_700_000_000_123,
+        "the entry whose event is there takes its time, and is the only one left"
     );
     assert_eq!(
-        db.scalar("SELECT COUNT(*) FROM ledger_entries WHERE observed_at IS NULL")
+        db.scalar("SELECT COUNT(*) FROM ledger_entries_untimed")
             .await,
         1,
-        "the entry whose event was pruned has none"
+        "the entry whose event was pruned moves aside"
     );
-    let again = db
-        .try_exec(entry(untimed_key, blob(uuid::Uuid::now_v7())))
+    let unique = |refused: Result<u64, sqlx::Error>| matches!(refused, Err(sqlx::Error::Database(e)) if e.is_unique_violation());
+    let timed_again = db
+        .try_exec(format!(
+            "INSERT INTO ledger_entries (id, tenant_id, event_id, signal_key, subject_hash, \
+             kind, created_at, observed_at) VALUES ({}, {tenant}, {event}, {k}, {k}, \
+             'step_up_verification', 1, 1700000000123)",
+            blob(uuid::Uuid::now_v7()),
+            k = bytes(timed_key),
+        ))
         .await;
-    assert!(again.is_err(), "an untimed signal key is unique: {again:?}");
+    assert!(unique(timed_again), "one entry per signal and time");
+    let untimed_again = db
+        .try_exec(format!(
+            "INSERT INTO ledger_entries_untimed (tenant_id, signal_key, event_id, id, \
+             subject_hash, kind, created_at) VALUES ({tenant}, {k}, {event}, {}, {k}, \
+             'step_up_verification', 1)",
+            blob(uuid::Uuid::now_v7()),
+            k = bytes(untimed_key),
+        ))
+        .await;
+    assert!(unique(untimed_again), "one untimed entry per signal");
+    let without_time = db.try_exec(entry(uuid::Uuid::new_v4(), &event)).await;
+    assert!(
+        matches!(&without_time, Err(sqlx::Error::Database(e))
+            if e.kind() == sqlx::error::ErrorKind::NotNullViolation),
+        "an entry without its signal's time is refused: {without_time:?}"
+    );
 }
 
 async fn a_crash_after_dispatch_without_a_key_leaves_no_callback_without_its_event(

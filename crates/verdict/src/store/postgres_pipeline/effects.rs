@@ -55,18 +55,18 @@ fn effect(action: ActionKind) -> Option<Effect> {
     WHERE a.deny",
         },
         ActionKind::ChargeStepUp => Effect {
-            // Keyed by the signal's time first (postgres/0031); an entry stored before that
-            // whose event was pruned has no time and is checked by its own index.
+            // Keyed by the signal's time first (postgres/0031). An entry stored before that
+            // whose event was pruned has no time: it is in `ledger_entries_untimed`, checked
+            // here, and its event (pruned) is no act's, so the act's outcome is `already_done`.
             ctes: r#"
 , ledger_ins AS (
     INSERT INTO ledger_entries (tenant_id, observed_at, signal_key, event_id, created_at, id,
         subject_hash, kind)
-    SELECT DISTINCT ON (tenant_id, signal_key) tenant_id, observed_at, signal_key, event_id,
-        now, ledger_id, subject_hash, 'step_up_verification'
-    FROM live l WHERE charge_step_up AND NOT EXISTS (SELECT 1 FROM ledger_entries x
-        WHERE x.observed_at IS NULL AND x.tenant_id = l.tenant_id
-        AND x.signal_key = l.signal_key)
-    ORDER BY tenant_id, signal_key, i
+    SELECT DISTINCT ON (tenant_id, observed_at, signal_key) tenant_id, observed_at, signal_key,
+        event_id, now, ledger_id, subject_hash, 'step_up_verification'
+    FROM live a WHERE charge_step_up AND NOT EXISTS (SELECT 1 FROM ledger_entries_untimed x
+        WHERE x.tenant_id = a.tenant_id AND x.signal_key = a.signal_key)
+    ORDER BY tenant_id, observed_at, signal_key, i
     ON CONFLICT DO NOTHING RETURNING tenant_id, signal_key, event_id
 )"#,
             written: "EXISTS (SELECT 1 FROM ledger_ins l
@@ -74,9 +74,7 @@ fn effect(action: ActionKind) -> Option<Effect> {
             AND l.event_id = a.event_id)",
             outcome: "SELECT a.i, COALESCE(COALESCE(l.event_id, (SELECT x.event_id
         FROM ledger_entries x WHERE x.tenant_id = a.tenant_id
-        AND x.observed_at = a.observed_at AND x.signal_key = a.signal_key),
-        (SELECT x.event_id FROM ledger_entries x WHERE x.observed_at IS NULL
-        AND x.tenant_id = a.tenant_id AND x.signal_key = a.signal_key)) = a.event_id, FALSE)
+        AND x.observed_at = a.observed_at AND x.signal_key = a.signal_key)) = a.event_id, FALSE)
     FROM live a
     LEFT JOIN ledger_ins l ON l.tenant_id = a.tenant_id AND l.signal_key = a.signal_key
     WHERE a.charge_step_up",

@@ -385,8 +385,9 @@ async fn apply_once_per_subject(
 
 /// Charges one step-up per signal: `Done` where the target's event holds its signal's
 /// ledger entry afterwards. Entries are unique by (tenant, observation time, signal key), in
-/// time order (sqlite/0029); one stored before that whose event was pruned has no time, and
-/// its own index is checked first.
+/// time order (sqlite/0029). One stored before that whose event was pruned has no time: it is
+/// in `ledger_entries_untimed`, checked first, and its event (pruned) is no target's, so the
+/// target's charge is `AlreadyDone`.
 async fn apply_charge_step_up(
     conn: &mut SqliteConnection,
     targets: &[&ActionTarget],
@@ -394,17 +395,19 @@ async fn apply_charge_step_up(
     if targets.is_empty() {
         return Ok(Vec::new());
     }
-    let key = |t: &ActionTarget| (t.tenant_id, t.signal_key.clone());
+    // The signal key fixes the time: (tenant, time, key) is as unique as (tenant, key).
+    let key = |t: &ActionTarget| (t.tenant_id, t.observed_at, t.signal_key.clone());
     let mut seen = HashSet::new();
     let mut rows: Vec<_> = targets.iter().filter(|t| seen.insert(key(t))).collect();
-    rows.sort_by_key(|t| (t.tenant_id, t.observed_at, t.signal_key.clone()));
+    // Concurrent batches take the keys' index locks in one order: no deadlock cycle.
+    rows.sort_by_key(|t| key(t));
     let mut q = QueryBuilder::<Sqlite>::new(
         "INSERT INTO ledger_entries (tenant_id, observed_at, signal_key, event_id, created_at, \
          id, subject_hash, kind) \
          SELECT column1, column2, column3, column4, column5, column6, column7, \
          'step_up_verification' FROM (",
     );
-    q.push_values(rows, |mut row, t| {
+    q.push_values(&rows, |mut row, t| {
         row.push_bind(t.tenant_id)
             .push_bind(t.observed_at)
             .push_bind(t.signal_key.clone())
@@ -414,39 +417,34 @@ async fn apply_charge_step_up(
             .push_bind(t.subject_hash.clone());
     });
     q.push(
-        ") AS v WHERE NOT EXISTS (SELECT 1 FROM ledger_entries x WHERE x.observed_at IS NULL \
-         AND x.tenant_id = v.column1 AND x.signal_key = v.column3) \
-         ON CONFLICT DO NOTHING RETURNING tenant_id, signal_key, event_id",
+        ") AS v WHERE NOT EXISTS (SELECT 1 FROM ledger_entries_untimed x \
+         WHERE x.tenant_id = v.column1 AND x.signal_key = v.column3) \
+         ON CONFLICT DO NOTHING RETURNING tenant_id, observed_at, signal_key, event_id",
     );
-    let inserted: Vec<(Uuid, Vec<u8>, Uuid)> = q.build_query_as().fetch_all(&mut *conn).await?;
-    let mut holder: HashMap<_, _> = inserted.into_iter().map(|(t, k, e)| ((t, k), e)).collect();
-    let missing: Vec<&&ActionTarget> = targets
-        .iter()
+    let inserted: Vec<(Uuid, i64, Vec<u8>, Uuid)> =
+        q.build_query_as().fetch_all(&mut *conn).await?;
+    let mut holder: HashMap<_, _> = inserted
+        .into_iter()
+        .map(|(t, at, k, e)| ((t, at, k), e))
+        .collect();
+    let missing: Vec<_> = rows
+        .into_iter()
         .filter(|t| !holder.contains_key(&key(t)))
         .collect();
     if !missing.is_empty() {
         let mut q = QueryBuilder::<Sqlite>::new(
-            "SELECT tenant_id, signal_key, event_id FROM ledger_entries \
-             WHERE (tenant_id, observed_at, signal_key) IN (VALUES ",
+            "SELECT tenant_id, observed_at, signal_key, event_id FROM ledger_entries \
+             WHERE (tenant_id, observed_at, signal_key) IN (",
         );
-        let mut list = q.separated(", ");
-        for t in &missing {
-            list.push("(");
-            list.push_bind_unseparated(t.tenant_id);
-            list.push_unseparated(", ");
-            list.push_bind_unseparated(t.observed_at);
-            list.push_unseparated(", ");
-            list.push_bind_unseparated(t.signal_key.clone());
-            list.push_unseparated(")");
-        }
-        q.push(
-            ") UNION ALL SELECT tenant_id, signal_key, event_id FROM ledger_entries \
-             WHERE observed_at IS NULL AND (tenant_id, signal_key) IN ",
-        );
-        let keys: Vec<_> = missing.iter().map(|t| key(t)).collect();
-        push_keys(&mut q, &keys);
-        let found: Vec<(Uuid, Vec<u8>, Uuid)> = q.build_query_as().fetch_all(&mut *conn).await?;
-        holder.extend(found.into_iter().map(|(t, k, e)| ((t, k), e)));
+        q.push_values(missing, |mut row, t| {
+            row.push_bind(t.tenant_id)
+                .push_bind(t.observed_at)
+                .push_bind(t.signal_key.clone());
+        });
+        q.push(")");
+        let found: Vec<(Uuid, i64, Vec<u8>, Uuid)> =
+            q.build_query_as().fetch_all(&mut *conn).await?;
+        holder.extend(found.into_iter().map(|(t, at, k, e)| ((t, at, k), e)));
     }
     Ok(targets
         .iter()
