@@ -223,14 +223,7 @@ async fn charges_stored_before_the_time_ordered_index_take_their_signals_time(ba
     let tenant_id = uuid::Uuid::now_v7();
     let event_id = uuid::Uuid::now_v7();
     let (timed_key, untimed_key) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
-    let blob = |id: uuid::Uuid| match backend {
-        Backend::Sqlite => format!("x'{}'", id.simple()),
-        Backend::Postgres => format!("'{id}'"),
-    };
-    let bytes = |id: uuid::Uuid| match backend {
-        Backend::Sqlite => format!("x'{}'", id.simple()),
-        Backend::Postgres => format!("'\\x{}'::bytea", id.simple()),
-    };
+    let (blob, bytes) = (|id| db.uuid_sql(id), |id| db.bytes_sql(id));
     let (tenant, event) = (blob(tenant_id), blob(event_id));
     // As an older version inserted them: no observation time.
     let entry = |key: uuid::Uuid, event: &str| {

@@ -403,10 +403,7 @@ async fn a_tenants_callback_url_becomes_its_default_endpoint_with_its_deliveries
     let db = TestDb::new(backend).await;
     let receiver = Receiver::start(vec![]).await;
     let tenant_id = uuid::Uuid::now_v7();
-    let blob = |id: uuid::Uuid| match backend {
-        Backend::Sqlite => format!("x'{}'", id.simple()),
-        Backend::Postgres => format!("'{id}'"),
-    };
+    let blob = |id| db.uuid_sql(id);
     let (tenant, event) = (blob(tenant_id), blob(uuid::Uuid::now_v7()));
     let statements = [
         format!(
@@ -507,14 +504,7 @@ async fn deliveries_stored_before_the_time_ordered_index_take_their_signals_time
     let (event_id, way_back_id) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
     // A signal's key is a digest, never its event's id (a way back's is).
     let signal_key = uuid::Uuid::new_v4();
-    let blob = |id: uuid::Uuid| match backend {
-        Backend::Sqlite => format!("x'{}'", id.simple()),
-        Backend::Postgres => format!("'{id}'"),
-    };
-    let bytes = |id: uuid::Uuid| match backend {
-        Backend::Sqlite => format!("x'{}'", id.simple()),
-        Backend::Postgres => format!("'\\x{}'::bytea", id.simple()),
-    };
+    let (blob, bytes) = (|id| db.uuid_sql(id), |id| db.bytes_sql(id));
     let (tenant, event, way_back) = (blob(tenant_id), blob(event_id), blob(way_back_id));
     let statements = [
         format!(
