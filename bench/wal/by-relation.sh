@@ -9,16 +9,18 @@
 # fresh signals at C (8) connections with wrk (bench/wrk/new.lua). Prints the WAL bytes per
 # signal stored, then the records between the two WAL positions grouped by relation and record
 # type, per signal: records, bytes (full-page images included) and the full-page images alone.
-# SIGNAL_TYPE (default sim_swap, read by bench/wrk/new.lua) measures another rule of the default
-# playbook: credential_breach is its step-up (alert_customer, charge_step_up, callback).
-# SEED (a SQL file run with psql -v rows=SEED_ROWS, default 1,000,000, once the tenants exist)
-# grows the database first, e.g. bench/wal/seed-ledger.sql.
+# SIGNAL_TYPE (default sim_swap: new.lua's, rewritten in a copy) measures another rule of the
+# default playbook: credential_breach is its step-up (alert_customer, charge_step_up, callback).
+# SEED (a SQL file, its path from the repository's root, run with psql -v rows=SEED_ROWS,
+# default 1,000,000, once the tenants exist) grows the database first, e.g.
+# bench/wal/seed-ledger.sql.
 # A diagnostic beside ./scripts/bench, whose WAL column measures the same total.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 BIN=${1:-target/release/verdict}
 SECS=${SECS:-4} C=${C:-8}
+SIGNAL_TYPE=${SIGNAL_TYPE:-sim_swap} SEED_ROWS=${SEED_ROWS:-1000000}
 export PGHOST=${PGHOST:-127.0.0.1} PGPORT=${PGPORT:-5432} PGUSER=${PGUSER:-postgres}
 [ -x "$BIN" ] || { echo "by-relation: no verdict binary at $BIN (cargo build --release)" >&2; exit 1; }
 for tool in wrk nginx psql; do
@@ -31,6 +33,9 @@ free_port() {
 json_field() { python3 -c 'import json, sys; print(json.load(sys.stdin)[sys.argv[1]])' "$1"; }
 
 WORK=$(mktemp -d /tmp/verdict-wal.XXXXXX)
+sed "s/\"type\":\"sim_swap\"/\"type\":\"$SIGNAL_TYPE\"/" bench/wrk/new.lua >"$WORK/new.lua"
+grep -q "\"type\":\"$SIGNAL_TYPE\"" "$WORK/new.lua" ||
+    { echo "by-relation: bench/wrk/new.lua no longer names sim_swap where SIGNAL_TYPE goes" >&2; exit 1; }
 DB=verdict_wal_$$
 PIDS=()
 cleanup() {
@@ -70,8 +75,8 @@ with_callback=$("$BIN" tenant create --name wal-callback --no-inbound-signature 
     --callback-url "http://127.0.0.1:$hook_port/" --json | json_field api_key)
 no_callback=$("$BIN" tenant create --name wal-nocallback --no-inbound-signature --json | json_field api_key)
 if [ -n "${SEED:-}" ]; then
-    echo "== seeding with $SEED (rows=${SEED_ROWS:=1000000})"
-    psql -q -d "$DB" -v rows="$SEED_ROWS" -f "$SEED" >/dev/null
+    echo "== seeding with $SEED (rows=$SEED_ROWS)"
+    psql -X -q -v ON_ERROR_STOP=1 -d "$DB" -v rows="$SEED_ROWS" -f "$SEED" >/dev/null
 fi
 
 port=$(free_port)
@@ -82,7 +87,7 @@ for _ in $(seq 1 100); do curl -fsS -o /dev/null "$base/healthz" 2>/dev/null && 
 curl -fsS -o /dev/null "$base/healthz" || { echo "by-relation: verdict did not start: $(tail -5 "$WORK/serve.log")" >&2; exit 1; }
 
 load() { # load API_KEY SECONDS PREFIX
-    wrk -t2 -c"$C" -d"$2s" --timeout 30s -s bench/wrk/new.lua "$base" -H "Authorization: Bearer $1" \
+    wrk -t2 -c"$C" -d"$2s" --timeout 30s -s "$WORK/new.lua" "$base" -H "Authorization: Bearer $1" \
         -H "Content-Type: application/json" -- "$3-$$" "$(( ($(date +%s) + RANDOM) % 100000 ))" |
         grep -E 'Requests/sec|Non-2xx' || true
 }

@@ -13,7 +13,11 @@
 -- charging a signal again.
 --
 -- The entry's own unique event id goes: one per signal makes it one per event (an event is of
--- one signal), and nothing looks an entry up by its event.
+-- one signal), and nothing looks an entry up by its event. Both old uniques go first, so the
+-- rewrite of every row below maintains neither (the table is locked until the end, and what
+-- it holds is already unique).
+ALTER TABLE ledger_entries DROP CONSTRAINT ledger_entries_tenant_id_signal_key_key;
+ALTER TABLE ledger_entries DROP CONSTRAINT ledger_entries_event_id_key;
 ALTER TABLE ledger_entries ADD COLUMN observed_at BIGINT;
 UPDATE ledger_entries l SET observed_at = e.observed_at FROM events e WHERE e.id = l.event_id;
 CREATE TABLE ledger_entries_untimed (
@@ -32,7 +36,5 @@ SELECT tenant_id, signal_key, event_id, id, subject_hash, kind, created_at
 FROM ledger_entries WHERE observed_at IS NULL;
 DELETE FROM ledger_entries WHERE observed_at IS NULL;
 ALTER TABLE ledger_entries ALTER COLUMN observed_at SET NOT NULL;
-ALTER TABLE ledger_entries DROP CONSTRAINT ledger_entries_tenant_id_signal_key_key;
-ALTER TABLE ledger_entries DROP CONSTRAINT ledger_entries_event_id_key;
 ALTER TABLE ledger_entries ADD CONSTRAINT ledger_entries_one_per_signal
     UNIQUE (tenant_id, observed_at, signal_key);

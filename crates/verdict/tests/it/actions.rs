@@ -188,7 +188,8 @@ async fn a_charge_stored_without_its_signals_time_is_not_made_again(backend: Bac
     let server = Server::start(&db, &[]);
     let body = sim_swap("+447700900204");
     assert_eq!(server.send(&tenant, None, &body).await.status, 200);
-    // As the migration leaves an entry whose event was gone.
+    // As the migration leaves an entry whose event was gone (the event itself stays here: the
+    // untimed entry alone must stop the charge).
     db.exec(
         "INSERT INTO ledger_entries_untimed (tenant_id, signal_key, event_id, id, subject_hash, \
          kind, created_at) SELECT tenant_id, signal_key, event_id, id, subject_hash, kind, \
@@ -270,13 +271,25 @@ async fn charges_stored_before_the_time_ordered_index_take_their_signals_time(ba
     let timed_again = db
         .try_exec(format!(
             "INSERT INTO ledger_entries (id, tenant_id, event_id, signal_key, subject_hash, \
-             kind, created_at, observed_at) VALUES ({}, {tenant}, {event}, {k}, {k}, \
+             kind, created_at, observed_at) VALUES ({}, {tenant}, {}, {k}, {k}, \
              'step_up_verification', 1, 1700000000123)",
+            blob(uuid::Uuid::now_v7()),
             blob(uuid::Uuid::now_v7()),
             k = bytes(timed_key),
         ))
         .await;
     assert!(unique(timed_again), "one entry per signal and time");
+    // The event's own unique is gone (one per signal makes it one per event).
+    let same_event = db
+        .try_exec(format!(
+            "INSERT INTO ledger_entries (id, tenant_id, event_id, signal_key, subject_hash, \
+             kind, created_at, observed_at) VALUES ({}, {tenant}, {event}, {k}, {k}, \
+             'step_up_verification', 1, 1700000000999)",
+            blob(uuid::Uuid::now_v7()),
+            k = bytes(uuid::Uuid::new_v4()),
+        ))
+        .await;
+    assert!(same_event.is_ok(), "{same_event:?}");
     let untimed_again = db
         .try_exec(format!(
             "INSERT INTO ledger_entries_untimed (tenant_id, signal_key, event_id, id, \

@@ -399,7 +399,7 @@ async fn apply_charge_step_up(
     let key = |t: &ActionTarget| (t.tenant_id, t.observed_at, t.signal_key.clone());
     let mut seen = HashSet::new();
     let mut rows: Vec<_> = targets.iter().filter(|t| seen.insert(key(t))).collect();
-    // Concurrent batches take the keys' index locks in one order: no deadlock cycle.
+    // In the index's order: signals observed about now, side by side.
     rows.sort_by_key(|t| key(t));
     let mut q = QueryBuilder::<Sqlite>::new(
         "INSERT INTO ledger_entries (tenant_id, observed_at, signal_key, event_id, created_at, \

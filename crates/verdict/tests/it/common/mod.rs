@@ -304,23 +304,6 @@ impl TestDb {
         self.try_exec(sql).await.unwrap()
     }
 
-    /// `id` as this backend's SQL literal for a UUID column (a BLOB on SQLite): for rows
-    /// written as an older version stored them.
-    pub fn uuid_sql(&self, id: Uuid) -> String {
-        match self.backend {
-            Backend::Sqlite => format!("x'{}'", id.simple()),
-            Backend::Postgres => format!("'{id}'"),
-        }
-    }
-
-    /// `id`'s 16 bytes as this backend's SQL literal for a byte-string column.
-    pub fn bytes_sql(&self, id: Uuid) -> String {
-        match self.backend {
-            Backend::Sqlite => format!("x'{}'", id.simple()),
-            Backend::Postgres => format!("'\\x{}'::bytea", id.simple()),
-        }
-    }
-
     /// [`Self::exec`], for a statement the database may refuse: its error.
     pub async fn try_exec(&self, sql: impl Into<String>) -> Result<u64, sqlx::Error> {
         let sql = sqlx::AssertSqlSafe(sql.into());
@@ -337,6 +320,23 @@ impl TestDb {
                 pool.close().await;
                 Ok(done?.rows_affected())
             }
+        }
+    }
+
+    /// `id` as this backend's SQL literal for a UUID column (a BLOB on SQLite): for rows
+    /// written as an older version stored them.
+    pub fn uuid_sql(&self, id: Uuid) -> String {
+        match self.backend {
+            Backend::Sqlite => format!("x'{}'", id.simple()),
+            Backend::Postgres => format!("'{id}'"),
+        }
+    }
+
+    /// `id`'s 16 bytes as this backend's SQL literal for a byte-string column.
+    pub fn bytes_sql(&self, id: Uuid) -> String {
+        match self.backend {
+            Backend::Sqlite => format!("x'{}'", id.simple()),
+            Backend::Postgres => format!("'\\x{}'::bytea", id.simple()),
         }
     }
 
