@@ -180,10 +180,16 @@ where
         let mut tx = self.begin().await?;
         // Only a delivery made at the insert is suspended, so one selected here stays past
         // the bound: the deletes below take it, unless it was resumed (pending) meanwhile.
+        // Both `NOT EXISTS` here end in `LIMIT 1 OFFSET 0`, which keeps each a probe of
+        // `deliveries_by_event` per event (PostgreSQL does not turn a subquery with an
+        // `OFFSET` into a join). As an anti-join, the planner costs a merge join too, and that
+        // reads both ids' lowest index entries: the rows pruned before, dead until a vacuum.
+        // On a grown database that was 5,000–8,000 buffers and 8–30 ms of planning for each
+        // statement, every batch, against 0.2 ms.
         let ids: Vec<uuid::Uuid> = sqlx::query_scalar(
             "SELECT e.id FROM events e WHERE e.created_at < $1 AND NOT EXISTS \
              (SELECT 1 FROM deliveries d WHERE d.event_id = e.id AND (d.status = 'pending' \
-                OR (d.status = 'suspended' AND e.created_at >= $3))) \
+                OR (d.status = 'suspended' AND e.created_at >= $3)) LIMIT 1 OFFSET 0) \
              ORDER BY e.created_at LIMIT $2",
         )
         .bind(created_before)
@@ -198,7 +204,10 @@ where
         // A delivery that became pending since (a redelivery) keeps its event.
         let mut q = sqlx::QueryBuilder::<DB>::new("DELETE FROM events WHERE id IN ");
         push_ids(&mut q, &ids);
-        q.push(" AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.event_id = events.id)");
+        q.push(
+            " AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.event_id = events.id \
+             LIMIT 1 OFFSET 0)",
+        );
         let events = DB::rows_affected(&q.build().execute(&mut *tx).await?);
         tx.commit().await?;
         Ok(crate::store::PrunedEvents {
