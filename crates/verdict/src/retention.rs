@@ -20,6 +20,11 @@
 //! batches of each kind and says whether it stopped at that bound ([`Progress::More`]); the
 //! server's pruner then runs again at once, so a backlog (ten million rows after a long outage
 //! or a shortened window) is worked off at the database's delete rate, not one run a minute.
+//!
+//! Keys and events are deleted oldest first, so the oldest entries of the indexes that find
+//! them are the rows deleted before, dead until a vacuum; a scan from the start walks all of
+//! them, batch after batch. A [`Sweep`] remembers where its batches left off, and each batch
+//! starts there.
 
 use std::time::{Duration, Instant};
 
@@ -40,6 +45,53 @@ pub const BATCH: i64 = 500;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RetentionSettings {
     pub events: Duration,
+}
+
+/// How long a [`Sweep`] resumes where it left off before it starts again from the oldest rows.
+pub const RESWEEP_EVERY: Duration = Duration::from_secs(600);
+
+/// Where the pruner's batches have got to: the earliest expiry and creation time that can
+/// still hold a key or an event to delete.
+///
+/// Resuming is exact for keys: a key is deleted once it expires, a key that expired before the
+/// last one deleted is gone or was claimed again (and expires later), and a new key expires
+/// after now. An event is passed over while its delivery is pending (or suspended), so one
+/// older than where the sweep got to waits for the next sweep, within [`RESWEEP_EVERY`].
+#[derive(Clone, Copy, Debug)]
+pub struct Sweep {
+    keys_from: i64,
+    events_from: i64,
+    started: Instant,
+}
+
+impl Sweep {
+    /// A sweep from the oldest rows.
+    pub fn new() -> Self {
+        Self {
+            keys_from: i64::MIN,
+            events_from: i64::MIN,
+            started: Instant::now(),
+        }
+    }
+
+    /// This sweep, or a new one from the oldest rows once it is [`RESWEEP_EVERY`] old at
+    /// `now`.
+    pub fn renewed(self, now: Instant) -> Self {
+        if now.saturating_duration_since(self.started) >= RESWEEP_EVERY {
+            Self {
+                started: now,
+                ..Self::new()
+            }
+        } else {
+            self
+        }
+    }
+}
+
+impl Default for Sweep {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 /// What a run deleted.
@@ -105,25 +157,29 @@ where
 }
 
 /// Deletes what is past retention at `now` (unix ms), at most `max_batches` batches of each
-/// kind; a run that stops at the bound says so, and leaves the rest to the next.
+/// kind, from where `sweep` got to; a run that stops at the bound says so, and leaves the rest
+/// to the next.
 pub async fn prune(
     store: &dyn RetentionStore,
     settings: RetentionSettings,
     now: i64,
     max_batches: usize,
+    sweep: &mut Sweep,
 ) -> Result<(Pruned, Progress), StoreError> {
     let window = i64::try_from(settings.events.as_millis()).unwrap_or(i64::MAX);
     let before = now.saturating_sub(window);
     let suspended_before = now.saturating_sub(window.saturating_mul(SUSPENDED_RETENTION_FACTOR));
     let mut pruned = Pruned::default();
-    let keys = drain(
+    let keys = prune_keys(store, now, max_batches, sweep, &mut pruned).await?;
+    let events = prune_events(
+        store,
+        before,
+        suspended_before,
         max_batches,
+        sweep,
         &mut pruned,
-        |p| &mut p.idempotency_keys,
-        || store.prune_expired_keys(now, BATCH),
     )
     .await?;
-    let events = prune_events(store, before, suspended_before, max_batches, &mut pruned).await?;
     let playbooks = drain(
         max_batches,
         &mut pruned,
@@ -146,18 +202,46 @@ pub async fn prune(
     Ok((pruned, progress))
 }
 
-/// Events past retention, with their deliveries and attempts, in batches.
+/// Expired keys, in batches, from where the sweep got to.
+async fn prune_keys(
+    store: &dyn RetentionStore,
+    now: i64,
+    max_batches: usize,
+    sweep: &mut Sweep,
+    pruned: &mut Pruned,
+) -> Result<Progress, StoreError> {
+    for _ in 0..max_batches {
+        let started = Instant::now();
+        let batch = store
+            .prune_expired_keys(sweep.keys_from, now, BATCH)
+            .await?;
+        pruned.timed(started);
+        pruned.idempotency_keys += batch.deleted;
+        sweep.keys_from = sweep.keys_from.max(batch.reached.unwrap_or(i64::MIN));
+        if batch.deleted < BATCH as u64 {
+            return Ok(Progress::Done);
+        }
+    }
+    Ok(Progress::More)
+}
+
+/// Events past retention, with their deliveries and attempts, in batches from where the sweep
+/// got to.
 async fn prune_events(
     store: &dyn RetentionStore,
     before: i64,
     suspended_before: i64,
     max_batches: usize,
+    sweep: &mut Sweep,
     pruned: &mut Pruned,
 ) -> Result<Progress, StoreError> {
     for _ in 0..max_batches {
         let started = Instant::now();
-        let batch = store.prune_events(before, suspended_before, BATCH).await?;
+        let batch = store
+            .prune_events(sweep.events_from, before, suspended_before, BATCH)
+            .await?;
         pruned.timed(started);
+        sweep.events_from = sweep.events_from.max(batch.reached.unwrap_or(i64::MIN));
         pruned.events += batch.events;
         pruned.deliveries += batch.deliveries;
         pruned.delivery_attempts += batch.attempts;
@@ -169,4 +253,37 @@ async fn prune_events(
         }
     }
     Ok(Progress::More)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resumed() -> Sweep {
+        Sweep {
+            keys_from: 1_000,
+            events_from: 2_000,
+            ..Sweep::new()
+        }
+    }
+
+    #[test]
+    fn a_sweep_resumes_where_it_got_to_until_it_is_due_again() {
+        let sweep = resumed();
+        let renewed = sweep.renewed(sweep.started + RESWEEP_EVERY - Duration::from_millis(1));
+        assert_eq!((renewed.keys_from, renewed.events_from), (1_000, 2_000));
+        assert_eq!(renewed.started, sweep.started);
+    }
+
+    #[test]
+    fn a_sweep_that_is_due_starts_again_from_the_oldest_rows() {
+        let sweep = resumed();
+        let now = sweep.started + RESWEEP_EVERY;
+        let renewed = sweep.renewed(now);
+        assert_eq!(
+            (renewed.keys_from, renewed.events_from),
+            (i64::MIN, i64::MIN)
+        );
+        assert_eq!(renewed.started, now);
+    }
 }

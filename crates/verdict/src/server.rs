@@ -206,17 +206,19 @@ async fn prune(
     stop: CancellationToken,
 ) {
     let mut ticker = tokio::time::interval(every);
+    let mut sweep = retention::Sweep::new();
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = ticker.tick() => {}
         }
+        sweep = sweep.renewed(std::time::Instant::now());
         // A run that stopped at its bound with rows left is followed by another at once, so a
         // backlog is worked off without waiting for the next tick.
         loop {
             let progress = tokio::select! {
                 _ = stop.cancelled() => return,
-                progress = prune_run(&*store, retention) => progress,
+                progress = prune_run(&*store, retention, &mut sweep) => progress,
             };
             if progress == retention::Progress::Done {
                 break;
@@ -229,8 +231,9 @@ async fn prune(
 async fn prune_run(
     store: &dyn RetentionStore,
     retention: RetentionSettings,
+    sweep: &mut retention::Sweep,
 ) -> retention::Progress {
-    match retention::prune(store, retention, now_ms(), PRUNE_BATCHES_PER_RUN).await {
+    match retention::prune(store, retention, now_ms(), PRUNE_BATCHES_PER_RUN, sweep).await {
         Ok((pruned, progress)) => {
             if !pruned.is_empty() {
                 tracing::info!(

@@ -175,7 +175,9 @@ async fn run_prune(config: &Config, retention: RetentionSettings) -> anyhow::Res
         .await
         .context("connecting to the database")?;
     let now = crate::clock::now_ms();
-    let (pruned, _) = crate::retention::prune(&*store, retention, now, usize::MAX).await?;
+    let mut sweep = crate::retention::Sweep::new();
+    let (pruned, _) =
+        crate::retention::prune(&*store, retention, now, usize::MAX, &mut sweep).await?;
     println!("{}", serde_json::to_value(pruned)?);
     Ok(())
 }

@@ -63,6 +63,27 @@ pub(crate) trait SqlDb: Database + sealed::Sealed + super::actions::KeyList {
     /// A condition that holds for the rows whose addresses `subquery` selects, found by address
     /// (a TID scan on PostgreSQL) rather than by a key's index.
     fn address_in(subquery: &str) -> String;
+    /// Makes the rest of a transaction plan each statement once for any parameters, or `None`
+    /// where planning never reads the tables.
+    ///
+    /// PostgreSQL plans a statement again for its parameters, and a bound near either end of
+    /// an index's range makes it read the index's end for the actual value there
+    /// (`get_actual_variable_range`), walking every dead entry on the way. Where rows go oldest
+    /// first, those are all the rows deleted since the last vacuum.
+    const GENERIC_PLANS: Option<&'static str>;
+}
+
+/// Runs [`SqlDb::GENERIC_PLANS`] in a transaction, where the database has it.
+pub(crate) async fn plan_generically<DB, C>(conn: &mut C) -> Result<(), sqlx::Error>
+where
+    DB: SqlDb + Database<Connection = C>,
+    C: Connection<Database = DB>,
+    for<'c> &'c mut C: Executor<'c, Database = DB>,
+{
+    if let Some(set) = DB::GENERIC_PLANS {
+        sqlx::raw_sql(set).execute(&mut *conn).await?;
+    }
+    Ok(())
 }
 
 /// Runs what `q` holds, if anything, and empties it for the next statements.

@@ -112,14 +112,16 @@ pub trait EventStore {
     ) -> Result<Vec<EventRecord>, StoreError>;
     /// One of the tenant's events.
     async fn event(&self, tenant_id: Uuid, id: Uuid) -> Result<Option<EventRecord>, StoreError>;
-    /// Deletes up to `limit` events created before `created_before`, oldest first, in one
-    /// transaction with their deliveries and the deliveries' attempts.
+    /// Deletes up to `limit` events created at `created_from` or later and before
+    /// `created_before`, oldest first, in one transaction with their deliveries and the
+    /// deliveries' attempts.
     /// An event with a delivery still pending (waiting, retrying or leased) is kept, delivery
     /// and all; so is one with a suspended callback, unless the event was created before
     /// `suspended_before`. The state events produced (locks, denies, cases, alert windows,
     /// ledger entries) is not theirs to take: it stays.
     async fn prune_events(
         &self,
+        created_from: i64,
         created_before: i64,
         suspended_before: i64,
         limit: i64,
@@ -131,6 +133,8 @@ pub trait EventStore {
 pub struct PrunedEvents {
     /// Events examined: fewer than the limit means nothing older is left to prune.
     pub selected: u64,
+    /// The latest creation time among the events examined.
+    pub reached: Option<i64>,
     pub events: u64,
     pub deliveries: u64,
     pub attempts: u64,
@@ -173,11 +177,13 @@ where
 {
     async fn prune_events(
         &self,
+        created_from: i64,
         created_before: i64,
         suspended_before: i64,
         limit: i64,
     ) -> Result<crate::store::PrunedEvents, crate::store::StoreError> {
         let mut tx = self.begin().await?;
+        crate::store::backend::plan_generically(&mut *tx).await?;
         // Only a delivery made at the insert is suspended, so one selected here stays past
         // the bound: the deletes below take it, unless it was resumed (pending) meanwhile.
         // Both `NOT EXISTS` here end in `LIMIT 1 OFFSET 0`, which keeps each a probe of
@@ -186,8 +192,9 @@ where
         // reads both ids' lowest index entries: the rows pruned before, dead until a vacuum.
         // On a grown database that was 5,000–8,000 buffers and 8–30 ms of planning for each
         // statement, every batch, against 0.2 ms.
-        let ids: Vec<uuid::Uuid> = sqlx::query_scalar(
-            "SELECT e.id FROM events e WHERE e.created_at < $1 AND NOT EXISTS \
+        let picked: Vec<(uuid::Uuid, i64)> = sqlx::query_as(
+            "SELECT e.id, e.created_at FROM events e \
+             WHERE e.created_at >= $4 AND e.created_at < $1 AND NOT EXISTS \
              (SELECT 1 FROM deliveries d WHERE d.event_id = e.id AND (d.status = 'pending' \
                 OR (d.status = 'suspended' AND e.created_at >= $3)) LIMIT 1 OFFSET 0) \
              ORDER BY e.created_at LIMIT $2",
@@ -195,11 +202,13 @@ where
         .bind(created_before)
         .bind(limit)
         .bind(suspended_before)
+        .bind(created_from)
         .fetch_all(&mut *tx)
         .await?;
-        if ids.is_empty() {
+        if picked.is_empty() {
             return Ok(Default::default());
         }
+        let ids: Vec<uuid::Uuid> = picked.iter().map(|(id, _)| *id).collect();
         let (deliveries, attempts) = delete_settled_deliveries(&mut *tx, &ids).await?;
         // A delivery that became pending since (a redelivery) keeps its event.
         let mut q = sqlx::QueryBuilder::<DB>::new("DELETE FROM events WHERE id IN ");
@@ -212,6 +221,7 @@ where
         tx.commit().await?;
         Ok(crate::store::PrunedEvents {
             selected: ids.len() as u64,
+            reached: picked.iter().map(|(_, created_at)| *created_at).max(),
             events,
             deliveries,
             attempts,

@@ -77,6 +77,15 @@ pub enum ClaimOutcome {
     },
 }
 
+/// What one batch of expired keys deleted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PrunedKeys {
+    pub deleted: u64,
+    /// The latest expiry among them: every key that expired before it is gone, or was
+    /// claimed again (and expires later).
+    pub reached: Option<i64>,
+}
+
 /// An existing key row, as a claim that lost the insert reads it.
 #[derive(Clone, Debug, sqlx::FromRow)]
 pub struct ExistingKey {
@@ -220,8 +229,14 @@ pub trait KeyStore {
         lock_token: Uuid,
         response: &StoredResponse,
     ) -> Result<(), StoreError>;
-    /// Deletes up to `limit` keys whose lifetime ended, soonest-expired first; returns how many.
-    async fn prune_expired_keys(&self, now: i64, limit: i64) -> Result<u64, StoreError>;
+    /// Deletes up to `limit` keys whose lifetime ended at `from` or later (and by `now`),
+    /// soonest-expired first.
+    async fn prune_expired_keys(
+        &self,
+        from: i64,
+        now: i64,
+        limit: i64,
+    ) -> Result<PrunedKeys, StoreError>;
     /// Completes a dispatched signal once its connector calls answered, in one transaction:
     /// its event's action outcomes (`actions`, JSON) and, when it has a key whose lock is
     /// still `held`'s, the key with its final response.
@@ -529,25 +544,33 @@ where
 
     async fn prune_expired_keys(
         &self,
+        from: i64,
         now: i64,
         limit: i64,
-    ) -> Result<u64, crate::store::StoreError> {
+    ) -> Result<PrunedKeys, crate::store::StoreError> {
         // Bounded, so one statement never holds the writer (SQLite's only one) for long however
         // many keys expired at once; `idempotency_keys_by_expiry` finds them and their
         // addresses find the rows, not a probe of the random-ordered primary key each.
         let sql = format!(
-            "DELETE FROM idempotency_keys WHERE {}",
+            "DELETE FROM idempotency_keys WHERE {} RETURNING expires_at",
             DB::address_in(&format!(
-                "SELECT {} FROM idempotency_keys WHERE expires_at <= $1 \
+                "SELECT {} FROM idempotency_keys WHERE expires_at >= $3 AND expires_at <= $1 \
                  ORDER BY expires_at LIMIT $2",
                 DB::ROW_ADDRESS
             ))
         );
-        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
+        let mut tx = self.begin().await?;
+        crate::store::backend::plan_generically(&mut *tx).await?;
+        let expired: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
             .bind(now)
             .bind(limit)
-            .execute(self.write())
+            .bind(from)
+            .fetch_all(&mut *tx)
             .await?;
-        Ok(DB::rows_affected(&done))
+        tx.commit().await?;
+        Ok(PrunedKeys {
+            deleted: expired.len() as u64,
+            reached: expired.iter().max().copied(),
+        })
     }
 }

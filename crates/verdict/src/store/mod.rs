@@ -72,7 +72,8 @@ pub use endpoints::{EndpointRecord, EndpointStore, PutEndpoint};
 pub use events::{EventRecord, EventStore, NewEvent, PrunedEvents};
 pub use feeds::{FeedStore, TransmitterRecord};
 pub use keys::{
-    Claim, ClaimOutcome, KeyRef, KeyState, KeyStore, RecoveryPoint, StoredResponse, judge,
+    Claim, ClaimOutcome, KeyRef, KeyState, KeyStore, PrunedKeys, RecoveryPoint, StoredResponse,
+    judge,
 };
 pub use operator::{KeyedUndo, OperatorStore, Undo};
 pub use pipeline::{

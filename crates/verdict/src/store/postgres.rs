@@ -327,6 +327,9 @@ impl super::backend::SqlDb for Postgres {
         // moved, so it is left alone, as a fresh look at its columns would require.
         format!("ctid = ANY (ARRAY({subquery}))")
     }
+
+    const GENERIC_PLANS: Option<&'static str> =
+        Some("SET LOCAL plan_cache_mode = force_generic_plan");
 }
 
 impl super::backend::Backend for PostgresStore {

@@ -3,7 +3,9 @@
 //! playbook versions go unless an event names them. Rows are back-dated; `verdict prune` and the
 //! server's pruner do the deleting.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use verdict::retention::{RESWEEP_EVERY, RetentionSettings, Sweep, prune as prune_from};
 
 use crate::common::receiver::{Receiver, Step};
 use crate::common::{
@@ -316,7 +318,62 @@ async fn a_backlog_past_one_runs_bound_is_pruned_without_waiting_for_the_next_ti
     assert!(server.logged("pruned past retention").await);
 }
 
+async fn an_event_passed_over_while_its_delivery_was_pending_goes_in_the_next_sweep(
+    backend: Backend,
+) {
+    let db = TestDb::new(backend).await;
+    let receiver = Receiver::start(vec![Step::status(500), Step::status(200)]).await;
+    let tenant = db.tenant(&["--callback-url", &receiver.url]);
+    {
+        let server = Server::start(&db, &quiet_pruner());
+        for phone in ["+447700900941", "+447700900942"] {
+            let reply = server
+                .send(&tenant, Some(&new_key()), &sim_swap(phone))
+                .await;
+            assert_eq!(reply.status, 200);
+        }
+        wait_for_attempts(&db, 2).await;
+    }
+    // The pending one (a 500 to retry) is the older of the two past retention.
+    db.exec(format!(
+        "UPDATE events SET created_at = created_at - CASE WHEN EXISTS (SELECT 1 FROM \
+         deliveries d WHERE d.event_id = events.id AND d.status = 'pending') \
+         THEN {} ELSE {} END",
+        92 * DAY_MS,
+        91 * DAY_MS
+    ))
+    .await;
+    let store = verdict::store::connect(&db.url).await.unwrap();
+    let settings = RetentionSettings {
+        events: Duration::from_secs(90 * 86_400),
+    };
+    // One server run of the pruner: the events it deleted, and where its sweep got to.
+    let run = |mut sweep: Sweep| {
+        let store = store.clone();
+        async move {
+            let now = verdict::clock::now_ms();
+            let (pruned, _) = prune_from(&*store, settings, now, usize::MAX, &mut sweep)
+                .await
+                .unwrap();
+            (pruned.events, sweep)
+        }
+    };
+
+    let (events, sweep) = run(Sweep::new()).await;
+    assert_eq!(events, 1, "the settled one goes, the pending one stays");
+
+    // Settled now, but older than where the sweep got to: it waits for the next sweep.
+    db.exec("UPDATE deliveries SET status = 'dead' WHERE status = 'pending'")
+        .await;
+    let (events, sweep) = run(sweep).await;
+    assert_eq!(events, 0);
+    let (events, _) = run(sweep.renewed(Instant::now() + RESWEEP_EVERY)).await;
+    assert_eq!(events, 1);
+    assert_eq!(db.count("events").await, 0);
+}
+
 on_both_backends!(
+    an_event_passed_over_while_its_delivery_was_pending_goes_in_the_next_sweep,
     events_past_retention_go_with_their_deliveries_but_never_a_pending_one,
     a_backlog_past_one_runs_bound_is_pruned_without_waiting_for_the_next_tick,
     the_servers_pruner_applies_the_configured_retention,

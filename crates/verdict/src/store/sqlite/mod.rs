@@ -180,6 +180,8 @@ impl super::backend::SqlDb for Sqlite {
     fn address_in(subquery: &str) -> String {
         format!("rowid IN ({subquery})")
     }
+
+    const GENERIC_PLANS: Option<&'static str> = None;
 }
 
 impl super::backend::Backend for SqliteStore {
