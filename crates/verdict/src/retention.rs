@@ -50,13 +50,14 @@ pub struct RetentionSettings {
 /// How long a [`Sweep`] resumes where it left off before it starts again from the oldest rows.
 pub const RESWEEP_EVERY: Duration = Duration::from_secs(600);
 
-/// Where the pruner's batches have got to: the earliest expiry and creation time that can
-/// still hold a key or an event to delete.
+/// Where the pruner's batches have got to: the expiry and creation time from which keys and
+/// events are still to be deleted.
 ///
-/// Resuming is exact for keys: a key is deleted once it expires, a key that expired before the
-/// last one deleted is gone or was claimed again (and expires later), and a new key expires
-/// after now. An event is passed over while its delivery is pending (or suspended), so one
-/// older than where the sweep got to waits for the next sweep, within [`RESWEEP_EVERY`].
+/// A key that expired before the last one deleted is nearly always gone or claimed again (and
+/// expires later), and new keys expire after now; an event is passed over while its delivery
+/// is pending (or suspended). What a batch passes over like that (an event, or a key updated
+/// between the batch's pick and its delete) is older than where the sweep got to, and waits
+/// for the next sweep, which starts from the oldest rows every [`RESWEEP_EVERY`].
 #[derive(Clone, Copy, Debug)]
 pub struct Sweep {
     keys_from: i64,

@@ -212,10 +212,10 @@ async fn prune(
             _ = stop.cancelled() => return,
             _ = ticker.tick() => {}
         }
-        sweep = sweep.renewed(std::time::Instant::now());
         // A run that stopped at its bound with rows left is followed by another at once, so a
         // backlog is worked off without waiting for the next tick.
         loop {
+            sweep = sweep.renewed(std::time::Instant::now());
             let progress = tokio::select! {
                 _ = stop.cancelled() => return,
                 progress = prune_run(&*store, retention, &mut sweep) => progress,

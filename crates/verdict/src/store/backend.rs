@@ -73,15 +73,15 @@ pub(crate) trait SqlDb: Database + sealed::Sealed + super::actions::KeyList {
     const GENERIC_PLANS: Option<&'static str>;
 }
 
-/// Runs [`SqlDb::GENERIC_PLANS`] in a transaction, where the database has it.
-pub(crate) async fn plan_generically<DB, C>(conn: &mut C) -> Result<(), sqlx::Error>
+/// Runs [`SqlDb::GENERIC_PLANS`] in `tx`, where the database has it (a `SET LOCAL` outside a
+/// transaction would do nothing).
+pub(crate) async fn plan_generically<DB>(tx: &mut Transaction<'_, DB>) -> Result<(), sqlx::Error>
 where
-    DB: SqlDb + Database<Connection = C>,
-    C: Connection<Database = DB>,
-    for<'c> &'c mut C: Executor<'c, Database = DB>,
+    DB: SqlDb,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
 {
     if let Some(set) = DB::GENERIC_PLANS {
-        sqlx::raw_sql(set).execute(&mut *conn).await?;
+        sqlx::raw_sql(set).execute(&mut **tx).await?;
     }
     Ok(())
 }

@@ -81,8 +81,7 @@ pub enum ClaimOutcome {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PrunedKeys {
     pub deleted: u64,
-    /// The latest expiry among them: every key that expired before it is gone, or was
-    /// claimed again (and expires later).
+    /// The latest expiry among them.
     pub reached: Option<i64>,
 }
 
@@ -560,7 +559,7 @@ where
             ))
         );
         let mut tx = self.begin().await?;
-        crate::store::backend::plan_generically(&mut *tx).await?;
+        crate::store::backend::plan_generically(&mut tx).await?;
         let expired: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
             .bind(now)
             .bind(limit)
