@@ -76,6 +76,17 @@ pub struct SubjectState {
     pub events: Vec<Uuid>,
 }
 
+/// Of a subject's `subjects` row: the lock's event and time, the deny's event and time.
+type HoldsRow = (Option<Uuid>, Option<i64>, Option<Uuid>, Option<i64>);
+
+/// A hold on a subject: the event that applied it, and when.
+type Hold = Option<(Uuid, i64)>;
+
+/// The lock and the deny of a subject's row (a pair of columns is set whole or not at all).
+fn held((locked_by, locked_at, denied_by, denied_at): HoldsRow) -> (Hold, Hold) {
+    (locked_by.zip(locked_at), denied_by.zip(denied_at))
+}
+
 /// Reads of the actions' state.
 #[async_trait]
 pub trait ActionStore {
@@ -132,27 +143,22 @@ where
         if events.is_empty() {
             return Ok(None);
         }
-        let lock = sqlx::query_as(
-            "SELECT event_id, locked_at FROM account_locks \
+        let holds: Option<HoldsRow> = sqlx::query_as(
+            "SELECT locked_by, locked_at, denied_by, denied_at FROM subjects \
              WHERE tenant_id = $1 AND subject_hash = $2",
         )
         .bind(tenant_id)
         .bind(subject_hash)
         .fetch_optional(self.read())
         .await?;
-        let deny = sqlx::query_as(
-            "SELECT event_id, issued_at FROM denies WHERE tenant_id = $1 AND subject_hash = $2",
-        )
-        .bind(tenant_id)
-        .bind(subject_hash)
-        .fetch_optional(self.read())
-        .await?;
+        let (lock, deny) = holds.map(held).unwrap_or_default();
         let rows: Vec<(uuid::Uuid, i64, uuid::Uuid)> = sqlx::query_as(
-            "SELECT c.id, c.opened_at, c.opened_by_event FROM cases c \
-             WHERE c.tenant_id = $1 AND c.subject_hash = $2 AND c.status = 'open' \
-             UNION ALL SELECT c.id, c.opened_at, e.event_id FROM cases c \
-             JOIN case_events e ON e.case_id = c.id \
-             WHERE c.tenant_id = $1 AND c.subject_hash = $2 AND c.status = 'open' \
+            "SELECT c.id, c.opened_at, c.opened_by_event FROM subjects s \
+             JOIN cases c ON c.id = s.open_case \
+             WHERE s.tenant_id = $1 AND s.subject_hash = $2 \
+             UNION ALL SELECT c.id, c.opened_at, e.event_id FROM subjects s \
+             JOIN cases c ON c.id = s.open_case JOIN case_events e ON e.case_id = c.id \
+             WHERE s.tenant_id = $1 AND s.subject_hash = $2 \
              ORDER BY 1, 3",
         )
         .bind(tenant_id)

@@ -72,12 +72,16 @@ where
     async fn undo(&self, undo: &Undo) -> Result<bool, StoreError> {
         let statement = match undo.action {
             ActionKind::UnlockAccount => {
-                "DELETE FROM account_locks WHERE tenant_id = $1 AND subject_hash = $2"
+                "UPDATE subjects SET locked_by = NULL, locked_at = NULL \
+                 WHERE tenant_id = $1 AND subject_hash = $2 AND locked_by IS NOT NULL"
             }
-            ActionKind::LiftDeny => "DELETE FROM denies WHERE tenant_id = $1 AND subject_hash = $2",
+            ActionKind::LiftDeny => {
+                "UPDATE subjects SET denied_by = NULL, denied_at = NULL \
+                 WHERE tenant_id = $1 AND subject_hash = $2 AND denied_by IS NOT NULL"
+            }
             ActionKind::CloseCase => {
-                "UPDATE cases SET status = 'closed' \
-                 WHERE tenant_id = $1 AND subject_hash = $2 AND status = 'open'"
+                "UPDATE cases SET status = 'closed' WHERE status = 'open' AND id = \
+                 (SELECT open_case FROM subjects WHERE tenant_id = $1 AND subject_hash = $2)"
             }
             other => {
                 return Err(StoreError::Corrupt(
@@ -97,6 +101,25 @@ where
                 tx.commit().await?;
             }
             return Ok(false);
+        }
+        // The subject's row forgets the case closed (a lock or deny lifted is cleared by the
+        // statement above), and goes when nothing is left on it.
+        let mut forget = vec![
+            "DELETE FROM subjects WHERE tenant_id = $1 AND subject_hash = $2 \
+             AND locked_by IS NULL AND denied_by IS NULL AND open_case IS NULL",
+        ];
+        if undo.action == ActionKind::CloseCase {
+            forget.insert(
+                0,
+                "UPDATE subjects SET open_case = NULL WHERE tenant_id = $1 AND subject_hash = $2",
+            );
+        }
+        for statement in forget {
+            sqlx::query(statement)
+                .bind(undo.target.tenant_id)
+                .bind(&undo.target.subject_hash[..])
+                .execute(&mut *tx)
+                .await?;
         }
         // A call of the undone action still waiting for a retry would undo the undoing: it is
         // failed here (one in flight now cannot be stopped; it ends before its lease does), or

@@ -3,11 +3,12 @@
 
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::common;
 use crate::common::{
-    ALL_ACTIONS_PLAYBOOK, Backend, Server, Tenant, TestDb, UNUSED_CALLBACK, new_key, sim_swap,
+    ALL_ACTIONS_PLAYBOOK, Backend, Server, Tenant, TestDb, UNUSED_CALLBACK, action_outcome,
+    new_key, post_json, sim_swap,
 };
 
 const SIDE_EFFECTS: [&str; 6] = [
@@ -467,6 +468,188 @@ async fn an_open_case_collects_later_events_for_the_subject(backend: Backend) {
     assert_eq!(s["open_cases"][0]["events"][1], second.json()["event_id"]);
 }
 
+/// A subject's lock, deny and open case are one row: undone one at a time, the others stand;
+/// undone all, the row goes; the next signal takes each again, with a new case.
+async fn a_subjects_lock_deny_and_case_are_undone_apart_and_taken_again(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = tenant_with_every_action(&db).await;
+    let server = Server::start(&db, &[]);
+    let phone = "+447700900311";
+    let first = server
+        .send(&tenant, Some(&new_key()), &sim_swap(phone))
+        .await;
+    assert_eq!(first.status, 200, "{}", first.text());
+    let first = first.json();
+    let hash = first["subject_hash"].as_str().unwrap().to_owned();
+    let (server, tenant, hash) = (&server, &tenant, &hash);
+    let state = || async move {
+        let reply = server.get(tenant, &format!("/v1/subjects/{hash}")).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        reply.json()
+    };
+    let undo = |way: &'static str| async move {
+        let body = json!({"subject": {"phone": phone}, "reason": "a test"});
+        let reply = post_json(server, tenant, &format!("/v1/subjects/{way}"), body).await;
+        assert_eq!(reply.status, 200, "{way}: {}", reply.text());
+        assert_eq!(reply.json()["outcome"], "done", "{way}");
+    };
+    let s = state().await;
+    assert_eq!(s["lock"]["event_id"], first["event_id"], "{s}");
+    assert_eq!(s["deny"]["event_id"], first["event_id"], "{s}");
+    let case = s["open_cases"][0]["id"].clone();
+    assert!(case.is_string(), "{s}");
+
+    undo("unlock").await;
+    let s = state().await;
+    assert!(s["lock"].is_null(), "{s}");
+    assert_eq!(
+        s["deny"]["event_id"], first["event_id"],
+        "the deny stands: {s}"
+    );
+    assert_eq!(s["open_cases"][0]["id"], case, "the case stays open: {s}");
+    undo("lift-deny").await;
+    let s = state().await;
+    assert!(s["lock"].is_null() && s["deny"].is_null(), "{s}");
+    assert_eq!(s["open_cases"][0]["id"], case, "the case stays open: {s}");
+    assert_eq!(db.scalar("SELECT COUNT(*) FROM subjects").await, 1);
+    undo("close-case").await;
+    let s = state().await;
+    assert_eq!(s["open_cases"], json!([]), "{s}");
+    assert_eq!(
+        db.scalar("SELECT COUNT(*) FROM subjects").await,
+        0,
+        "nothing stands on the subject: its row goes"
+    );
+    assert_eq!(db.count("cases").await, 1, "the closed case is kept");
+
+    // The signal key has the observation time to the second: the next swap is another signal.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let next = server
+        .send(tenant, Some(&new_key()), &sim_swap(phone))
+        .await;
+    assert_eq!(next.status, 200, "{}", next.text());
+    let next = next.json();
+    for action in ["lock_account", "deny", "open_case"] {
+        assert_eq!(
+            action_outcome(&next, action)["outcome"],
+            "done",
+            "{action}: {next}"
+        );
+    }
+    let s = state().await;
+    assert_eq!(s["lock"]["event_id"], next["event_id"], "{s}");
+    assert_eq!(s["deny"]["event_id"], next["event_id"], "{s}");
+    assert_ne!(s["open_cases"][0]["id"], case, "a new case: {s}");
+    assert_eq!(db.count("cases").await, 2);
+}
+
+/// Locks, denies and open cases stored as two tables and a partial index did, before a
+/// subject's state was one row, still stand, each with its event; a closed case opens none.
+async fn locks_denies_and_open_cases_stored_before_the_subjects_row_still_stand(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let (blob, bytes) = (|id| db.uuid_sql(id), |id| db.bytes_sql(id));
+    let tenant = blob(uuid::Uuid::now_v7());
+    let (both, locked, denied, cased) = (
+        uuid::Uuid::new_v4(),
+        uuid::Uuid::new_v4(),
+        uuid::Uuid::new_v4(),
+        uuid::Uuid::new_v4(),
+    );
+    let (lock_event, deny_event, case_id, closed_id) = (
+        uuid::Uuid::now_v7(),
+        uuid::Uuid::now_v7(),
+        uuid::Uuid::now_v7(),
+        uuid::Uuid::now_v7(),
+    );
+    let lock = |subject| {
+        format!(
+            "INSERT INTO account_locks (tenant_id, subject_hash, event_id, locked_at) \
+             VALUES ({tenant}, {}, {}, 10)",
+            bytes(subject),
+            blob(lock_event)
+        )
+    };
+    let deny = |subject| {
+        format!(
+            "INSERT INTO denies (tenant_id, subject_hash, event_id, issued_at) \
+             VALUES ({tenant}, {}, {}, 20)",
+            bytes(subject),
+            blob(deny_event)
+        )
+    };
+    let case = |id, subject, status| {
+        format!(
+            "INSERT INTO cases (id, tenant_id, subject_hash, status, opened_by_event, \
+             opened_at) VALUES ({}, {tenant}, {}, '{status}', {}, 30)",
+            blob(id),
+            bytes(subject),
+            blob(lock_event)
+        )
+    };
+    let statements = [
+        format!(
+            "INSERT INTO tenants (id, name, inbound_signature_required, created_at) \
+             VALUES ({tenant}, 'old', FALSE, 1)"
+        ),
+        lock(both),
+        deny(both),
+        case(case_id, both, "open"),
+        lock(locked),
+        deny(denied),
+        case(closed_id, cased, "closed"),
+    ];
+    crate::endpoint_delivery::migrated_before(&db, ("0030", "0032"), &statements).await;
+    // The current binary migrates.
+    db.cli(&["tenant", "list", "--json"]);
+    assert_eq!(db.scalar("SELECT COUNT(*) FROM subjects").await, 3);
+    assert_eq!(db.count("account_locks").await, 2);
+    assert_eq!(db.count("denies").await, 2);
+    // Each subject's row as expected: an update that matches it exactly touches one row.
+    let matches = |subject, condition: String| {
+        format!(
+            "UPDATE subjects SET locked_at = locked_at WHERE tenant_id = {tenant} \
+             AND subject_hash = {} AND {condition}",
+            bytes(subject)
+        )
+    };
+    let (lock_event, deny_event) = (blob(lock_event), blob(deny_event));
+    for (subject, condition) in [
+        (
+            both,
+            format!(
+                "locked_by = {lock_event} AND locked_at = 10 AND denied_by = {deny_event} \
+                 AND denied_at = 20 AND open_case = {}",
+                blob(case_id)
+            ),
+        ),
+        (
+            locked,
+            format!(
+                "locked_by = {lock_event} AND locked_at = 10 AND denied_by IS NULL \
+                 AND open_case IS NULL"
+            ),
+        ),
+        (
+            denied,
+            format!(
+                "locked_by IS NULL AND denied_by = {deny_event} AND denied_at = 20 \
+                 AND open_case IS NULL"
+            ),
+        ),
+    ] {
+        assert_eq!(
+            db.exec(matches(subject, condition.clone())).await,
+            1,
+            "{condition}"
+        );
+    }
+    assert_eq!(
+        db.exec(matches(cased, "TRUE".to_owned())).await,
+        0,
+        "a closed case leaves nothing standing"
+    );
+}
+
 on_both_backends!(
     crash_after_claim_is_exactly_once,
     crash_after_lock_account_is_exactly_once,
@@ -482,4 +665,6 @@ on_both_backends!(
     an_open_case_collects_later_events_for_the_subject,
     a_charge_stored_without_its_signals_time_is_not_made_again,
     charges_stored_before_the_time_ordered_index_take_their_signals_time,
+    a_subjects_lock_deny_and_case_are_undone_apart_and_taken_again,
+    locks_denies_and_open_cases_stored_before_the_subjects_row_still_stand,
 );

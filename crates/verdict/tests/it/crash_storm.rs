@@ -107,9 +107,9 @@ async fn crash_storm_keeps_every_signal_exactly_once(backend: Backend) {
         ),
         (
             "account_locks",
-            "SELECT COUNT(*) FROM account_locks",
-            "SELECT COUNT(DISTINCT event_id) FROM account_locks",
-            "SELECT COUNT(*) FROM account_locks x JOIN events e ON e.id = x.event_id",
+            "SELECT COUNT(locked_by) FROM subjects",
+            "SELECT COUNT(DISTINCT locked_by) FROM subjects",
+            "SELECT COUNT(*) FROM subjects x JOIN events e ON e.id = x.locked_by",
         ),
         (
             "cases",
@@ -125,9 +125,9 @@ async fn crash_storm_keeps_every_signal_exactly_once(backend: Backend) {
         ),
         (
             "denies",
-            "SELECT COUNT(*) FROM denies",
-            "SELECT COUNT(DISTINCT event_id) FROM denies",
-            "SELECT COUNT(*) FROM denies x JOIN events e ON e.id = x.event_id",
+            "SELECT COUNT(denied_by) FROM subjects",
+            "SELECT COUNT(DISTINCT denied_by) FROM subjects",
+            "SELECT COUNT(*) FROM subjects x JOIN events e ON e.id = x.denied_by",
         ),
         (
             "deliveries",

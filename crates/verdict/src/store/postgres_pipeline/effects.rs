@@ -8,57 +8,86 @@ use crate::domain::ActionKind;
 
 /// One action's SQL in [`super::apply()`].
 pub(super) struct Effect {
-    /// CTEs, each starting `, name AS (` and ending `)`, that write the effect.
-    ctes: &'static str,
+    /// CTEs, each starting `, name AS (` and ending `)`, that write the effect. A part that
+    /// several actions share (their subject's row, [`SUBJECTS`]) is written once.
+    ctes: &'static [&'static str],
     /// A condition on the act `a` that holds when this statement wrote its row for `a`.
     written: &'static str,
     /// A query of `(i, ours)` for each live act that asks for it.
     outcome: &'static str,
 }
 
+/// A subject's standing state, one row (`subjects`): its account lock, its standing deny and
+/// its open case, each taken by the first act (in batch order) that asks for it, unless the
+/// row has it already. Written by one CTE that the three actions share. A subject whose row
+/// already has everything asked is left out: the insert's conflict would lock that row (a
+/// `DO UPDATE` locks it even when its condition fails) and make concurrent batches wait.
+const SUBJECTS: &str = r#"
+, subject_in AS (
+    SELECT tenant_id, subject_hash,
+        (array_agg(event_id ORDER BY i) FILTER (WHERE lock_account))[1] AS locked_by,
+        (array_agg(now ORDER BY i) FILTER (WHERE lock_account))[1] AS locked_at,
+        (array_agg(event_id ORDER BY i) FILTER (WHERE deny))[1] AS denied_by,
+        (array_agg(now ORDER BY i) FILTER (WHERE deny))[1] AS denied_at,
+        (array_agg(case_id ORDER BY i) FILTER (WHERE open_case))[1] AS open_case,
+        (array_agg(event_id ORDER BY i) FILTER (WHERE open_case))[1] AS case_opener,
+        (array_agg(now ORDER BY i) FILTER (WHERE open_case))[1] AS case_opened_at
+    FROM live WHERE lock_account OR deny OR open_case GROUP BY tenant_id, subject_hash
+), subject_ins AS (
+    INSERT INTO subjects (tenant_id, subject_hash, locked_by, locked_at, denied_by, denied_at,
+        open_case)
+    SELECT s.tenant_id, s.subject_hash, s.locked_by, s.locked_at, s.denied_by, s.denied_at,
+        s.open_case
+    FROM subject_in s
+    WHERE NOT EXISTS (SELECT 1 FROM subjects x WHERE x.tenant_id = s.tenant_id
+        AND x.subject_hash = s.subject_hash
+        AND (s.locked_by IS NULL OR x.locked_by IS NOT NULL)
+        AND (s.denied_by IS NULL OR x.denied_by IS NOT NULL)
+        AND (s.open_case IS NULL OR x.open_case IS NOT NULL))
+    ORDER BY s.tenant_id, s.subject_hash
+    ON CONFLICT (tenant_id, subject_hash) DO UPDATE
+        SET locked_by = COALESCE(subjects.locked_by, excluded.locked_by),
+            locked_at = COALESCE(subjects.locked_at, excluded.locked_at),
+            denied_by = COALESCE(subjects.denied_by, excluded.denied_by),
+            denied_at = COALESCE(subjects.denied_at, excluded.denied_at),
+            open_case = COALESCE(subjects.open_case, excluded.open_case)
+        WHERE (subjects.locked_by IS NULL AND excluded.locked_by IS NOT NULL)
+            OR (subjects.denied_by IS NULL AND excluded.denied_by IS NOT NULL)
+            OR (subjects.open_case IS NULL AND excluded.open_case IS NOT NULL)
+    RETURNING tenant_id, subject_hash, locked_by, denied_by, open_case
+)"#;
+
 /// The SQL of a local action (the callback has none here: its outbox row is the statement's
 /// own step).
 fn effect(action: ActionKind) -> Option<Effect> {
     Some(match action {
         ActionKind::LockAccount => Effect {
-            ctes: r#"
-, lock_ins AS (
-    INSERT INTO account_locks (tenant_id, subject_hash, event_id, locked_at)
-    SELECT DISTINCT ON (tenant_id, subject_hash) tenant_id, subject_hash, event_id, now
-    FROM live WHERE lock_account ORDER BY tenant_id, subject_hash, i
-    ON CONFLICT DO NOTHING RETURNING tenant_id, subject_hash, event_id
-)"#,
-            written: "EXISTS (SELECT 1 FROM lock_ins l WHERE l.tenant_id = a.tenant_id
-            AND l.subject_hash = a.subject_hash AND l.event_id = a.event_id)",
-            outcome: "SELECT a.i, COALESCE(COALESCE(l.event_id, (SELECT x.event_id
-        FROM account_locks x WHERE x.tenant_id = a.tenant_id
+            ctes: &[SUBJECTS],
+            written: "EXISTS (SELECT 1 FROM subject_ins h WHERE h.tenant_id = a.tenant_id
+            AND h.subject_hash = a.subject_hash AND h.locked_by = a.event_id)",
+            outcome: "SELECT a.i, COALESCE(COALESCE(h.locked_by, (SELECT x.locked_by
+        FROM subjects x WHERE x.tenant_id = a.tenant_id
         AND x.subject_hash = a.subject_hash)) = a.event_id, FALSE)
     FROM live a
-    LEFT JOIN lock_ins l ON l.tenant_id = a.tenant_id AND l.subject_hash = a.subject_hash
+    LEFT JOIN subject_ins h ON h.tenant_id = a.tenant_id AND h.subject_hash = a.subject_hash
     WHERE a.lock_account",
         },
         ActionKind::Deny => Effect {
-            ctes: r#"
-, deny_ins AS (
-    INSERT INTO denies (tenant_id, subject_hash, event_id, issued_at)
-    SELECT DISTINCT ON (tenant_id, subject_hash) tenant_id, subject_hash, event_id, now
-    FROM live WHERE deny ORDER BY tenant_id, subject_hash, i
-    ON CONFLICT DO NOTHING RETURNING tenant_id, subject_hash, event_id
-)"#,
-            written: "EXISTS (SELECT 1 FROM deny_ins d WHERE d.tenant_id = a.tenant_id
-            AND d.subject_hash = a.subject_hash AND d.event_id = a.event_id)",
-            outcome: "SELECT a.i, COALESCE(COALESCE(d.event_id, (SELECT x.event_id
-        FROM denies x WHERE x.tenant_id = a.tenant_id
+            ctes: &[SUBJECTS],
+            written: "EXISTS (SELECT 1 FROM subject_ins h WHERE h.tenant_id = a.tenant_id
+            AND h.subject_hash = a.subject_hash AND h.denied_by = a.event_id)",
+            outcome: "SELECT a.i, COALESCE(COALESCE(h.denied_by, (SELECT x.denied_by
+        FROM subjects x WHERE x.tenant_id = a.tenant_id
         AND x.subject_hash = a.subject_hash)) = a.event_id, FALSE)
     FROM live a
-    LEFT JOIN deny_ins d ON d.tenant_id = a.tenant_id AND d.subject_hash = a.subject_hash
+    LEFT JOIN subject_ins h ON h.tenant_id = a.tenant_id AND h.subject_hash = a.subject_hash
     WHERE a.deny",
         },
         ActionKind::ChargeStepUp => Effect {
             // Keyed by the signal's time first (postgres/0031). An entry stored before that
             // whose event was pruned has no time: it is in `ledger_entries_untimed`, checked
             // here, and its event (pruned) is no act's, so the act's outcome is `already_done`.
-            ctes: r#"
+            ctes: &[r#"
 , ledger_ins AS (
     INSERT INTO ledger_entries (tenant_id, observed_at, signal_key, event_id, created_at, id,
         subject_hash, kind)
@@ -68,7 +97,7 @@ fn effect(action: ActionKind) -> Option<Effect> {
         WHERE x.tenant_id = a.tenant_id AND x.signal_key = a.signal_key)
     ORDER BY tenant_id, observed_at, signal_key, i
     ON CONFLICT DO NOTHING RETURNING tenant_id, signal_key, event_id
-)"#,
+)"#],
             written: "EXISTS (SELECT 1 FROM ledger_ins l
             WHERE l.tenant_id = a.tenant_id AND l.signal_key = a.signal_key
             AND l.event_id = a.event_id)",
@@ -80,23 +109,24 @@ fn effect(action: ActionKind) -> Option<Effect> {
     WHERE a.charge_step_up",
         },
         ActionKind::OpenCase => Effect {
-            ctes: r#"
+            ctes: &[
+                SUBJECTS,
+                r#"
 , case_ins AS (
+    -- The cases this statement opened: their subject's row took the new case's id.
     INSERT INTO cases (id, tenant_id, subject_hash, status, opened_by_event, opened_at)
-    SELECT DISTINCT ON (tenant_id, subject_hash) case_id, tenant_id, subject_hash, 'open',
-        event_id, now
-    FROM live WHERE open_case ORDER BY tenant_id, subject_hash, i
-    ON CONFLICT DO NOTHING RETURNING id, tenant_id, subject_hash, opened_by_event
+    SELECT s.open_case, s.tenant_id, s.subject_hash, 'open', i.case_opener, i.case_opened_at
+    FROM subject_ins s JOIN subject_in i ON i.tenant_id = s.tenant_id
+        AND i.subject_hash = s.subject_hash AND i.open_case = s.open_case
+    RETURNING id, tenant_id, subject_hash, opened_by_event
 ), case_of AS (
     -- The case this statement opened for the subject, else the open one already there.
-    SELECT a.i, a.event_id, a.now,
-        COALESCE(c.id, (SELECT x.id FROM cases x WHERE x.tenant_id = a.tenant_id
-            AND x.subject_hash = a.subject_hash AND x.status = 'open')) AS case_id,
-        COALESCE(c.opened_by_event, (SELECT x.opened_by_event FROM cases x
-            WHERE x.tenant_id = a.tenant_id AND x.subject_hash = a.subject_hash
-            AND x.status = 'open')) AS opener
+    SELECT a.i, a.event_id, a.now, COALESCE(c.id, x.id) AS case_id,
+        COALESCE(c.opened_by_event, x.opened_by_event) AS opener
     FROM live a
     LEFT JOIN case_ins c ON c.tenant_id = a.tenant_id AND c.subject_hash = a.subject_hash
+    LEFT JOIN (subjects s JOIN cases x ON x.id = s.open_case)
+        ON s.tenant_id = a.tenant_id AND s.subject_hash = a.subject_hash
     WHERE a.open_case
 ), case_attached AS (
     -- The events after the opener (the case holds its opener).
@@ -106,13 +136,14 @@ fn effect(action: ActionKind) -> Option<Effect> {
     ORDER BY case_id, event_id
     ON CONFLICT DO NOTHING
 )"#,
+            ],
             written: "EXISTS (SELECT 1 FROM case_ins c
             WHERE c.tenant_id = a.tenant_id AND c.subject_hash = a.subject_hash
             AND c.opened_by_event = a.event_id)",
             outcome: "SELECT i, COALESCE(opener = event_id, FALSE) FROM case_of",
         },
         ActionKind::AlertCustomer => Effect {
-            ctes: r#"
+            ctes: &[r#"
 , alert_ins AS (
     -- Claims each subject's alert window: inserted, or moved to this event once it expired.
     INSERT INTO alert_windows (tenant_id, subject_hash, signal_type, event_id, last_sent_at)
@@ -134,7 +165,7 @@ fn effect(action: ActionKind) -> Option<Effect> {
     LEFT JOIN alert_ins w ON w.tenant_id = a.tenant_id AND w.subject_hash = a.subject_hash
         AND w.signal_type = a.signal_type
     WHERE a.alert_customer
-)"#,
+)"#],
             written: "EXISTS (SELECT 1 FROM alert_ins w WHERE w.tenant_id = a.tenant_id
             AND w.subject_hash = a.subject_hash AND w.signal_type = a.signal_type
             AND w.event_id = a.event_id)",
@@ -206,7 +237,14 @@ fn effects(set: EffectSet) -> impl Iterator<Item = (ActionKind, Effect)> {
 /// time it runs, asked for or not, and that set-up was a sixth of the database's time per
 /// signal (`perf`, `standard_ExecutorStart`).
 pub(super) fn assemble(template: &str, set: EffectSet) -> String {
-    let ctes: String = effects(set).map(|(_, e)| e.ctes).collect();
+    // A part that several actions share (their subject's row) is written once.
+    let mut ctes: Vec<&str> = Vec::new();
+    for part in effects(set).flat_map(|(_, e)| e.ctes) {
+        if !ctes.contains(part) {
+            ctes.push(part);
+        }
+    }
+    let ctes = ctes.concat();
     let written: Vec<String> = effects(set)
         .map(|(action, e)| format!("(NOT a.{} OR {})", action.as_str(), e.written))
         .collect();

@@ -40,22 +40,31 @@ async fn apply_effects(
         }
         let targets: Vec<_> = which.iter().map(|&i| &acts[i].target).collect();
         let applied = match action {
-            // One lock per subject.
+            // One lock per subject, on its row.
             ActionKind::LockAccount => {
                 let lock = OncePerSubject {
-                    insert: "INSERT INTO account_locks (tenant_id, subject_hash, event_id, \
+                    insert: "INSERT INTO subjects (tenant_id, subject_hash, locked_by, \
                              locked_at) ",
-                    holders: "SELECT tenant_id, subject_hash, event_id FROM account_locks \
-                              WHERE (tenant_id, subject_hash) IN ",
+                    upsert: " ON CONFLICT (tenant_id, subject_hash) DO UPDATE \
+                             SET locked_by = excluded.locked_by, locked_at = excluded.locked_at \
+                             WHERE subjects.locked_by IS NULL \
+                             RETURNING tenant_id, subject_hash, locked_by",
+                    holders: "SELECT tenant_id, subject_hash, locked_by FROM subjects \
+                              WHERE locked_by IS NOT NULL AND (tenant_id, subject_hash) IN ",
                 };
                 apply_once_per_subject(conn, &lock, &targets).await?
             }
-            // One standing deny per subject.
+            // One standing deny per subject, on the same row.
             ActionKind::Deny => {
                 let deny = OncePerSubject {
-                    insert: "INSERT INTO denies (tenant_id, subject_hash, event_id, issued_at) ",
-                    holders: "SELECT tenant_id, subject_hash, event_id FROM denies \
-                              WHERE (tenant_id, subject_hash) IN ",
+                    insert: "INSERT INTO subjects (tenant_id, subject_hash, denied_by, \
+                             denied_at) ",
+                    upsert: " ON CONFLICT (tenant_id, subject_hash) DO UPDATE \
+                             SET denied_by = excluded.denied_by, denied_at = excluded.denied_at \
+                             WHERE subjects.denied_by IS NULL \
+                             RETURNING tenant_id, subject_hash, denied_by",
+                    holders: "SELECT tenant_id, subject_hash, denied_by FROM subjects \
+                              WHERE denied_by IS NOT NULL AND (tenant_id, subject_hash) IN ",
                 };
                 apply_once_per_subject(conn, &deny, &targets).await?
             }
@@ -334,11 +343,14 @@ async fn holders_of(
     Ok(rows.into_iter().map(|(t, k, e)| ((t, k), e)).collect())
 }
 
-/// An effect held at most once per subject, by the event that applied it: its rows are
-/// (tenant, subject, event, time).
+/// An effect held at most once per subject, by the event that applied it: a pair of columns
+/// (event, time) of the subject's row.
 struct OncePerSubject {
     /// The statement that inserts rows, up to its `VALUES`.
     insert: &'static str,
+    /// What follows the `VALUES`: a row already there takes the hold if it has none, and the
+    /// rows whose hold this statement wrote are returned (tenant, subject, event).
+    upsert: &'static str,
     /// Who holds subjects the insert did not take, up to the list of keys.
     holders: &'static str,
 }
@@ -366,7 +378,7 @@ async fn apply_once_per_subject(
             .push_bind(t.event_id)
             .push_bind(t.now);
     });
-    q.push(" ON CONFLICT DO NOTHING RETURNING tenant_id, subject_hash, event_id");
+    q.push(kind.upsert);
     let inserted: Vec<(Uuid, Vec<u8>, Uuid)> = q.build_query_as().fetch_all(&mut *conn).await?;
     let mut holder: HashMap<_, _> = inserted.into_iter().map(|(t, k, e)| ((t, k), e)).collect();
     let missing: Vec<_> = targets
@@ -471,32 +483,61 @@ async fn apply_open_case(
     }
     let key = |t: &ActionTarget| (t.tenant_id, t.subject_hash.clone());
     let mut seen = HashSet::new();
-    let mut rows: Vec<_> = targets.iter().filter(|t| seen.insert(key(t))).collect();
-    rows.sort_by_key(|t| key(t));
-    let mut q = QueryBuilder::<Sqlite>::new(
-        "INSERT INTO cases (id, tenant_id, subject_hash, status, opened_by_event, \
-         opened_at) ",
-    );
-    q.push_values(rows, |mut row, t| {
-        row.push_bind(Uuid::now_v7())
-            .push_bind(t.tenant_id)
-            .push_bind(t.subject_hash.clone())
-            .push_bind("open")
-            .push_bind(t.event_id)
-            .push_bind(t.now);
-    });
-    q.push(" ON CONFLICT DO NOTHING RETURNING tenant_id, subject_hash, id, opened_by_event");
-    let opened: Vec<(Uuid, Vec<u8>, Uuid, Uuid)> = q.build_query_as().fetch_all(&mut *conn).await?;
-    let mut open: HashMap<_, _> = opened
-        .into_iter()
-        .map(|(t, s, id, opener)| ((t, s), (id, opener)))
+    let mut rows: Vec<_> = targets
+        .iter()
+        .filter(|t| seen.insert(key(t)))
+        .map(|t| (Uuid::now_v7(), t))
         .collect();
+    rows.sort_by_key(|(_, t)| key(t));
+    // The subject's row takes a new case's id when it has none: one open case per subject.
+    let mut q =
+        QueryBuilder::<Sqlite>::new("INSERT INTO subjects (tenant_id, subject_hash, open_case) ");
+    q.push_values(&rows, |mut row, (case_id, t)| {
+        row.push_bind(t.tenant_id)
+            .push_bind(t.subject_hash.clone())
+            .push_bind(*case_id);
+    });
+    q.push(
+        " ON CONFLICT (tenant_id, subject_hash) DO UPDATE SET open_case = excluded.open_case \
+         WHERE subjects.open_case IS NULL RETURNING open_case",
+    );
+    let taken: HashSet<Uuid> = q
+        .build_query_scalar()
+        .fetch_all(&mut *conn)
+        .await?
+        .into_iter()
+        .collect();
+    let opened: Vec<_> = rows
+        .iter()
+        .filter(|(case_id, _)| taken.contains(case_id))
+        .collect();
+    let mut open: HashMap<_, _> = HashMap::with_capacity(rows.len());
+    if !opened.is_empty() {
+        let mut q = QueryBuilder::<Sqlite>::new(
+            "INSERT INTO cases (id, tenant_id, subject_hash, status, opened_by_event, \
+             opened_at) ",
+        );
+        q.push_values(&opened, |mut row, (case_id, t)| {
+            row.push_bind(*case_id)
+                .push_bind(t.tenant_id)
+                .push_bind(t.subject_hash.clone())
+                .push_bind("open")
+                .push_bind(t.event_id)
+                .push_bind(t.now);
+        });
+        q.build().execute(&mut *conn).await?;
+        open.extend(
+            opened
+                .iter()
+                .map(|(case_id, t)| (key(t), (*case_id, t.event_id))),
+        );
+    }
     // The open case of every other subject: an earlier one.
     let missing: Vec<_> = seen.into_iter().filter(|k| !open.contains_key(k)).collect();
     if !missing.is_empty() {
         let mut q = QueryBuilder::<Sqlite>::new(
-            "SELECT tenant_id, subject_hash, id, opened_by_event FROM cases \
-             WHERE status = 'open' AND (tenant_id, subject_hash) IN ",
+            "SELECT s.tenant_id, s.subject_hash, c.id, c.opened_by_event FROM subjects s \
+             JOIN cases c ON c.id = s.open_case WHERE (s.tenant_id, s.subject_hash) IN ",
         );
         push_keys(&mut q, &missing);
         let earlier: Vec<(Uuid, Vec<u8>, Uuid, Uuid)> =

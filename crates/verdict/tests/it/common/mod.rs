@@ -174,12 +174,13 @@ impl TestDb {
             "events" => "SELECT COUNT(*) FROM events",
             "idempotency_keys" => "SELECT COUNT(*) FROM idempotency_keys",
             "tenants" => "SELECT COUNT(*) FROM tenants",
-            "account_locks" => "SELECT COUNT(*) FROM account_locks",
+            // A subject's lock and deny are one row of `subjects`, each a pair of columns.
+            "account_locks" => "SELECT COUNT(*) FROM subjects WHERE locked_by IS NOT NULL",
             "cases" => "SELECT COUNT(*) FROM cases",
             "case_events" => "SELECT COUNT(*) FROM case_events",
             "alert_windows" => "SELECT COUNT(*) FROM alert_windows",
             "ledger_entries" => "SELECT COUNT(*) FROM ledger_entries",
-            "denies" => "SELECT COUNT(*) FROM denies",
+            "denies" => "SELECT COUNT(*) FROM subjects WHERE denied_by IS NOT NULL",
             "deliveries" => "SELECT COUNT(*) FROM deliveries",
             // Every attempt: the rows, and the inline ones recorded on their deliveries.
             "delivery_attempts" => {
