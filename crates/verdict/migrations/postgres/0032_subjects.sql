@@ -7,8 +7,9 @@
 -- row in `cases`, inserted plainly: the subject's row, which takes the case's id only when it
 -- has none, keeps one case open per subject. A hold lifted or a case closed clears its columns;
 -- a row left with nothing is deleted. Older rows move over as they are, and the two tables go:
--- a process of an older version still running fails to lock instead of locking where nothing
--- reads.
+-- a process of an older version still running fails to lock or deny instead of doing it where
+-- nothing reads, but its statements on `cases` alone would still run, so it must be stopped
+-- first (docs/scale-out.md, upgrading).
 CREATE TABLE subjects (
     tenant_id UUID NOT NULL,
     subject_hash BYTEA NOT NULL,

@@ -102,25 +102,25 @@ where
             }
             return Ok(false);
         }
-        // The subject's row forgets the case closed (a lock or deny lifted is cleared by the
+        // The subject's row forgets the case closed (a lock or deny lifted was cleared by the
         // statement above), and goes when nothing is left on it.
-        let mut forget = vec![
+        if undo.action == ActionKind::CloseCase {
+            sqlx::query(
+                "UPDATE subjects SET open_case = NULL WHERE tenant_id = $1 AND subject_hash = $2",
+            )
+            .bind(undo.target.tenant_id)
+            .bind(&undo.target.subject_hash[..])
+            .execute(&mut *tx)
+            .await?;
+        }
+        sqlx::query(
             "DELETE FROM subjects WHERE tenant_id = $1 AND subject_hash = $2 \
              AND locked_by IS NULL AND denied_by IS NULL AND open_case IS NULL",
-        ];
-        if undo.action == ActionKind::CloseCase {
-            forget.insert(
-                0,
-                "UPDATE subjects SET open_case = NULL WHERE tenant_id = $1 AND subject_hash = $2",
-            );
-        }
-        for statement in forget {
-            sqlx::query(statement)
-                .bind(undo.target.tenant_id)
-                .bind(&undo.target.subject_hash[..])
-                .execute(&mut *tx)
-                .await?;
-        }
+        )
+        .bind(undo.target.tenant_id)
+        .bind(&undo.target.subject_hash[..])
+        .execute(&mut *tx)
+        .await?;
         // A call of the undone action still waiting for a retry would undo the undoing: it is
         // failed here (one in flight now cannot be stopped; it ends before its lease does), or
         // `unknown` if an at-most-once call was sent and may have acted.

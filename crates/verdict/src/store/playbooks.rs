@@ -244,7 +244,7 @@ where
         let mut q = sqlx::QueryBuilder::<DB>::new(
             "SELECT v.column1 AS tenant_id, v.column2 AS subject_hash, \
              (SELECT MAX(version) FROM playbooks p WHERE p.tenant_id = v.column1) \
-             AS playbook_version, l.locked_by IS NOT NULL AS subject_locked, \
+             AS playbook_version, s.locked_by IS NOT NULL AS subject_locked, \
              ep.id AS endpoint_id, ep.name AS endpoint_name, ep.url AS endpoint_url, \
              ep.sealed_secret AS endpoint_secret, ep.signal_types, ep.decisions, ep.feeds, \
              ep.disabled AS endpoint_disabled FROM ",
@@ -252,8 +252,8 @@ where
         push_keys(&mut q, subjects);
         q.push(
             " AS v JOIN tenants t ON t.id = v.column1 \
-             LEFT JOIN subjects l ON l.tenant_id = v.column1 \
-             AND l.subject_hash = v.column2 \
+             LEFT JOIN subjects s ON s.tenant_id = v.column1 \
+             AND s.subject_hash = v.column2 \
              LEFT JOIN endpoints ep ON ep.tenant_id = v.column1",
         );
         let rows: Vec<crate::store::playbooks::DecisionInputsRow> = crate::store::answered_within(

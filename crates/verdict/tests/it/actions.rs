@@ -549,18 +549,9 @@ async fn locks_denies_and_open_cases_stored_before_the_subjects_row_still_stand(
     let db = TestDb::new(backend).await;
     let (blob, bytes) = (|id| db.uuid_sql(id), |id| db.bytes_sql(id));
     let tenant = blob(uuid::Uuid::now_v7());
-    let (both, locked, denied, cased) = (
-        uuid::Uuid::new_v4(),
-        uuid::Uuid::new_v4(),
-        uuid::Uuid::new_v4(),
-        uuid::Uuid::new_v4(),
-    );
-    let (lock_event, deny_event, case_id, closed_id) = (
-        uuid::Uuid::now_v7(),
-        uuid::Uuid::now_v7(),
-        uuid::Uuid::now_v7(),
-        uuid::Uuid::now_v7(),
-    );
+    let [both, locked, denied, opened, closed] = [(); 5].map(|()| uuid::Uuid::new_v4());
+    let [lock_event, deny_event, case_id, only_case_id, closed_id] =
+        [(); 5].map(|()| uuid::Uuid::now_v7());
     let lock = |subject| {
         format!(
             "INSERT INTO account_locks (tenant_id, subject_hash, event_id, locked_at) \
@@ -596,12 +587,13 @@ async fn locks_denies_and_open_cases_stored_before_the_subjects_row_still_stand(
         case(case_id, both, "open"),
         lock(locked),
         deny(denied),
-        case(closed_id, cased, "closed"),
+        case(only_case_id, opened, "open"),
+        case(closed_id, closed, "closed"),
     ];
     crate::endpoint_delivery::migrated_before(&db, ("0030", "0032"), &statements).await;
     // The current binary migrates.
     db.cli(&["tenant", "list", "--json"]);
-    assert_eq!(db.scalar("SELECT COUNT(*) FROM subjects").await, 3);
+    assert_eq!(db.scalar("SELECT COUNT(*) FROM subjects").await, 4);
     assert_eq!(db.count("account_locks").await, 2);
     assert_eq!(db.count("denies").await, 2);
     // Each subject's row as expected: an update that matches it exactly touches one row.
@@ -636,6 +628,13 @@ async fn locks_denies_and_open_cases_stored_before_the_subjects_row_still_stand(
                  AND open_case IS NULL"
             ),
         ),
+        (
+            opened,
+            format!(
+                "locked_by IS NULL AND denied_by IS NULL AND open_case = {}",
+                blob(only_case_id)
+            ),
+        ),
     ] {
         assert_eq!(
             db.exec(matches(subject, condition.clone())).await,
@@ -644,7 +643,7 @@ async fn locks_denies_and_open_cases_stored_before_the_subjects_row_still_stand(
         );
     }
     assert_eq!(
-        db.exec(matches(cased, "TRUE".to_owned())).await,
+        db.exec(matches(closed, "TRUE".to_owned())).await,
         0,
         "a closed case leaves nothing standing"
     );

@@ -98,7 +98,7 @@ async fn crash_storm_keeps_every_signal_exactly_once(backend: Backend) {
 
     // Exactly one row per signal in every effect table, each naming a stored event.
     let n = signals as i64;
-    let checks: [(&str, &'static str, &'static str, &'static str); 6] = [
+    let checks: [(&str, &'static str, &'static str, &'static str); 7] = [
         (
             "events",
             "SELECT COUNT(*) FROM events",
@@ -116,6 +116,14 @@ async fn crash_storm_keeps_every_signal_exactly_once(backend: Backend) {
             "SELECT COUNT(*) FROM cases",
             "SELECT COUNT(DISTINCT opened_by_event) FROM cases",
             "SELECT COUNT(*) FROM cases x JOIN events e ON e.id = x.opened_by_event",
+        ),
+        (
+            // One open case per subject, each the one its subject's row names.
+            "open cases",
+            "SELECT COUNT(*) FROM cases WHERE status = 'open'",
+            "SELECT COUNT(DISTINCT open_case) FROM subjects",
+            "SELECT COUNT(*) FROM subjects s JOIN cases c ON c.id = s.open_case \
+             AND c.status = 'open'",
         ),
         (
             "alert_windows",

@@ -20,8 +20,10 @@ pub(super) struct Effect {
 /// A subject's standing state, one row (`subjects`): its account lock, its standing deny and
 /// its open case, each taken by the first act (in batch order) that asks for it, unless the
 /// row has it already. Written by one CTE that the three actions share. A subject whose row
-/// already has everything asked is left out: the insert's conflict would lock that row (a
-/// `DO UPDATE` locks it even when its condition fails) and make concurrent batches wait.
+/// already has everything asked (in this statement's snapshot) is left out: the insert's
+/// conflict would lock that row (a `DO UPDATE` locks it even when its condition fails) and
+/// make concurrent batches wait. So a hold an undo lifts meanwhile still counts as held for
+/// this act, as if the act had run just before the undo (see the module above).
 const SUBJECTS: &str = r#"
 , subject_in AS (
     SELECT tenant_id, subject_hash,
@@ -115,9 +117,10 @@ fn effect(action: ActionKind) -> Option<Effect> {
 , case_ins AS (
     -- The cases this statement opened: their subject's row took the new case's id.
     INSERT INTO cases (id, tenant_id, subject_hash, status, opened_by_event, opened_at)
-    SELECT s.open_case, s.tenant_id, s.subject_hash, 'open', i.case_opener, i.case_opened_at
-    FROM subject_ins s JOIN subject_in i ON i.tenant_id = s.tenant_id
-        AND i.subject_hash = s.subject_hash AND i.open_case = s.open_case
+    SELECT took.open_case, took.tenant_id, took.subject_hash, 'open', asked.case_opener,
+        asked.case_opened_at
+    FROM subject_ins took JOIN subject_in asked ON asked.tenant_id = took.tenant_id
+        AND asked.subject_hash = took.subject_hash AND asked.open_case = took.open_case
     RETURNING id, tenant_id, subject_hash, opened_by_event
 ), case_of AS (
     -- The case this statement opened for the subject, else the open one already there.
@@ -125,8 +128,8 @@ fn effect(action: ActionKind) -> Option<Effect> {
         COALESCE(c.opened_by_event, x.opened_by_event) AS opener
     FROM live a
     LEFT JOIN case_ins c ON c.tenant_id = a.tenant_id AND c.subject_hash = a.subject_hash
-    LEFT JOIN (subjects s JOIN cases x ON x.id = s.open_case)
-        ON s.tenant_id = a.tenant_id AND s.subject_hash = a.subject_hash
+    LEFT JOIN (subjects held JOIN cases x ON x.id = held.open_case)
+        ON held.tenant_id = a.tenant_id AND held.subject_hash = a.subject_hash
     WHERE a.open_case
 ), case_attached AS (
     -- The events after the opener (the case holds its opener).

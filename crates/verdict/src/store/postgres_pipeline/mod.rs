@@ -24,7 +24,10 @@
 //! event holds its row (inserted now, or already there), else `AlreadyDone`. One difference: a
 //! row another transaction committed after this statement began is not visible to its
 //! lookups, so it reads `AlreadyDone` (it is not this event's) and, for a case, the event is
-//! not attached to that case.
+//! not attached to that case. The converse holds for the subject's row ([`effects`]'s
+//! `SUBJECTS`): a lock, deny or open case that an undo lifted or closed after this statement
+//! began still counts as held, so the act reads `AlreadyDone` (or is attached to the case
+//! being closed), as if it had run just before the undo.
 
 mod apply;
 mod effects;
