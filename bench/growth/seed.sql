@@ -34,7 +34,7 @@ FROM generate_series(1, :live + :old) AS i,
      (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms) AS n;
 
 DROP INDEX idempotency_keys_by_expiry, events_by_created_at, events_by_playbook_version,
-    events_by_subject, events_by_tenant, deliveries_by_tenant, deliveries_pending,
+    events_by_subject, events_by_tenant, deliveries_by_tenant, deliveries_troubled,
     deliveries_by_event;
 
 -- A UUIDv7: 48 bits of unix ms, version 7, the variant, random bits (from the copy's md5).
@@ -70,8 +70,9 @@ CREATE INDEX events_by_created_at ON events (created_at);
 CREATE INDEX events_by_playbook_version ON events (tenant_id, playbook_version);
 CREATE INDEX events_by_subject ON events (tenant_id, subject_hash);
 CREATE INDEX events_by_tenant ON events (tenant_id, id);
-CREATE INDEX deliveries_by_tenant ON deliveries (tenant_id, status, id);
-CREATE INDEX deliveries_pending ON deliveries (next_attempt_at) WHERE status = 'pending';
+CREATE INDEX deliveries_by_tenant ON deliveries (tenant_id, id);
+CREATE INDEX deliveries_troubled ON deliveries (tenant_id, troubled_status, id)
+    WHERE troubled_status IS NOT NULL;
 CREATE INDEX deliveries_by_event ON deliveries (event_id);
 VACUUM ANALYZE idempotency_keys;
 VACUUM ANALYZE events;

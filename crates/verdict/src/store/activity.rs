@@ -148,7 +148,8 @@ where
         .fetch_one(self.read())
         .await?;
         let queue_depth = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM deliveries WHERE tenant_id = $1 AND status = 'pending'",
+            "SELECT COUNT(*) FROM (SELECT id AS queued FROM delivery_queue) q \
+             CROSS JOIN deliveries WHERE id = q.queued AND tenant_id = $1",
         )
         .bind(tenant_id)
         .fetch_one(self.read())

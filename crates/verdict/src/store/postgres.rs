@@ -301,12 +301,13 @@ const READ_SNAPSHOT: &str = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY";
 static LEASE_DUE: LazyLock<String> = LazyLock::new(|| {
     format!(
         "UPDATE deliveries SET leased_until = $2 WHERE id IN ( \
-         SELECT d.id FROM deliveries d JOIN tenants t ON t.id = d.tenant_id \
-         WHERE d.status = 'pending' AND d.next_attempt_at <= $1 AND d.leased_until <= $1 \
+         SELECT d.id FROM delivery_queue q JOIN deliveries d ON d.id = q.id \
+         JOIN tenants t ON t.id = d.tenant_id \
+         WHERE q.next_attempt_at <= $1 AND d.status = 'pending' AND d.leased_until <= $1 \
          AND d.updated_at < $4 AND d.retries_left > 0 \
          AND NOT EXISTS (SELECT 1 FROM endpoints e WHERE e.id = d.endpoint_id AND e.disabled) \
          AND d.tenant_id::text NOT IN (SELECT jsonb_array_elements_text($5::jsonb)) \
-         ORDER BY d.next_attempt_at LIMIT $3 FOR UPDATE OF d SKIP LOCKED) \
+         ORDER BY q.next_attempt_at LIMIT $3 FOR UPDATE OF d SKIP LOCKED) \
          RETURNING {}",
         super::deliveries::DUE_COLUMNS
     )

@@ -26,6 +26,7 @@ mod custom_actions;
 mod delivery;
 mod delivery_faults;
 mod delivery_hardening;
+mod delivery_queue;
 mod destination_guard;
 mod embedded_default;
 mod end_to_end;

@@ -231,7 +231,7 @@ pub trait DeliveryStore {
     /// Deliveries waiting for an attempt.
     async fn queue_depth(&self, now: i64) -> Result<i64, StoreError>;
     /// When the earliest pending delivery with retries left is due (unix ms), if any: a walk
-    /// of the pending deliveries' `next_attempt_at` index that stops at the first such row.
+    /// of the delivery queue in due order that stops at the first such row.
     async fn next_due(&self) -> Result<Option<i64>, StoreError>;
     /// Leases the pending action requests of one of the tenant's events until `lease_until`:
     /// all of them or none, none while any is leased to another call or waits for the time
@@ -261,6 +261,28 @@ pub trait DeliveryStore {
 }
 
 /// The columns of [`DeliveryRecord`].
+/// Where a listing of the tenant's deliveries in `status` (`$2`) finds them, and the condition
+/// that picks them: no index of `deliveries` names the status (postgres/0033), so the pending
+/// ones are found from the queue (few, but possibly older than every settled one since), those
+/// that need a look by `troubled_status`, and the succeeded ones, nearly all, in the tenant's
+/// index by id. `CROSS JOIN` keeps SQLite from reading the tenant's index instead.
+fn listed_in(status: Option<DeliveryStatus>) -> (&'static str, &'static str) {
+    match status {
+        None => ("deliveries", "$2 = ''"),
+        Some(DeliveryStatus::Succeeded) => ("deliveries", "status = $2"),
+        Some(DeliveryStatus::Pending) => (
+            "(SELECT id AS queued FROM delivery_queue) q CROSS JOIN deliveries",
+            "id = q.queued AND status = $2",
+        ),
+        Some(
+            DeliveryStatus::Failed
+            | DeliveryStatus::Dead
+            | DeliveryStatus::Unknown
+            | DeliveryStatus::Suspended,
+        ) => ("deliveries", "troubled_status = $2"),
+    }
+}
+
 pub(crate) const DELIVERY_COLUMNS: &str = "id, event_id, webhook_id, status, attempts, \
      next_attempt_at, last_error, created_at, updated_at, action, connector, \
      (SELECT name FROM endpoints e WHERE e.id = deliveries.endpoint_id) AS endpoint";
@@ -408,9 +430,9 @@ where
     ) -> Result<Vec<crate::store::DeliveryRecord>, crate::store::StoreError> {
         // A nil UUID cursor sorts before every v7 id, so "no cursor" is the max UUID.
         let cursor = before.unwrap_or(uuid::Uuid::max());
+        let (from, listed) = listed_in(status);
         let sql = format!(
-            "SELECT {} FROM deliveries WHERE tenant_id = $1 \
-             AND ($2 = '' OR status = $2) AND id < $3 \
+            "SELECT {} FROM {from} WHERE tenant_id = $1 AND {listed} AND id < $3 \
              AND ($5 = '' OR endpoint_id = (SELECT e.id FROM endpoints e \
                 WHERE e.tenant_id = $1 AND e.name = $5)) \
              ORDER BY id DESC LIMIT $4",
@@ -466,19 +488,18 @@ where
 
     async fn queue_depth(&self, now: i64) -> Result<i64, crate::store::StoreError> {
         let _ = now;
-        Ok(
-            sqlx::query_scalar("SELECT COUNT(*) FROM deliveries WHERE status = 'pending'")
-                .fetch_one(self.read())
-                .await?,
-        )
+        Ok(sqlx::query_scalar("SELECT COUNT(*) FROM delivery_queue")
+            .fetch_one(self.read())
+            .await?)
     }
 
     async fn next_due(&self) -> Result<Option<i64>, crate::store::StoreError> {
         Ok(sqlx::query_scalar(
-            "SELECT MIN(next_attempt_at) FROM deliveries \
-             WHERE status = 'pending' AND retries_left > 0",
+            "SELECT q.next_attempt_at FROM delivery_queue q WHERE EXISTS \
+             (SELECT 1 FROM deliveries d WHERE d.id = q.id AND d.retries_left > 0) \
+             ORDER BY q.next_attempt_at LIMIT 1",
         )
-        .fetch_one(self.read())
+        .fetch_optional(self.read())
         .await?)
     }
 

@@ -97,7 +97,8 @@ where
 {
     let done = sqlx::query(
         "UPDATE deliveries SET status = 'pending', next_attempt_at = $2, leased_until = 0, \
-         updated_at = $2 WHERE tenant_id = $1 AND status = 'suspended' AND endpoint_id = $3",
+         updated_at = $2 WHERE tenant_id = $1 AND troubled_status = 'suspended' \
+         AND endpoint_id = $3",
     )
     .bind(tenant_id)
     .bind(now)
@@ -136,7 +137,7 @@ where
     for<'e> &'e [u8]: Encode<'e, DB> + Type<DB>,
 {
     let n: i64 = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM deliveries WHERE tenant_id = $1 AND status = 'suspended' \
+        "SELECT COUNT(*) FROM deliveries WHERE tenant_id = $1 AND troubled_status = 'suspended' \
          AND endpoint_id = $2",
     )
     .bind(tenant_id)

@@ -1,0 +1,41 @@
+-- As on PostgreSQL (its 0033): no index of `deliveries` names its status, so recording an
+-- attempt writes no index entry there (on PostgreSQL, so that it updates the row in place).
+-- The worker's queue, the pending deliveries by when they are due, is a table of its own kept
+-- by triggers on every write of a delivery's status or due time; the tenant's listing is by id
+-- alone, and the statuses that need a look (failed, dead, unknown, suspended) are a generated
+-- column, indexed where set.
+CREATE TABLE delivery_queue (
+    next_attempt_at INTEGER NOT NULL,
+    id BLOB NOT NULL,
+    PRIMARY KEY (next_attempt_at, id)
+) WITHOUT ROWID;
+INSERT INTO delivery_queue (next_attempt_at, id)
+    SELECT next_attempt_at, id FROM deliveries WHERE status = 'pending';
+
+CREATE TRIGGER delivery_queued_on_insert AFTER INSERT ON deliveries
+    WHEN NEW.status = 'pending'
+BEGIN
+    INSERT INTO delivery_queue (next_attempt_at, id) VALUES (NEW.next_attempt_at, NEW.id);
+END;
+CREATE TRIGGER delivery_queued_on_update AFTER UPDATE OF status, next_attempt_at ON deliveries
+    WHEN (OLD.status = 'pending' OR NEW.status = 'pending')
+        AND (OLD.status <> NEW.status OR OLD.next_attempt_at <> NEW.next_attempt_at)
+BEGIN
+    DELETE FROM delivery_queue WHERE OLD.status = 'pending'
+        AND next_attempt_at = OLD.next_attempt_at AND id = OLD.id;
+    INSERT INTO delivery_queue (next_attempt_at, id)
+        SELECT NEW.next_attempt_at, NEW.id WHERE NEW.status = 'pending';
+END;
+CREATE TRIGGER delivery_queued_on_delete AFTER DELETE ON deliveries
+    WHEN OLD.status = 'pending'
+BEGIN
+    DELETE FROM delivery_queue WHERE next_attempt_at = OLD.next_attempt_at AND id = OLD.id;
+END;
+
+DROP INDEX deliveries_pending;
+DROP INDEX deliveries_by_tenant;
+CREATE INDEX deliveries_by_tenant ON deliveries (tenant_id, id);
+ALTER TABLE deliveries ADD COLUMN troubled_status TEXT GENERATED ALWAYS AS
+    (CASE WHEN status IN ('failed', 'dead', 'unknown', 'suspended') THEN status END) VIRTUAL;
+CREATE INDEX deliveries_troubled ON deliveries (tenant_id, troubled_status, id)
+    WHERE troubled_status IS NOT NULL;

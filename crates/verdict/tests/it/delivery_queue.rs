@@ -1,0 +1,168 @@
+//! The worker's queue: a delivery is in `delivery_queue` exactly while it is pending, at the
+//! time it is due, whichever statement writes its status; and on PostgreSQL the update that
+//! records an inline attempt's success stays in place (no index of `deliveries` names a column
+//! it changes), which is what the queue being a table of its own is for.
+
+use std::time::{Duration, Instant};
+
+use crate::common::deliveries::{delivery_of, wait_for_next_round};
+use crate::common::receiver::{Receiver, Step};
+use crate::common::{Backend, MANUAL_WORKER, Server, TestDb, new_key, sim_swap};
+
+const RETRY_INTERVAL: [(&str, &str); 1] = [("VERDICT_RETRY_INTERVAL_SECS", "1")];
+
+/// Queue rows, and those that match a pending delivery at its due time.
+async fn queue(db: &TestDb) -> (i64, i64) {
+    let rows = db.scalar("SELECT COUNT(*) FROM delivery_queue").await;
+    let matching = db
+        .scalar(
+            "SELECT COUNT(*) FROM delivery_queue q JOIN deliveries d ON d.id = q.id \
+             AND d.next_attempt_at = q.next_attempt_at WHERE d.status = 'pending'",
+        )
+        .await;
+    (rows, matching)
+}
+
+async fn listed(server: &Server, tenant: &crate::common::Tenant, status: &str) -> usize {
+    server
+        .get(tenant, &format!("/v1/deliveries?status={status}"))
+        .await
+        .json()["data"]
+        .as_array()
+        .unwrap()
+        .len()
+}
+
+async fn a_delivery_is_queued_while_it_waits_for_a_retry_and_leaves_when_it_succeeds(
+    backend: Backend,
+) {
+    let db = TestDb::new(backend).await;
+    let receiver = Receiver::start(vec![Step::status(503)]).await;
+    let tenant = db.tenant(&["--callback-url", &receiver.url]);
+    let server = Server::start(&db, &MANUAL_WORKER);
+
+    let reply = server
+        .send(&tenant, Some(&new_key()), &sim_swap("+447700900601"))
+        .await;
+    assert_eq!(reply.status, 200);
+    let delivery = delivery_of(&server, &tenant, &reply).await;
+    assert_eq!(delivery["status"], "pending", "{delivery}");
+    assert_eq!(
+        queue(&db).await,
+        (1, 1),
+        "queued at the retry's time after the inline 503"
+    );
+    assert_eq!(listed(&server, &tenant, "pending").await, 1);
+    assert_eq!(listed(&server, &tenant, "succeeded").await, 0);
+
+    wait_for_next_round().await;
+    assert_eq!(db.worker_once(&RETRY_INTERVAL)["delivered"], 1);
+    assert_eq!(queue(&db).await, (0, 0), "settled, so out of the queue");
+    assert_eq!(listed(&server, &tenant, "pending").await, 0);
+    assert_eq!(listed(&server, &tenant, "succeeded").await, 1);
+    assert_eq!(receiver.received().len(), 2);
+}
+
+async fn every_write_of_a_deliverys_status_or_due_time_keeps_the_queue(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let receiver = Receiver::start(vec![]).await;
+    let tenant = db.tenant(&["--callback-url", &receiver.url]);
+    let server = Server::start(&db, &MANUAL_WORKER);
+    let reply = server
+        .send(&tenant, Some(&new_key()), &sim_swap("+447700900602"))
+        .await;
+    assert_eq!(
+        delivery_of(&server, &tenant, &reply).await["status"],
+        "succeeded"
+    );
+    assert_eq!(queue(&db).await, (0, 0));
+
+    let steps: [(&str, (i64, i64)); 7] = [
+        (
+            "UPDATE deliveries SET status = 'pending', next_attempt_at = 5",
+            (1, 1),
+        ),
+        ("UPDATE deliveries SET next_attempt_at = 7", (1, 1)),
+        (
+            "UPDATE deliveries SET leased_until = 9, attempts = 2",
+            (1, 1),
+        ),
+        ("UPDATE deliveries SET status = 'suspended'", (0, 0)),
+        ("UPDATE deliveries SET status = 'pending'", (1, 1)),
+        ("UPDATE deliveries SET status = 'dead'", (0, 0)),
+        ("UPDATE deliveries SET status = 'pending'", (1, 1)),
+    ];
+    for (sql, want) in steps {
+        assert_eq!(db.exec(sql).await, 1);
+        assert_eq!(queue(&db).await, want, "after {sql}");
+    }
+    assert_eq!(
+        db.scalar("SELECT MIN(next_attempt_at) FROM delivery_queue")
+            .await,
+        7
+    );
+    assert_eq!(listed(&server, &tenant, "pending").await, 1);
+    db.exec("DELETE FROM deliveries").await;
+    assert_eq!(
+        queue(&db).await,
+        (0, 0),
+        "a deleted delivery leaves no queue row"
+    );
+}
+
+on_both_backends!(
+    a_delivery_is_queued_while_it_waits_for_a_retry_and_leaves_when_it_succeeds,
+    every_write_of_a_deliverys_status_or_due_time_keeps_the_queue,
+);
+
+/// PostgreSQL's counters of the test database's `deliveries`: updates, and those made in
+/// place (HOT). A backend reports its counters when idle, at most a second apart, so they are
+/// read until they stop changing.
+async fn deliveries_updates(db: &TestDb) -> (i64, i64) {
+    let read = || async {
+        (
+            db.scalar("SELECT n_tup_upd FROM pg_stat_user_tables WHERE relname = 'deliveries'")
+                .await,
+            db.scalar("SELECT n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'deliveries'")
+                .await,
+        )
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last = read().await;
+    loop {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let now = read().await;
+        if (now == last && now.0 > 0) || Instant::now() > deadline {
+            return now;
+        }
+        last = now;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_records_an_inline_success_in_place_without_new_index_entries() {
+    let db = TestDb::new(Backend::Postgres).await;
+    let receiver = Receiver::start(vec![]).await;
+    let tenant = db.tenant(&["--callback-url", &receiver.url]);
+    let server = Server::start(&db, &MANUAL_WORKER);
+    for i in 0..5 {
+        let reply = server
+            .send(
+                &tenant,
+                Some(&new_key()),
+                &sim_swap(&format!("+44770090061{i}")),
+            )
+            .await;
+        assert_eq!(
+            delivery_of(&server, &tenant, &reply).await["status"],
+            "succeeded"
+        );
+    }
+    let (updates, in_place) = deliveries_updates(&db).await;
+    assert!(updates >= 5, "five inline attempts recorded: {updates}");
+    assert_eq!(
+        in_place, updates,
+        "every record of an inline success is a HOT update"
+    );
+    assert_eq!(queue(&db).await, (0, 0));
+}
