@@ -35,7 +35,7 @@ FROM generate_series(1, :live + :old) AS i,
 
 DROP INDEX idempotency_keys_by_expiry, events_by_created_at, events_by_playbook_version,
     events_by_subject, events_by_tenant, deliveries_by_tenant, deliveries_troubled,
-    deliveries_by_event;
+    deliveries_by_lease, deliveries_by_event;
 
 -- A UUIDv7: 48 bits of unix ms, version 7, the variant, random bits (from the copy's md5).
 CREATE FUNCTION pg_temp.v7(at bigint, h text, salt text) RETURNS uuid LANGUAGE sql IMMUTABLE AS
@@ -73,6 +73,7 @@ CREATE INDEX events_by_tenant ON events (tenant_id, id);
 CREATE INDEX deliveries_by_tenant ON deliveries (tenant_id, id);
 CREATE INDEX deliveries_troubled ON deliveries (tenant_id, troubled_status, id)
     WHERE troubled_status IS NOT NULL;
+CREATE INDEX deliveries_by_lease ON deliveries (leased_until);
 CREATE INDEX deliveries_by_event ON deliveries (event_id);
 VACUUM ANALYZE idempotency_keys;
 VACUUM ANALYZE events;

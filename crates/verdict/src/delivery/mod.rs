@@ -67,6 +67,9 @@ pub fn lease_for(deadline: Duration, batch: usize, concurrency: usize) -> Durati
 /// The lease of an inline attempt (one send, any deadline configuration allows).
 pub const LEASE: Duration = Duration::from_secs(60);
 const _: () = assert!(LEASE.as_secs() >= MAX_DEADLINE.as_secs() + LEASE_MARGIN.as_secs());
+// A pending listing looks this far back for deliveries still under the lease they were made with.
+const _: () =
+    assert!(crate::store::deliveries::UNSWEPT_SPAN_MS as u64 >= LEASE.as_millis() as u64 + 60_000);
 
 impl DeliverySettings {
     /// The lease of one send under these settings.

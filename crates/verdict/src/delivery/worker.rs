@@ -171,6 +171,8 @@ pub async fn round_at(
     stop: &CancellationToken,
 ) -> Result<Round, StoreError> {
     let began = now_ms();
+    // What a dead holder left under its lease joins the queue once that lease is over.
+    deliverer.store.queue_lapsed_leases(began).await?;
     let lease = i64::try_from(deliverer.settings.lease().as_millis()).unwrap_or(i64::MAX);
     let mut report = Round::default();
     let mut tasks = JoinSet::new();

@@ -130,11 +130,7 @@ async fn crash_at_most_once(
         "the process aborted at {failpoint}"
     );
     // The dead holder's lease on its call (the deadline and 15 s) is over.
-    assert_eq!(
-        db.exec("UPDATE deliveries SET leased_until = 0 WHERE action <> 'callback'")
-            .await,
-        1
-    );
+    assert_eq!(db.end_leases("action <> 'callback'").await, 1);
 
     let server = Server::start(&db, &[ALLOW_LOCAL, LOCK, NO_WORKER, DEADLINE]);
     match finisher {

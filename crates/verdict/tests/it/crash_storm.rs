@@ -322,19 +322,7 @@ async fn run_worker_until_delivered(db: &TestDb) {
 /// Releases the delivery leases of inline attempts that a kill interrupted (every process is
 /// dead, so none is held), as their 60 s expiry would, so that the test need not wait it out.
 async fn release_dead_leases(db: &TestDb) {
-    let sql = "UPDATE deliveries SET leased_until = 0 WHERE status = 'pending'";
-    match db.backend {
-        Backend::Sqlite => {
-            let pool = sqlx::SqlitePool::connect(&db.url).await.unwrap();
-            sqlx::query(sql).execute(&pool).await.unwrap();
-            pool.close().await;
-        }
-        Backend::Postgres => {
-            let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
-            sqlx::query(sql).execute(&pool).await.unwrap();
-            pool.close().await;
-        }
-    }
+    db.end_leases("status = 'pending'").await;
 }
 
 /// With connectors: `lock_account` bound to a real SCIM server, `open_case` and

@@ -1,7 +1,9 @@
-//! The worker's queue: a delivery is in `delivery_queue` exactly while it is pending, at the
-//! time it is due, whichever statement writes its status; and on PostgreSQL the update that
-//! records an inline attempt's success stays in place (no index of `deliveries` names a column
-//! it changes), which is what the queue being a table of its own is for.
+//! The worker's queue: a delivery is in `delivery_queue` while it is pending, at the time it is
+//! due, whichever statement writes its status, except under the lease it was made with (an
+//! inline attempt's), which the worker's sweep queues only once it runs out; and on PostgreSQL
+//! the update that records an inline attempt's success stays in place (no index of
+//! `deliveries` names a column it changes), which is what the queue being a table of its own
+//! is for.
 
 use std::time::{Duration, Instant};
 
@@ -110,9 +112,54 @@ async fn every_write_of_a_deliverys_status_or_due_time_keeps_the_queue(backend: 
     );
 }
 
+async fn a_pending_delivery_under_a_lease_is_queued_only_once_the_lease_runs_out(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let receiver = Receiver::start(vec![]).await;
+    let tenant = db.tenant(&["--callback-url", &receiver.url]);
+    let server = Server::start(&db, &MANUAL_WORKER);
+    let reply = server
+        .send(&tenant, Some(&new_key()), &sim_swap("+447700900603"))
+        .await;
+    assert_eq!(
+        delivery_of(&server, &tenant, &reply).await["status"],
+        "succeeded"
+    );
+
+    // As a holder that died mid-attempt leaves it: pending, leased for a minute, and not in
+    // the queue (a delivery made under a lease is queued only if the lease runs out).
+    let in_a_minute = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        + 60_000;
+    db.exec(format!(
+        "UPDATE deliveries SET status = 'pending', next_attempt_at = 0, \
+         leased_until = {in_a_minute}"
+    ))
+    .await;
+    db.exec("DELETE FROM delivery_queue").await;
+    assert_eq!(
+        db.worker_once(&RETRY_INTERVAL)["attempted"],
+        0,
+        "not while the lease holds"
+    );
+    assert_eq!(queue(&db).await, (0, 0));
+
+    assert_eq!(db.end_leases("TRUE").await, 1);
+    assert_eq!(db.worker_once(&RETRY_INTERVAL)["delivered"], 1);
+    assert_eq!(queue(&db).await, (0, 0));
+    assert_eq!(receiver.received().len(), 2);
+    assert_eq!(
+        db.worker_once(&RETRY_INTERVAL)["attempted"],
+        0,
+        "a lease swept once is not swept again"
+    );
+}
+
 on_both_backends!(
     a_delivery_is_queued_while_it_waits_for_a_retry_and_leaves_when_it_succeeds,
     every_write_of_a_deliverys_status_or_due_time_keeps_the_queue,
+    a_pending_delivery_under_a_lease_is_queued_only_once_the_lease_runs_out,
 );
 
 /// PostgreSQL's counters of the test database's `deliveries`: updates, and those made in

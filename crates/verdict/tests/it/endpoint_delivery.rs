@@ -225,7 +225,7 @@ async fn each_endpoint_gets_one_delivery_through_a_crash_before_the_inline_attem
     assert_eq!(t.db.count("deliveries").await, 2);
 
     // The leases run out (as they would after a minute) and the worker sends each row once.
-    t.db.exec("UPDATE deliveries SET leased_until = 0").await;
+    t.db.end_leases("TRUE").await;
     t.db.worker_once(&MANUAL_WORKER);
     t.db.worker_once(&MANUAL_WORKER);
     let [all, denies, ports] = t.ids();

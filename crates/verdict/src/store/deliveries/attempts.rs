@@ -169,10 +169,12 @@ fn push_advance_deliveries<DB: SqlDb>(
         return;
     }
     // An inline attempt is recorded here, once: a record sent again after its commit's answer
-    // was lost finds it there and moves nothing.
+    // was lost finds it there and moves nothing. One that settled its delivery keeps its
+    // lease's end, so that no indexed column changes (postgres/0033).
     q.push(
         "UPDATE deliveries SET status = v.column2, attempts = attempts + 1, \
-         retries_left = v.column3, next_attempt_at = v.column4, leased_until = 0, sent_at = NULL, \
+         retries_left = v.column3, next_attempt_at = v.column4, leased_until = CASE \
+         WHEN v.column7 AND v.column2 <> 'pending' THEN leased_until ELSE 0 END, sent_at = NULL, \
          last_error = v.column5, updated_at = v.column6, payload = CASE \
          WHEN action <> 'callback' AND v.column2 IN ('succeeded', 'failed', 'unknown') \
          THEN substr(payload, 1, 0) \

@@ -230,9 +230,14 @@ pub trait DeliveryStore {
     ) -> Result<Option<(DeliveryRecord, Vec<AttemptRow>)>, StoreError>;
     /// Deliveries waiting for an attempt.
     async fn queue_depth(&self, now: i64) -> Result<i64, StoreError>;
-    /// When the earliest pending delivery with retries left is due (unix ms), if any: a walk
-    /// of the delivery queue in due order that stops at the first such row.
+    /// When the worker should next look (unix ms), if ever: when the earliest queued delivery
+    /// with retries left is due (a walk of the queue in due order that stops at the first such
+    /// row), or the earliest lease not yet swept ends, whichever is sooner.
     async fn next_due(&self) -> Result<Option<i64>, StoreError>;
+    /// Queues the pending deliveries whose lease ran out since the last sweep and by `now`
+    /// (unix ms): a delivery made under a lease is queued only then, when its holder (an
+    /// inline attempt, a connector call) died before settling it. Returns how many it queued.
+    async fn queue_lapsed_leases(&self, now: i64) -> Result<u64, StoreError>;
     /// Leases the pending action requests of one of the tenant's events until `lease_until`:
     /// all of them or none, none while any is leased to another call or waits for the time
     /// its schedule or its connector's `Retry-After` put it off to (`next_attempt_at`).
@@ -261,27 +266,39 @@ pub trait DeliveryStore {
 }
 
 /// The columns of [`DeliveryRecord`].
+/// How long before the last sweep's mark a delivery still pending under the lease it was made
+/// with may have been made: longer than any such lease (`delivery::LEASE`), with a minute to
+/// spare for instances' clocks, which make the ids.
+pub(crate) const UNSWEPT_SPAN_MS: i64 = 3 * 60 * 1000;
+
 /// Where a listing of the tenant's deliveries in `status` (`$2`) finds them, and the condition
 /// that picks them: no index of `deliveries` names the status (postgres/0033), so the pending
-/// ones are found from the queue (few, but possibly older than every settled one since), those
-/// that need a look by `troubled_status`, and the succeeded ones, nearly all, in the tenant's
-/// index by id. `CROSS JOIN` keeps SQLite from reading the tenant's index instead.
+/// ones are found from the queue (few, but possibly older than every settled one since) and,
+/// for those under the lease they were made with and not queued, among the tenant's made since
+/// `$6`; those that need a look by `troubled_status`; and the succeeded ones, nearly all, in
+/// the tenant's index by id. (`$6` is the nil id, before every other, for the other statuses.)
+/// `CROSS JOIN` keeps SQLite from reading the tenant's index first.
 fn listed_in(status: Option<DeliveryStatus>) -> (&'static str, &'static str) {
     match status {
-        None => ("deliveries", "$2 = ''"),
-        Some(DeliveryStatus::Succeeded) => ("deliveries", "status = $2"),
+        None => ("deliveries", "$2 = '' AND id >= $6"),
+        Some(DeliveryStatus::Succeeded) => ("deliveries", "status = $2 AND id >= $6"),
         Some(DeliveryStatus::Pending) => (
-            "(SELECT id AS queued FROM delivery_queue) q CROSS JOIN deliveries",
-            "id = q.queued AND status = $2",
+            "(SELECT id AS listed FROM delivery_queue UNION SELECT id FROM deliveries \
+             WHERE tenant_id = $1 AND id >= $6 AND status = 'pending') q CROSS JOIN deliveries",
+            "id = q.listed AND status = $2",
         ),
         Some(
             DeliveryStatus::Failed
             | DeliveryStatus::Dead
             | DeliveryStatus::Unknown
             | DeliveryStatus::Suspended,
-        ) => ("deliveries", "troubled_status = $2"),
+        ) => ("deliveries", "troubled_status = $2 AND id >= $6"),
     }
 }
+
+/// How many milliseconds of lease ends one statement of [`DeliveryStore::queue_lapsed_leases`]
+/// sweeps.
+const SWEEP_STRETCH_MS: i64 = 10 * 60 * 1000;
 
 pub(crate) const DELIVERY_COLUMNS: &str = "id, event_id, webhook_id, status, attempts, \
      next_attempt_at, last_error, created_at, updated_at, action, connector, \
@@ -377,11 +394,13 @@ where
         use crate::store::deliveries::Redelivery;
         // The lease and the attempt's record are one compare-and-set each, and the
         // attempt row is written in the transaction that ends the lease, so a second
-        // request sees either the lease or the attempt.
+        // request sees either the lease or the attempt. Only a pending delivery is leased:
+        // a settled one may still show the end of the inline attempt's lease that settled
+        // it (postgres/0033).
         let sql = format!(
             "UPDATE deliveries SET status = 'pending', retries_left = $5, \
              next_attempt_at = $3, leased_until = $4, updated_at = $3 \
-             WHERE tenant_id = $1 AND id = $2 AND leased_until <= $3 \
+             WHERE tenant_id = $1 AND id = $2 AND (status <> 'pending' OR leased_until <= $3) \
              AND NOT EXISTS (SELECT 1 FROM endpoints e WHERE e.id = deliveries.endpoint_id \
                 AND e.disabled) \
              AND (action = 'callback' OR length(payload) > 0) \
@@ -431,6 +450,17 @@ where
         // A nil UUID cursor sorts before every v7 id, so "no cursor" is the max UUID.
         let cursor = before.unwrap_or(uuid::Uuid::max());
         let (from, listed) = listed_in(status);
+        // The pending ones not queued are under the lease they were made with, so made since
+        // a little before the last sweep: ids from then on (UUIDv7, the time first).
+        let made_since = if status == Some(DeliveryStatus::Pending) {
+            let swept_to: i64 = sqlx::query_scalar("SELECT swept_to FROM delivery_sweep")
+                .fetch_one(self.read())
+                .await?;
+            let since = swept_to.saturating_sub(UNSWEPT_SPAN_MS).max(0);
+            Uuid::from_u128(u128::from(since.unsigned_abs()) << 80)
+        } else {
+            Uuid::nil()
+        };
         let sql = format!(
             "SELECT {} FROM {from} WHERE tenant_id = $1 AND {listed} AND id < $3 \
              AND ($5 = '' OR endpoint_id = (SELECT e.id FROM endpoints e \
@@ -444,6 +474,7 @@ where
             .bind(cursor)
             .bind(limit)
             .bind(endpoint.map_or("", |e| e.as_str()))
+            .bind(made_since)
             .fetch_all(self.read())
             .await?)
     }
@@ -493,14 +524,52 @@ where
             .await?)
     }
 
+    async fn queue_lapsed_leases(&self, now: i64) -> Result<u64, StoreError> {
+        let mut from: i64 = sqlx::query_scalar("SELECT swept_to FROM delivery_sweep")
+            .fetch_one(self.write())
+            .await?;
+        let mut queued = 0;
+        // A stretch of lease ends per statement, so that the first sweep after a long stop
+        // runs as several bounded ones. Sweepers that overlap queue nothing twice, and the
+        // mark only moves forward.
+        while from < now {
+            let to = now.min(from.saturating_add(SWEEP_STRETCH_MS));
+            let done = sqlx::query(
+                "INSERT INTO delivery_queue (next_attempt_at, id) \
+                 SELECT next_attempt_at, id FROM deliveries \
+                 WHERE leased_until > $1 AND leased_until <= $2 AND status = 'pending' \
+                 ON CONFLICT DO NOTHING",
+            )
+            .bind(from)
+            .bind(to)
+            .execute(self.write())
+            .await?;
+            queued += DB::rows_affected(&done);
+            sqlx::query("UPDATE delivery_sweep SET swept_to = $1 WHERE swept_to < $1")
+                .bind(to)
+                .execute(self.write())
+                .await?;
+            from = to;
+        }
+        Ok(queued)
+    }
+
     async fn next_due(&self) -> Result<Option<i64>, crate::store::StoreError> {
-        Ok(sqlx::query_scalar(
+        let queued: Option<i64> = sqlx::query_scalar(
             "SELECT q.next_attempt_at FROM delivery_queue q WHERE EXISTS \
              (SELECT 1 FROM deliveries d WHERE d.id = q.id AND d.retries_left > 0) \
              ORDER BY q.next_attempt_at LIMIT 1",
         )
         .fetch_optional(self.read())
-        .await?)
+        .await?;
+        // The first lease not swept yet may end with its delivery still pending.
+        let lease_end: Option<i64> = sqlx::query_scalar(
+            "SELECT MIN(leased_until) FROM deliveries \
+             WHERE leased_until > (SELECT swept_to FROM delivery_sweep)",
+        )
+        .fetch_one(self.read())
+        .await?;
+        Ok(queued.into_iter().chain(lease_end).min())
     }
 
     async fn lease_requests(

@@ -74,8 +74,12 @@ WITH claim_in AS (
     ON CONFLICT (id) DO NOTHING RETURNING id
 ), attempt_moved AS (
     -- Each delivery moves on with its attempt, once.
+    -- An inline attempt that settled its delivery keeps its lease's end: that update then
+    -- changes no indexed column and stays in place (postgres/0033).
     UPDATE deliveries d SET status = t.status, attempts = d.attempts + 1,
-        retries_left = t.retries_left, next_attempt_at = t.next_attempt_at, leased_until = 0,
+        retries_left = t.retries_left, next_attempt_at = t.next_attempt_at,
+        leased_until = CASE WHEN t.trigger_kind = 'inline' AND t.status <> 'pending'
+            THEN d.leased_until ELSE 0 END,
         sent_at = NULL, last_error = t.error, updated_at = t.attempted_at,
         payload = CASE WHEN d.action <> 'callback'
             AND t.status IN ('succeeded', 'failed', 'unknown')

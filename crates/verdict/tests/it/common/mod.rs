@@ -299,6 +299,19 @@ impl TestDb {
         cmd.output().unwrap()
     }
 
+    /// Ends the leases of the deliveries `condition` picks now, as their running out would:
+    /// the worker's next round queues those still pending. Returns how many.
+    pub async fn end_leases(&self, condition: &str) -> u64 {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis();
+        self.exec(format!(
+            "UPDATE deliveries SET leased_until = {now} WHERE {condition}"
+        ))
+        .await
+    }
+
     /// Runs a statement (written to work on both backends) against the test database; returns
     /// the rows it affected.
     pub async fn exec(&self, sql: impl Into<String>) -> u64 {
