@@ -15,13 +15,19 @@
 -- * The tenant's listing is by id alone; the statuses a delivery rests in when something
 --   needs a look (failed, dead, unknown, suspended) are a generated column, indexed where set.
 --   Pending to succeeded leaves it NULL.
+--
+-- No delivery may change between the queue's fill below and its triggers.
+LOCK TABLE deliveries IN ACCESS EXCLUSIVE MODE;
 CREATE TABLE delivery_queue (
     next_attempt_at BIGINT NOT NULL,
     id UUID NOT NULL,
+    tenant_id UUID NOT NULL,
     PRIMARY KEY (next_attempt_at, id)
 );
-INSERT INTO delivery_queue (next_attempt_at, id)
-    SELECT next_attempt_at, id FROM deliveries WHERE status = 'pending';
+-- A tenant's pending listing and queue depth: its own rows, not the whole queue's.
+CREATE INDEX delivery_queue_by_tenant ON delivery_queue (tenant_id, id);
+INSERT INTO delivery_queue (next_attempt_at, id, tenant_id)
+    SELECT next_attempt_at, id, tenant_id FROM deliveries WHERE status = 'pending';
 
 CREATE FUNCTION delivery_queued() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -29,8 +35,8 @@ BEGIN
         DELETE FROM delivery_queue WHERE next_attempt_at = OLD.next_attempt_at AND id = OLD.id;
     END IF;
     IF TG_OP <> 'DELETE' AND NEW.status = 'pending' THEN
-        INSERT INTO delivery_queue (next_attempt_at, id) VALUES (NEW.next_attempt_at, NEW.id)
-            ON CONFLICT DO NOTHING;
+        INSERT INTO delivery_queue (next_attempt_at, id, tenant_id)
+            VALUES (NEW.next_attempt_at, NEW.id, NEW.tenant_id) ON CONFLICT DO NOTHING;
     END IF;
     RETURN NULL;
 END $$;

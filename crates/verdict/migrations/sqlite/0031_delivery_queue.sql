@@ -8,15 +8,18 @@
 CREATE TABLE delivery_queue (
     next_attempt_at INTEGER NOT NULL,
     id BLOB NOT NULL,
+    tenant_id BLOB NOT NULL,
     PRIMARY KEY (next_attempt_at, id)
 ) WITHOUT ROWID;
-INSERT INTO delivery_queue (next_attempt_at, id)
-    SELECT next_attempt_at, id FROM deliveries WHERE status = 'pending';
+CREATE INDEX delivery_queue_by_tenant ON delivery_queue (tenant_id, id);
+INSERT INTO delivery_queue (next_attempt_at, id, tenant_id)
+    SELECT next_attempt_at, id, tenant_id FROM deliveries WHERE status = 'pending';
 
 CREATE TRIGGER delivery_queued_on_insert AFTER INSERT ON deliveries
     WHEN NEW.status = 'pending' AND NEW.leased_until <= NEW.created_at
 BEGIN
-    INSERT INTO delivery_queue (next_attempt_at, id) VALUES (NEW.next_attempt_at, NEW.id);
+    INSERT INTO delivery_queue (next_attempt_at, id, tenant_id)
+        VALUES (NEW.next_attempt_at, NEW.id, NEW.tenant_id);
 END;
 CREATE TRIGGER delivery_queued_on_update AFTER UPDATE OF status, next_attempt_at ON deliveries
     WHEN (OLD.status = 'pending' OR NEW.status = 'pending')
@@ -24,8 +27,8 @@ CREATE TRIGGER delivery_queued_on_update AFTER UPDATE OF status, next_attempt_at
 BEGIN
     DELETE FROM delivery_queue WHERE OLD.status = 'pending'
         AND next_attempt_at = OLD.next_attempt_at AND id = OLD.id;
-    INSERT OR IGNORE INTO delivery_queue (next_attempt_at, id)
-        SELECT NEW.next_attempt_at, NEW.id WHERE NEW.status = 'pending';
+    INSERT OR IGNORE INTO delivery_queue (next_attempt_at, id, tenant_id)
+        SELECT NEW.next_attempt_at, NEW.id, NEW.tenant_id WHERE NEW.status = 'pending';
 END;
 CREATE TRIGGER delivery_queued_on_delete AFTER DELETE ON deliveries
     WHEN OLD.status = 'pending'

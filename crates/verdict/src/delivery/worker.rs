@@ -135,10 +135,11 @@ pub async fn run(deliverer: Arc<Deliverer>, interval: Duration, stop: Cancellati
     }
 }
 
-/// The next round's time: `scheduled`, or the earliest pending delivery's due time if that is
-/// sooner (but at least [`MIN_ROUND_GAP_MS`] from now). A delivery made after this is looked at
-/// is due an interval or more after its first attempt, so after `scheduled`, which is at most
-/// an interval away: the round at `scheduled` sees it.
+/// The next round's time: `scheduled`, or the earliest queued delivery's due time or lease end
+/// not yet swept, if that is sooner (but at least [`MIN_ROUND_GAP_MS`] from now). A delivery
+/// made after this is looked at is due an interval or more after its first attempt, or leased
+/// until a minute after it was made, so after `scheduled`, which is at most an interval away:
+/// the round at `scheduled` sees it, or its lease's end.
 async fn sooner_if_due(deliverer: &Deliverer, scheduled: i64) -> i64 {
     match deliverer.store.next_due().await {
         Ok(Some(due)) => scheduled.min(due.max(now_ms().saturating_add(MIN_ROUND_GAP_MS))),

@@ -147,13 +147,11 @@ where
         .bind(since)
         .fetch_one(self.read())
         .await?;
-        let queue_depth = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM (SELECT id AS queued FROM delivery_queue) q \
-             CROSS JOIN deliveries WHERE id = q.queued AND tenant_id = $1",
-        )
-        .bind(tenant_id)
-        .fetch_one(self.read())
-        .await?;
+        let queue_depth =
+            sqlx::query_scalar("SELECT COUNT(*) FROM delivery_queue WHERE tenant_id = $1")
+                .bind(tenant_id)
+                .fetch_one(self.read())
+                .await?;
         Ok(crate::store::Activity {
             per_minute,
             attempts_succeeded,

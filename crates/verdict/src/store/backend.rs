@@ -71,6 +71,10 @@ pub(crate) trait SqlDb: Database + sealed::Sealed + super::actions::KeyList {
     /// (`get_actual_variable_range`), walking every dead entry on the way. Where rows go oldest
     /// first, those are all the rows deleted since the last vacuum.
     const GENERIC_PLANS: Option<&'static str>;
+    /// What a `SELECT` ends with to lock the rows it reads against a concurrent update until
+    /// the transaction ends, so that it reads their latest version (PostgreSQL's
+    /// `FOR SHARE`); nothing on SQLite, whose one writer already serializes it.
+    const SHARE_ROWS: &'static str;
 }
 
 /// Runs [`SqlDb::GENERIC_PLANS`] in `tx`, where the database has it (a `SET LOCAL` outside a

@@ -303,7 +303,8 @@ static LEASE_DUE: LazyLock<String> = LazyLock::new(|| {
         "UPDATE deliveries SET leased_until = $2 WHERE id IN ( \
          SELECT d.id FROM delivery_queue q JOIN deliveries d ON d.id = q.id \
          JOIN tenants t ON t.id = d.tenant_id \
-         WHERE q.next_attempt_at <= $1 AND d.status = 'pending' AND d.leased_until <= $1 \
+         WHERE q.next_attempt_at <= $1 AND d.status = 'pending' \
+         AND d.next_attempt_at = q.next_attempt_at AND d.leased_until <= $1 \
          AND d.updated_at < $4 AND d.retries_left > 0 \
          AND NOT EXISTS (SELECT 1 FROM endpoints e WHERE e.id = d.endpoint_id AND e.disabled) \
          AND d.tenant_id::text NOT IN (SELECT jsonb_array_elements_text($5::jsonb)) \
@@ -331,6 +332,8 @@ impl super::backend::SqlDb for Postgres {
 
     const GENERIC_PLANS: Option<&'static str> =
         Some("SET LOCAL plan_cache_mode = force_generic_plan");
+
+    const SHARE_ROWS: &'static str = " FOR SHARE";
 }
 
 impl super::backend::Backend for PostgresStore {

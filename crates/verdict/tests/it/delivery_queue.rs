@@ -56,6 +56,12 @@ async fn a_delivery_is_queued_while_it_waits_for_a_retry_and_leaves_when_it_succ
     );
     assert_eq!(listed(&server, &tenant, "pending").await, 1);
     assert_eq!(listed(&server, &tenant, "succeeded").await, 0);
+    let other = db.tenant(&["--callback-url", &receiver.url]);
+    assert_eq!(
+        listed(&server, &other, "pending").await,
+        0,
+        "another tenant's queue rows are not listed"
+    );
 
     wait_for_next_round().await;
     assert_eq!(db.worker_once(&RETRY_INTERVAL)["delivered"], 1);
@@ -139,21 +145,22 @@ async fn a_pending_delivery_under_a_lease_is_queued_only_once_the_lease_runs_out
     .await;
     db.exec("DELETE FROM delivery_queue").await;
     assert_eq!(
+        listed(&server, &tenant, "pending").await,
+        1,
+        "listed as pending while under its lease, though not queued"
+    );
+    assert_eq!(
         db.worker_once(&RETRY_INTERVAL)["attempted"],
         0,
         "not while the lease holds"
     );
-    assert_eq!(queue(&db).await, (0, 0));
+    assert_eq!(queue(&db).await, (0, 0), "not queued while the lease holds");
 
     assert_eq!(db.end_leases("TRUE").await, 1);
     assert_eq!(db.worker_once(&RETRY_INTERVAL)["delivered"], 1);
     assert_eq!(queue(&db).await, (0, 0));
     assert_eq!(receiver.received().len(), 2);
-    assert_eq!(
-        db.worker_once(&RETRY_INTERVAL)["attempted"],
-        0,
-        "a lease swept once is not swept again"
-    );
+    assert_eq!(listed(&server, &tenant, "pending").await, 0);
 }
 
 on_both_backends!(

@@ -265,7 +265,6 @@ pub trait DeliveryStore {
     ) -> Result<Vec<(ActionKind, DeliveryStatus, Option<String>)>, StoreError>;
 }
 
-/// The columns of [`DeliveryRecord`].
 /// How long before the last sweep's mark a delivery still pending under the lease it was made
 /// with may have been made: longer than any such lease (`delivery::LEASE`), with a minute to
 /// spare for instances' clocks, which make the ids.
@@ -273,7 +272,8 @@ pub(crate) const UNSWEPT_SPAN_MS: i64 = 3 * 60 * 1000;
 
 /// Where a listing of the tenant's deliveries in `status` (`$2`) finds them, and the condition
 /// that picks them: no index of `deliveries` names the status (postgres/0033), so the pending
-/// ones are found from the queue (few, but possibly older than every settled one since) and,
+/// ones are found from the tenant's queue rows (few, but possibly older than every settled one
+/// since) and,
 /// for those under the lease they were made with and not queued, among the tenant's made since
 /// `$6`; those that need a look by `troubled_status`; and the succeeded ones, nearly all, in
 /// the tenant's index by id. (`$6` is the nil id, before every other, for the other statuses.)
@@ -283,8 +283,10 @@ fn listed_in(status: Option<DeliveryStatus>) -> (&'static str, &'static str) {
         None => ("deliveries", "$2 = '' AND id >= $6"),
         Some(DeliveryStatus::Succeeded) => ("deliveries", "status = $2 AND id >= $6"),
         Some(DeliveryStatus::Pending) => (
-            "(SELECT id AS listed FROM delivery_queue UNION SELECT id FROM deliveries \
-             WHERE tenant_id = $1 AND id >= $6 AND status = 'pending') q CROSS JOIN deliveries",
+            "(SELECT id AS listed FROM delivery_queue WHERE tenant_id = $1 AND id < $3 \
+             UNION SELECT id FROM deliveries \
+             WHERE tenant_id = $1 AND id >= $6 AND id < $3 AND status = 'pending') q \
+             CROSS JOIN deliveries",
             "id = q.listed AND status = $2",
         ),
         Some(
@@ -300,6 +302,7 @@ fn listed_in(status: Option<DeliveryStatus>) -> (&'static str, &'static str) {
 /// sweeps.
 const SWEEP_STRETCH_MS: i64 = 10 * 60 * 1000;
 
+/// The columns of [`DeliveryRecord`].
 pub(crate) const DELIVERY_COLUMNS: &str = "id, event_id, webhook_id, status, attempts, \
      next_attempt_at, last_error, created_at, updated_at, action, connector, \
      (SELECT name FROM endpoints e WHERE e.id = deliveries.endpoint_id) AS endpoint";
@@ -529,22 +532,31 @@ where
             .fetch_one(self.write())
             .await?;
         let mut queued = 0;
+        // The rows read are locked against a concurrent update (a retry's record, a
+        // redelivery, a way back) and read at their latest, so that none is queued at a due
+        // time its trigger has just moved it from.
+        let sweep = format!(
+            "INSERT INTO delivery_queue (next_attempt_at, id, tenant_id) \
+             SELECT next_attempt_at, id, tenant_id FROM deliveries \
+             WHERE leased_until > $1 AND leased_until <= $2 AND status = 'pending'{} \
+             ON CONFLICT DO NOTHING",
+            DB::SHARE_ROWS
+        );
         // A stretch of lease ends per statement, so that the first sweep after a long stop
         // runs as several bounded ones. Sweepers that overlap queue nothing twice, and the
-        // mark only moves forward.
+        // mark only moves forward. Each stretch is swept again [`UNSWEPT_SPAN_MS`] later, for
+        // a delivery whose insert committed after its lease ended or whose instance's clock
+        // runs behind the sweeper's.
         while from < now {
             let to = now.min(from.saturating_add(SWEEP_STRETCH_MS));
-            let done = sqlx::query(
-                "INSERT INTO delivery_queue (next_attempt_at, id) \
-                 SELECT next_attempt_at, id FROM deliveries \
-                 WHERE leased_until > $1 AND leased_until <= $2 AND status = 'pending' \
-                 ON CONFLICT DO NOTHING",
-            )
-            .bind(from)
-            .bind(to)
-            .execute(self.write())
-            .await?;
-            queued += DB::rows_affected(&done);
+            for (after, until) in [(from, to), (from - UNSWEPT_SPAN_MS, to - UNSWEPT_SPAN_MS)] {
+                let done = sqlx::query(sqlx::AssertSqlSafe(sweep.as_str()))
+                    .bind(after)
+                    .bind(until)
+                    .execute(self.write())
+                    .await?;
+                queued += DB::rows_affected(&done);
+            }
             sqlx::query("UPDATE delivery_sweep SET swept_to = $1 WHERE swept_to < $1")
                 .bind(to)
                 .execute(self.write())
@@ -557,7 +569,8 @@ where
     async fn next_due(&self) -> Result<Option<i64>, crate::store::StoreError> {
         let queued: Option<i64> = sqlx::query_scalar(
             "SELECT q.next_attempt_at FROM delivery_queue q WHERE EXISTS \
-             (SELECT 1 FROM deliveries d WHERE d.id = q.id AND d.retries_left > 0) \
+             (SELECT 1 FROM deliveries d WHERE d.id = q.id AND d.retries_left > 0 \
+                AND d.status = 'pending' AND d.next_attempt_at = q.next_attempt_at) \
              ORDER BY q.next_attempt_at LIMIT 1",
         )
         .fetch_optional(self.read())
