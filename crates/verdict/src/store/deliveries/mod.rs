@@ -273,11 +273,10 @@ pub(crate) const UNSWEPT_SPAN_MS: i64 = 3 * 60 * 1000;
 /// Where a listing of the tenant's deliveries in `status` (`$2`) finds them, and the condition
 /// that picks them: no index of `deliveries` names the status (postgres/0033), so the pending
 /// ones are found from the tenant's queue rows (few, but possibly older than every settled one
-/// since) and,
-/// for those under the lease they were made with and not queued, among the tenant's made since
-/// `$6`; those that need a look by `troubled_status`; and the succeeded ones, nearly all, in
-/// the tenant's index by id. (`$6` is the nil id, before every other, for the other statuses.)
-/// `CROSS JOIN` keeps SQLite from reading the tenant's index first.
+/// since) and, for those under the lease they were made with and not queued, among the
+/// tenant's made since `$6`; those that need a look by `troubled_status`; and the succeeded
+/// ones, nearly all, in the tenant's index by id. (`$6` is the nil id, before every other, for
+/// the other statuses.) `CROSS JOIN` keeps SQLite from reading the tenant's index first.
 fn listed_in(status: Option<DeliveryStatus>) -> (&'static str, &'static str) {
     match status {
         None => ("deliveries", "$2 = '' AND id >= $6"),
