@@ -154,15 +154,23 @@ async fn deliveries_show_when_each_attempt_was_made_and_when_the_next_is_due(bac
     let delivery = listed[0]["id"].as_str().unwrap().to_owned();
     assert_eq!(listed[0]["event_id"], event.as_str());
 
-    let shown: Value = serde_json::from_str(&db.cli(&[
-        "deliveries",
-        "show",
-        "--tenant",
-        &tenant.id,
-        &delivery,
-        "--json",
-    ]))
-    .unwrap();
+    // The inline attempt's record lands after the response, within the group commit's linger.
+    let mut shown: Value = Value::Null;
+    for _ in 0..100 {
+        shown = serde_json::from_str(&db.cli(&[
+            "deliveries",
+            "show",
+            "--tenant",
+            &tenant.id,
+            &delivery,
+            "--json",
+        ]))
+        .unwrap();
+        if shown["attempts"][0]["attempted_at"].is_string() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     let attempted_at = shown["attempts"][0]["attempted_at"].as_str().unwrap();
     let next_attempt_at = shown["next_attempt_at"].as_str().unwrap();
     assert!(next_attempt_at > attempted_at, "{shown}");
