@@ -440,13 +440,33 @@ mod tests {
         (store, commits, release)
     }
 
+    /// Records an attempt in the background, as the inline attempt's task does.
+    fn spawn_record(commits: &Arc<GroupCommit>) -> tokio::task::JoinHandle<Result<(), StoreError>> {
+        let commits = commits.clone();
+        tokio::spawn(async move { commits.record_attempt(record()).await })
+    }
+
+    /// Queues a whole batch of claims behind the held-up first commit, releases it, and checks
+    /// that every claim was won.
+    async fn flood_then_release(commits: &Arc<GroupCommit>, release: oneshot::Sender<()>) {
+        let mut claims = Vec::new();
+        for _ in 0..MAX_BATCH {
+            let commits = commits.clone();
+            claims.push(tokio::spawn(async move { commits.claim(claim()).await }));
+        }
+        for _ in 0..4 {
+            tokio::task::yield_now().await;
+        }
+        let _ = release.send(());
+        for claimed in claims {
+            assert!(matches!(claimed.await, Ok(Ok(true))));
+        }
+    }
+
     #[tokio::test]
     async fn a_record_rides_in_the_next_batch_a_request_starts() {
         let (store, commits, release) = held_up().await;
-        let recorded = tokio::spawn({
-            let commits = commits.clone();
-            async move { commits.record_attempt(record()).await }
-        });
+        let recorded = spawn_record(&commits);
         tokio::task::yield_now().await;
         let claimed = tokio::spawn({
             let commits = commits.clone();
@@ -478,24 +498,10 @@ mod tests {
     #[tokio::test]
     async fn a_record_past_its_linger_goes_before_a_flood_of_requests_work() {
         let (store, commits, release) = held_up().await;
-        let recorded = tokio::spawn({
-            let commits = commits.clone();
-            async move { commits.record_attempt(record()).await }
-        });
+        let recorded = spawn_record(&commits);
         tokio::task::yield_now().await;
         tokio::time::sleep(LINGER).await;
-        let mut claims = Vec::new();
-        for _ in 0..MAX_BATCH {
-            let commits = commits.clone();
-            claims.push(tokio::spawn(async move { commits.claim(claim()).await }));
-        }
-        for _ in 0..4 {
-            tokio::task::yield_now().await;
-        }
-        let _ = release.send(());
-        for claimed in claims {
-            assert!(matches!(claimed.await, Ok(Ok(true))));
-        }
+        flood_then_release(&commits, release).await;
         assert!(matches!(recorded.await, Ok(Ok(()))));
         assert_eq!(store.batches(), vec![(1, 0), (MAX_BATCH - 1, 1), (1, 0)]);
     }
@@ -504,22 +510,8 @@ mod tests {
     async fn requests_work_fills_a_batch_before_held_records() {
         let (store, commits, release) = held_up().await;
         let started = Instant::now();
-        let recorded = tokio::spawn({
-            let commits = commits.clone();
-            async move { commits.record_attempt(record()).await }
-        });
-        let mut claims = Vec::new();
-        for _ in 0..MAX_BATCH {
-            let commits = commits.clone();
-            claims.push(tokio::spawn(async move { commits.claim(claim()).await }));
-        }
-        for _ in 0..4 {
-            tokio::task::yield_now().await;
-        }
-        let _ = release.send(());
-        for claimed in claims {
-            assert!(matches!(claimed.await, Ok(Ok(true))));
-        }
+        let recorded = spawn_record(&commits);
+        flood_then_release(&commits, release).await;
         assert!(matches!(recorded.await, Ok(Ok(()))));
         let waited = vec![(1, 0), (MAX_BATCH, 0), (0, 1)];
         // Only a machine stalled past the record's wait lets it go first.
