@@ -42,7 +42,51 @@ WITH claim_in AS (
     ON CONFLICT DO NOTHING RETURNING lock_token
 ), act_in AS (
     SELECT * FROM {act_rows}
-), held_before AS (
+){held_before}
+, held AS (
+    -- The acts whose claim this statement inserted (and those whose held lock is still theirs).
+    {held_before_rows}SELECT c.act FROM claimed JOIN claim_in c ON c.lock_token = claimed.lock_token
+    WHERE c.act IS NOT NULL
+), live AS (
+    -- The acts that go ahead: the keyless ones and those whose lock held.
+    SELECT * FROM act_in WHERE lock_token IS NULL OR i IN (SELECT i FROM held)
+){attempts}{calls}{effects}
+, expected AS (
+    -- The live acts whose every effect this statement wrote for them: their outbox row, event
+    -- and response were built, before it ran, with every effect done.
+    SELECT a.i FROM live a
+    WHERE {effects_written}
+), outbox_in AS (
+    SELECT * FROM {outbox_rows}
+), outbox_ins AS (
+    INSERT INTO deliveries ({outbox_rows.columns})
+    SELECT {outbox_rows.columns}
+    FROM outbox_in WHERE i IN (SELECT i FROM expected)
+    ORDER BY tenant_id, signal_key, endpoint_id, i
+    ON CONFLICT DO NOTHING RETURNING id
+){requests}
+, settled AS (
+    -- Of those, the ones whose every outbox row (one per endpoint) and every action request
+    -- this statement inserted: their expected outcomes are their actual ones, so they are
+    -- finished here.
+    SELECT e.i FROM expected e
+    WHERE NOT EXISTS (SELECT 1 FROM outbox_in o WHERE o.i = e.i
+            AND NOT EXISTS (SELECT 1 FROM outbox_ins x WHERE x.id = o.id)){requests_settled}
+), event_ins AS (
+    INSERT INTO events ({event_rows.columns})
+    SELECT {event_rows.columns} FROM {event_rows}
+    WHERE i IN (SELECT i FROM settled)
+    ON CONFLICT DO NOTHING
+){completions}
+SELECT 'claim' AS kind, c.i, TRUE AS ours
+    FROM claimed JOIN claim_in c ON c.lock_token = claimed.lock_token WHERE c.i IS NOT NULL
+UNION ALL SELECT 'held', i, TRUE FROM held
+{effects_outcomes}UNION ALL SELECT 'settled', i, TRUE FROM settled
+"#;
+
+/// The held locks' re-check, in a batch with keyed acts that were claimed before it.
+const HELD_BEFORE: &str = r#"
+, held_before AS (
     -- The keyed acts whose lock is still theirs (token and state), each key row locked for
     -- the rest of the transaction. Locked, not written: `completed` below writes the row, and
     -- one statement may write a row only once.
@@ -51,15 +95,31 @@ WITH claim_in AS (
         AND k.key_digest = a.key_digest
     WHERE a.lock_token IS NOT NULL AND k.lock_token = a.lock_token AND k.state <> 'completed'
     FOR UPDATE OF k
-), held AS (
-    -- ... and the acts whose claim this statement inserted.
-    SELECT i FROM held_before
-    UNION ALL SELECT c.act FROM claimed JOIN claim_in c ON c.lock_token = claimed.lock_token
-    WHERE c.act IS NOT NULL
-), live AS (
-    -- The acts that go ahead: the keyless ones and those whose lock held.
-    SELECT * FROM act_in WHERE lock_token IS NULL OR i IN (SELECT i FROM held)
-), attempt_in AS (
+)"#;
+
+/// What `held` adds for [`HELD_BEFORE`].
+const HELD_BEFORE_ROWS: &str = "SELECT i FROM held_before\n    UNION ALL ";
+
+/// The key completions of the held acts that settled, in a batch with such acts.
+const COMPLETIONS: &str = r#"
+, completed AS (
+    -- Completed, or dispatched (still locked) while the act's connector calls are out.
+    UPDATE idempotency_keys k SET state = responses.state, response_status = responses.status,
+        response_body = responses.body,
+        ruling = CASE WHEN responses.state = 'completed' THEN NULL ELSE k.ruling END,
+        lock_token = CASE WHEN responses.state = 'completed' THEN NULL ELSE k.lock_token END,
+        locked_until = CASE WHEN responses.state = 'completed' THEN 0
+            ELSE responses.locked_until END
+    FROM {responses}
+    JOIN act_in a ON a.i = responses.i
+    WHERE responses.i IN (SELECT i FROM settled) AND k.tenant_id = a.tenant_id
+        AND k.endpoint = a.endpoint AND k.key_digest = a.key_digest
+        AND k.lock_token = a.lock_token
+)"#;
+
+/// The attempts' records, in a batch with some.
+const ATTEMPTS: &str = r#"
+, attempt_in AS (
     SELECT * FROM {attempt_rows}
 ), attempt_ins AS (
     -- A record is sent again when the answer to the commit that stored it was lost (the
@@ -97,52 +157,7 @@ WITH claim_in AS (
     FROM attempt_in t WHERE d.id = t.delivery_id
         AND (t.id IN (SELECT id FROM attempt_ins)
             OR (t.trigger_kind = 'inline' AND d.inline_attempted_at IS NULL))
-){calls}{effects}
-, expected AS (
-    -- The live acts whose every effect this statement wrote for them: their outbox row, event
-    -- and response were built, before it ran, with every effect done.
-    SELECT a.i FROM live a
-    WHERE {effects_written}
-), outbox_in AS (
-    SELECT * FROM {outbox_rows}
-), outbox_ins AS (
-    INSERT INTO deliveries ({outbox_rows.columns})
-    SELECT {outbox_rows.columns}
-    FROM outbox_in WHERE i IN (SELECT i FROM expected)
-    ORDER BY tenant_id, signal_key, endpoint_id, i
-    ON CONFLICT DO NOTHING RETURNING id
-){requests}
-, settled AS (
-    -- Of those, the ones whose every outbox row (one per endpoint) and every action request
-    -- this statement inserted: their expected outcomes are their actual ones, so they are
-    -- finished here.
-    SELECT e.i FROM expected e
-    WHERE NOT EXISTS (SELECT 1 FROM outbox_in o WHERE o.i = e.i
-            AND NOT EXISTS (SELECT 1 FROM outbox_ins x WHERE x.id = o.id)){requests_settled}
-), event_ins AS (
-    INSERT INTO events ({event_rows.columns})
-    SELECT {event_rows.columns} FROM {event_rows}
-    WHERE i IN (SELECT i FROM settled)
-    ON CONFLICT DO NOTHING
-), completed AS (
-    -- Completed, or dispatched (still locked) while the act's connector calls are out.
-    UPDATE idempotency_keys k SET state = responses.state, response_status = responses.status,
-        response_body = responses.body,
-        ruling = CASE WHEN responses.state = 'completed' THEN NULL ELSE k.ruling END,
-        lock_token = CASE WHEN responses.state = 'completed' THEN NULL ELSE k.lock_token END,
-        locked_until = CASE WHEN responses.state = 'completed' THEN 0
-            ELSE responses.locked_until END
-    FROM {responses}
-    JOIN act_in a ON a.i = responses.i
-    WHERE responses.i IN (SELECT i FROM settled) AND k.tenant_id = a.tenant_id
-        AND k.endpoint = a.endpoint AND k.key_digest = a.key_digest
-        AND k.lock_token = a.lock_token
-)
-SELECT 'claim' AS kind, c.i, TRUE AS ours
-    FROM claimed JOIN claim_in c ON c.lock_token = claimed.lock_token WHERE c.i IS NOT NULL
-UNION ALL SELECT 'held', i, TRUE FROM held
-{effects_outcomes}UNION ALL SELECT 'settled', i, TRUE FROM settled
-"#;
+)"#;
 
 /// The completions of dispatched signals whose calls answered, in a batch that has some.
 const CALLS: &str = r#"
@@ -179,9 +194,11 @@ const REQUESTS_SETTLED: &str = r#"
             AND NOT EXISTS (SELECT 1 FROM request_ins x WHERE x.id = r.id))"#;
 
 /// What a batch's statement holds besides what every batch needs: the CTEs of the local
-/// effects its acts ask for, and those of the connector calls' rows when it has any. Every CTE
-/// of a statement is set up each time it runs, whether it has rows or not, and that set-up
-/// (`standard_ExecutorStart` under `perf`) was a sixth of the database's time per signal.
+/// effects its acts ask for, and those of the held keys, the attempts' records and the
+/// connector calls' rows when it has any. Every CTE of a statement is set up each time it
+/// runs, whether it has rows or not, and that set-up (`standard_ExecutorStart` under `perf`)
+/// was a sixth of the database's time per signal; at low concurrency, where a batch holds one
+/// or two signals, each statement's fixed cost is most of the database's time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Shape {
     effects: EffectSet,
@@ -189,35 +206,52 @@ struct Shape {
     calls: bool,
     /// Connector action requests ([`REQUESTS`]).
     requests: bool,
+    /// Acts on keys claimed before the batch ([`HELD_BEFORE`], [`COMPLETIONS`]).
+    held: bool,
+    /// Attempts' records ([`ATTEMPTS`]).
+    attempts: bool,
 }
 
 impl Shape {
     /// How many shapes there are: one statement of each kind is rendered for each.
-    const COUNT: usize = EffectSet::COUNT * 4;
+    const COUNT: usize = EffectSet::COUNT * 16;
+
+    /// How many combinations of the parts besides the effects there are.
+    const PARTS: usize = 16;
 
     fn of(batch: &Batch, inputs: &Inputs) -> Self {
         Self {
             effects: EffectSet::asked(batch.acts.iter().map(|act| &act.effects[..])),
             calls: !batch.calls_done.is_empty(),
             requests: !inputs.requests.is_empty(),
+            held: !inputs.keyed.is_empty(),
+            attempts: !batch.attempts.is_empty(),
         }
+    }
+
+    /// The parts besides the effects, one bit each.
+    fn parts(self) -> usize {
+        [self.calls, self.requests, self.held, self.attempts]
+            .into_iter()
+            .fold(0, |bits, part| bits * 2 + usize::from(part))
     }
 
     /// Its position among [`Self::all`].
     fn index(self) -> usize {
-        self.effects.index() * 4 + usize::from(self.calls) * 2 + usize::from(self.requests)
+        self.effects.index() * Self::PARTS + self.parts()
     }
 
     /// Every shape, in [`Self::index`] order.
     #[cfg(test)]
     fn all() -> impl Iterator<Item = Self> {
-        EffectSet::all().flat_map(|effects| {
-            [(false, false), (false, true), (true, false), (true, true)].map(|(calls, requests)| {
-                Self {
-                    effects,
-                    calls,
-                    requests,
-                }
+        let bit = |parts: usize, n: u32| parts & (1 << n) != 0;
+        EffectSet::all().flat_map(move |effects| {
+            (0..Self::PARTS).map(move |parts| Self {
+                effects,
+                calls: bit(parts, 3),
+                requests: bit(parts, 2),
+                held: bit(parts, 1),
+                attempts: bit(parts, 0),
             })
         })
     }
@@ -233,6 +267,10 @@ impl Shape {
                 part(self.requests, REQUESTS_SETTLED),
                 1,
             )
+            .replacen("{held_before}", part(self.held, HELD_BEFORE), 1)
+            .replacen("{held_before_rows}", part(self.held, HELD_BEFORE_ROWS), 1)
+            .replacen("{completions}", part(self.held, COMPLETIONS), 1)
+            .replacen("{attempts}", part(self.attempts, ATTEMPTS), 1)
     }
 }
 
@@ -381,13 +419,13 @@ impl<'a> Inputs<'a> {
                 shape.effects.contains(ActionKind::AlertCustomer),
                 &alert_window,
             ),
-            (true, &attempts),
+            (shape.attempts, &attempts),
             (shape.calls, &calls_done),
             (shape.calls, &dispatched),
             (true, &outbox),
             (shape.requests, &requests),
             (true, &events),
-            (true, &responses),
+            (shape.held, &responses),
         ]
         .into_iter()
         .filter_map(|(present, input)| present.then_some(input))
@@ -470,6 +508,9 @@ mod tests {
             let sql = statement(shape, true);
             assert_eq!(sql.contains("calls_recorded"), shape.calls);
             assert_eq!(sql.contains("request_ins"), shape.requests);
+            assert_eq!(sql.contains("held_before"), shape.held);
+            assert_eq!(sql.contains("UPDATE idempotency_keys k SET state = responses"), shape.held);
+            assert_eq!(sql.contains("attempt_moved"), shape.attempts);
             for action in ActionKind::LOCAL {
                 assert_eq!(
                     sql.contains(&format!("'{}', o.*", action.as_str())),
