@@ -474,3 +474,48 @@ impl PostgresStore {
         fused::result(batch, &found, live, (outcomes, finished, deliveries))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use sqlx::{Connection, Executor, PgConnection};
+
+    use super::MIGRATOR;
+
+    /// Every shape of the batch's statement is valid on PostgreSQL's schema: each names only
+    /// the columns and CTEs it has. (A shape without the held keys' part once left `held`
+    /// without its `i`.) Needs the PostgreSQL the tests run against.
+    #[tokio::test]
+    async fn every_shape_of_the_batch_statement_prepares_on_postgres() {
+        let admin_url = std::env::var("VERDICT_TEST_PG_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+        let mut admin = PgConnection::connect(&admin_url)
+            .await
+            .unwrap_or_else(|e| panic!("PostgreSQL is required at {admin_url}: {e}"));
+        let name = format!("verdict_shapes_{}", uuid::Uuid::new_v4().simple());
+        admin
+            .execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .await
+            .expect("a database of the test's own");
+        let url = format!("{}/{name}", &admin_url[..admin_url.rfind('/').unwrap_or(0)]);
+        let prepared = async {
+            let mut conn = PgConnection::connect(&url).await?;
+            MIGRATOR.run(&mut conn).await.map_err(sqlx::Error::from)?;
+            let mut count = 0;
+            for statement in super::super::postgres_pipeline::every_statement() {
+                conn.prepare(sqlx::SqlSafeStr::into_sql_str(statement))
+                    .await?;
+                count += 1;
+            }
+            conn.close().await?;
+            Ok::<_, sqlx::Error>(count)
+        }
+        .await;
+        admin
+            .execute(sqlx::AssertSqlSafe(format!(
+                "DROP DATABASE {name} WITH (FORCE)"
+            )))
+            .await
+            .expect("the test's database dropped");
+        assert_eq!(prepared.expect("every shape prepares"), 2 * 32 * 16);
+    }
+}

@@ -45,7 +45,8 @@ WITH claim_in AS (
 ){held_before}
 , held AS (
     -- The acts whose claim this statement inserted (and those whose held lock is still theirs).
-    {held_before_rows}SELECT c.act FROM claimed JOIN claim_in c ON c.lock_token = claimed.lock_token
+    {held_before_rows}SELECT c.act AS i FROM claimed
+    JOIN claim_in c ON c.lock_token = claimed.lock_token
     WHERE c.act IS NOT NULL
 ), live AS (
     -- The acts that go ahead: the keyless ones and those whose lock held.
@@ -293,6 +294,12 @@ fn statement(shape: Shape, alone: bool) -> &'static str {
     })
 }
 
+/// Every statement [`apply()`] may run: each shape, alone and not.
+#[cfg(test)]
+pub(in crate::store) fn every_statement() -> impl Iterator<Item = &'static str> {
+    Shape::all().flat_map(|shape| [statement(shape, false), statement(shape, true)])
+}
+
 /// The SQLSTATE the statement run alone aborts with when a batch needs its actual outcomes stored.
 pub(super) const UNSETTLED: &str = "VD001";
 
@@ -509,7 +516,10 @@ mod tests {
             assert_eq!(sql.contains("calls_recorded"), shape.calls);
             assert_eq!(sql.contains("request_ins"), shape.requests);
             assert_eq!(sql.contains("held_before"), shape.held);
-            assert_eq!(sql.contains("UPDATE idempotency_keys k SET state = responses"), shape.held);
+            assert_eq!(
+                sql.contains("UPDATE idempotency_keys k SET state = responses"),
+                shape.held
+            );
             assert_eq!(sql.contains("attempt_moved"), shape.attempts);
             for action in ActionKind::LOCAL {
                 assert_eq!(

@@ -38,6 +38,8 @@ mod params;
 mod requests;
 
 pub(super) use apply::apply;
+#[cfg(test)]
+pub(super) use apply::every_statement;
 pub(super) use finish::finish;
 pub(super) use outbox::outbox;
 pub(super) use requests::requests;
