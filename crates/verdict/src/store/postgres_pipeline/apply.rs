@@ -312,7 +312,7 @@ struct Inputs<'a> {
     outbox: Vec<OutboxRow<'a>>,
     outbox_index: Vec<i32>,
     events: Vec<&'a NewEvent>,
-    /// The keyed acts, and what their keys become.
+    /// The acts on keys claimed before the batch, and what their keys become.
     keyed: Vec<i32>,
     responses: Vec<Settling<'a>>,
     /// Each act's connector action requests, under its position.
@@ -340,11 +340,13 @@ impl<'a> Inputs<'a> {
                 })
             })
             .unzip();
+        // A key claimed in this statement is inserted with its response already; no later
+        // part of the statement could see it to complete it.
         let (keyed, responses) = batch
             .acts
             .iter()
             .enumerate()
-            .filter(|(_, act)| act.held.is_some())
+            .filter(|(_, act)| act.held.is_some() && act.claim.is_none())
             .map(|(i, act)| (index(i), Settling(&act.expected.finished)))
             .unzip();
         let (requests_index, requests) = batch
