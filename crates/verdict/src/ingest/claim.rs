@@ -46,7 +46,12 @@ impl Ingest {
             decided,
             expires_at,
         };
-        if !known_taken && self.commits.claim(claim.clone()).await? {
+        if !known_taken
+            && self
+                .commits
+                .claim(claim.clone(), Some(&signal.approach))
+                .await?
+        {
             return Ok(Ok(holding(claim.event_id, decided, claim.expires_at)));
         }
         Ok(match self.store.claim(&claim).await? {

@@ -2,8 +2,10 @@
 //! commit, so throughput is not bounded by one commit per signal.
 //!
 //! Requests queue their work; a committer takes whatever is queued (up to [`MAX_BATCH`]) the
-//! moment it is free, with no timer: at low load a batch is one signal and waits for nothing.
-//! Each request still gets its own outcome. A batch that fails for a reason that is not
+//! moment it is free. A committer that found nothing queued also waits, for at most
+//! [`GATHER`], for the requests already on their way ([`Approach`]: deciding, their work not
+//! yet queued), so that at low concurrency signals still share commits; a lone signal has no
+//! one to wait for and waits for nothing. Each request still gets its own outcome. A batch that fails for a reason that is not
 //! transient is retried one signal at a time, so one bad signal never fails the others.
 //!
 //! Work no request waits for (an inline attempt's record, made after the response) is held
@@ -13,9 +15,10 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use tokio::sync::{Mutex, mpsc, oneshot};
+use tokio::sync::{Mutex, Notify, mpsc, oneshot};
 use tokio::time::Instant;
 
 use crate::store::{
@@ -29,6 +32,9 @@ const QUEUE: usize = 4096;
 /// Longest a record no request waits for is held back for a request's batch to ride in.
 /// Far inside the lease that keeps its delivery from a worker meanwhile.
 pub const LINGER: Duration = Duration::from_millis(25);
+/// Longest a committer that found nothing queued waits for the requests on their way: about
+/// a decision read's round trip at low load, well under what a signal shared batch saves.
+pub const GATHER: Duration = Duration::from_millis(2);
 
 enum Job {
     Claim(Box<Claim>, oneshot::Sender<Result<bool, StoreError>>),
@@ -51,6 +57,38 @@ pub struct Shared<T> {
 pub struct GroupCommit {
     jobs: mpsc::Sender<Job>,
     deferred: mpsc::Sender<(Instant, Job)>,
+    approaching: Arc<Approaching>,
+}
+
+/// How many requests are on their way to the queue, and a wake-up each time one arrives or
+/// turns away.
+#[derive(Default)]
+struct Approaching {
+    count: AtomicUsize,
+    changed: Notify,
+}
+
+/// A request on its way to the queue: counted from its start until it queues its work
+/// ([`GroupCommit::act_shared`], [`GroupCommit::claim`]) or ends another way (dropped).
+pub struct Approach {
+    approaching: Arc<Approaching>,
+    arrived: AtomicBool,
+}
+
+impl Approach {
+    /// No longer on its way; once, however often called.
+    fn arrive(&self) {
+        if !self.arrived.swap(true, Ordering::AcqRel) {
+            self.approaching.count.fetch_sub(1, Ordering::AcqRel);
+            self.approaching.changed.notify_waiters();
+        }
+    }
+}
+
+impl Drop for Approach {
+    fn drop(&mut self) {
+        self.arrive();
+    }
 }
 
 /// What the committers take their batches from; one committer at a time holds it.
@@ -63,6 +101,7 @@ struct Queues {
     /// channel's bound holds back the rest.
     held: VecDeque<(Instant, Job)>,
     deferred_open: bool,
+    approaching: Arc<Approaching>,
 }
 
 impl GroupCommit {
@@ -70,38 +109,61 @@ impl GroupCommit {
     pub fn start(store: Arc<dyn PipelineStore>, committers: usize, alert_window_ms: i64) -> Self {
         let (jobs, urgent) = mpsc::channel(QUEUE);
         let (deferred, deferred_jobs) = mpsc::channel(QUEUE);
+        let approaching = Arc::new(Approaching::default());
         let queue = Arc::new(Mutex::new(Queues {
             urgent,
             deferred: deferred_jobs,
             held: VecDeque::new(),
             deferred_open: true,
+            approaching: approaching.clone(),
         }));
         for _ in 0..committers.max(1) {
             tokio::spawn(committer(store.clone(), queue.clone(), alert_window_ms));
         }
-        Self { jobs, deferred }
+        Self {
+            jobs,
+            deferred,
+            approaching,
+        }
+    }
+
+    /// Counts a request on its way to the queue, until the [`Approach`] arrives or is dropped.
+    pub fn approach(&self) -> Approach {
+        self.approaching.count.fetch_add(1, Ordering::AcqRel);
+        Approach {
+            approaching: self.approaching.clone(),
+            arrived: AtomicBool::new(false),
+        }
     }
 
     /// Inserts a new key's row; `false` if a row was already there.
-    pub async fn claim(&self, claim: Claim) -> Result<bool, StoreError> {
+    pub async fn claim(
+        &self,
+        claim: Claim,
+        approach: Option<&Approach>,
+    ) -> Result<bool, StoreError> {
         let (reply, answer) = oneshot::channel();
-        self.submit(Job::Claim(Box::new(claim), reply)).await?;
+        self.submit(Job::Claim(Box::new(claim), reply), approach)
+            .await?;
         answer.await.map_err(|_| stopped())?
     }
 
     /// Applies a decided signal's effects and stores its event and response, with its key's
     /// claim if it carries one (`Err(LockLost)` if the claim or the held lock was lost).
     pub async fn act(&self, act: Act) -> Result<Committed, StoreError> {
-        self.act_shared(act).await?.answer
+        self.act_shared(act, None).await?.answer
     }
 
-    /// [`Self::act`], with the number of signals its commit carried.
+    /// [`Self::act`] for a request on its way (`approach`), with the number of signals its
+    /// commit carried.
     pub async fn act_shared(
         &self,
         act: Act,
+        approach: Option<&Approach>,
     ) -> Result<Shared<Result<Committed, StoreError>>, StoreError> {
         let (reply, answer) = oneshot::channel();
-        self.submit(Job::Act(Box::new(act), reply)).await?;
+        self.submit(Job::Act(Box::new(act), reply), approach)
+            .await?;
         answer.await.map_err(|_| stopped())
     }
 
@@ -120,12 +182,19 @@ impl GroupCommit {
     /// Completes a dispatched signal once its calls answered.
     pub async fn complete_calls(&self, done: CallsDone) -> Result<(), StoreError> {
         let (reply, answer) = oneshot::channel();
-        self.submit(Job::CallsDone(Box::new(done), reply)).await?;
+        self.submit(Job::CallsDone(Box::new(done), reply), None)
+            .await?;
         answer.await.map_err(|_| stopped())?
     }
 
-    async fn submit(&self, job: Job) -> Result<(), StoreError> {
-        self.jobs.send(job).await.map_err(|_| stopped())
+    /// Queues `job`; the request it is from (`approach`) has arrived once it is queued, not
+    /// before, so a committer that sees no one on the way finds the job in the queue.
+    async fn submit(&self, job: Job, approach: Option<&Approach>) -> Result<(), StoreError> {
+        let sent = self.jobs.send(job).await.map_err(|_| stopped());
+        if let Some(approach) = approach {
+            approach.arrive();
+        }
+        sent
     }
 }
 
@@ -161,6 +230,8 @@ impl Queues {
     /// batch of it is held). `None` once every sender is gone and nothing is left.
     async fn next_batch(&mut self) -> Option<Vec<Job>> {
         let mut jobs = Vec::new();
+        // Work already queued goes at once; a committer that waits for the first job gathers.
+        let idle = self.urgent.is_empty();
         loop {
             self.hold_deferred();
             let due = self.held.front().map(|(arrived, _)| *arrived + LINGER);
@@ -194,14 +265,49 @@ impl Queues {
                 () = tokio::time::sleep_until(due.unwrap_or_else(Instant::now)), if due.is_some() => break,
             }
         }
+        if idle && !jobs.is_empty() {
+            self.gather(&mut jobs).await;
+        }
+        self.take_urgent(&mut jobs);
+        self.take_held(&mut jobs);
+        Some(jobs)
+    }
+
+    /// Adds to `jobs` the work of the requests on their way as it is queued, until none is on
+    /// its way, the batch is full, or [`GATHER`] has passed.
+    async fn gather(&mut self, jobs: &mut Vec<Job>) {
+        let until = Instant::now() + GATHER;
+        let approaching = self.approaching.clone();
+        loop {
+            let changed = approaching.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            // Read before taking: a request counts as arrived only once its job is queued.
+            let on_the_way = approaching.count.load(Ordering::Acquire);
+            self.take_urgent(jobs);
+            if on_the_way == 0 || jobs.len() >= MAX_BATCH {
+                return;
+            }
+            tokio::select! {
+                biased;
+                job = self.urgent.recv() => match job {
+                    Some(job) => jobs.push(job),
+                    None => return,
+                },
+                () = &mut changed => {}
+                () = tokio::time::sleep_until(until) => return,
+            }
+        }
+    }
+
+    /// Adds the urgent work queued to `jobs`, up to [`MAX_BATCH`].
+    fn take_urgent(&mut self, jobs: &mut Vec<Job>) {
         while jobs.len() < MAX_BATCH {
             match self.urgent.try_recv() {
                 Ok(job) => jobs.push(job),
                 Err(_) => break,
             }
         }
-        self.take_held(&mut jobs);
-        Some(jobs)
     }
 
     /// Fills `jobs` up to [`MAX_BATCH`] with held-back work, oldest first.
@@ -433,7 +539,7 @@ mod tests {
         }
         let commits = Arc::new(GroupCommit::start(store.clone(), 1, 0));
         let first = commits.clone();
-        tokio::spawn(async move { first.claim(claim()).await });
+        tokio::spawn(async move { first.claim(claim(), None).await });
         while store.release.lock().map(|g| g.is_some()).unwrap_or(false) {
             tokio::task::yield_now().await;
         }
@@ -452,7 +558,9 @@ mod tests {
         let mut claims = Vec::new();
         for _ in 0..MAX_BATCH {
             let commits = commits.clone();
-            claims.push(tokio::spawn(async move { commits.claim(claim()).await }));
+            claims.push(tokio::spawn(
+                async move { commits.claim(claim(), None).await },
+            ));
         }
         for _ in 0..4 {
             tokio::task::yield_now().await;
@@ -470,7 +578,7 @@ mod tests {
         tokio::task::yield_now().await;
         let claimed = tokio::spawn({
             let commits = commits.clone();
-            async move { commits.claim(claim()).await }
+            async move { commits.claim(claim(), None).await }
         });
         tokio::task::yield_now().await;
         let _ = release.send(());
@@ -522,5 +630,86 @@ mod tests {
         } else {
             assert!(batches == waited || batches == overdue, "{batches:?}");
         }
+    }
+
+    /// Claims a key in the background for a request on its way (`approach`) after `after`.
+    fn spawn_claim(
+        commits: &Arc<GroupCommit>,
+        after: Duration,
+        approach: Option<Approach>,
+    ) -> tokio::task::JoinHandle<Result<bool, StoreError>> {
+        let commits = commits.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            commits.claim(claim(), approach.as_ref()).await
+        })
+    }
+
+    /// One committer over a recorder that lets every commit through.
+    fn started() -> (Arc<Recorder>, Arc<GroupCommit>) {
+        let store = Arc::new(Recorder::default());
+        let commits = Arc::new(GroupCommit::start(store.clone(), 1, 0));
+        (store, commits)
+    }
+
+    /// How long a claim queued now takes to commit.
+    async fn time_to_commit(commits: &Arc<GroupCommit>) -> Duration {
+        let queued = Instant::now();
+        let claimed = spawn_claim(commits, Duration::ZERO, None).await;
+        assert!(matches!(claimed, Ok(Ok(true))));
+        queued.elapsed()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_committer_gathers_the_requests_on_their_way() {
+        let (store, commits) = started();
+        let on_its_way = commits.approach();
+        let first = spawn_claim(&commits, Duration::ZERO, None);
+        let second = spawn_claim(&commits, GATHER / 2, Some(on_its_way));
+        assert!(matches!(first.await, Ok(Ok(true))));
+        assert!(matches!(second.await, Ok(Ok(true))));
+        assert_eq!(store.batches(), vec![(2, 0)]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lone_request_waits_for_no_one() {
+        let (_, commits) = started();
+        assert_eq!(time_to_commit(&commits).await, Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_that_turns_away_ends_the_gathering() {
+        let (store, commits) = started();
+        let on_its_way = commits.approach();
+        let started = Instant::now();
+        let first = spawn_claim(&commits, Duration::ZERO, None);
+        // The paused clock moves in whole milliseconds.
+        tokio::time::sleep(GATHER / 2).await;
+        drop(on_its_way);
+        assert!(matches!(first.await, Ok(Ok(true))));
+        assert_eq!(started.elapsed(), GATHER / 2);
+        assert_eq!(store.batches(), vec![(1, 0)]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_that_never_arrives_holds_a_batch_back_no_longer_than_the_gathering() {
+        let (_, commits) = started();
+        let _stuck = commits.approach();
+        assert_eq!(time_to_commit(&commits).await, GATHER);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn work_queued_behind_a_commit_goes_without_gathering() {
+        let (store, commits, release) = held_up().await;
+        let _on_its_way = commits.approach();
+        let queued = spawn_claim(&commits, Duration::ZERO, None);
+        for _ in 0..4 {
+            tokio::task::yield_now().await;
+        }
+        let started = Instant::now();
+        let _ = release.send(());
+        assert!(matches!(queued.await, Ok(Ok(true))));
+        assert_eq!(started.elapsed(), Duration::ZERO);
+        assert_eq!(store.batches(), vec![(1, 0), (1, 0)]);
     }
 }

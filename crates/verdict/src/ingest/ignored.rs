@@ -136,7 +136,7 @@ impl Ingest {
             decided,
             expires_at,
         };
-        let holding = if self.commits.claim(claim.clone()).await? {
+        let holding = if self.commits.claim(claim.clone(), None).await? {
             holding(claim.event_id, decided, claim.expires_at)
         } else {
             match self.store.claim(&claim).await? {

@@ -121,6 +121,8 @@ struct Prepared<'a> {
     signal_key: [u8; 32],
     /// The idempotency key's row, if the request has a key.
     key: Option<KeyRef>,
+    /// The request on its way to the group commit, until it queues its work there.
+    approach: group_commit::Approach,
 }
 
 impl<'a> Prepared<'a> {
@@ -371,6 +373,7 @@ impl Ingest {
             subject_hash,
             signal_key,
             key,
+            approach: self.commits.approach(),
         }
     }
 
