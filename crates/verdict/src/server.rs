@@ -88,6 +88,7 @@ pub async fn serve(config: &Config, serve: ServeConfig) -> anyhow::Result<()> {
     let ingest = Arc::new(Ingest::new(
         store.clone(),
         store.concurrent_commits(),
+        store.commit_gathering(),
         keys.clone(),
         serve.ingest,
         deliverer.clone(),

@@ -2,11 +2,12 @@
 //! commit, so throughput is not bounded by one commit per signal.
 //!
 //! Requests queue their work; a committer takes whatever is queued (up to [`MAX_BATCH`]) the
-//! moment it is free. A committer that found nothing queued also waits, for at most
-//! [`GATHER`], for the requests already on their way ([`Approach`]: deciding, their work not
+//! moment it is free. On PostgreSQL, a committer that found nothing queued also waits, for a
+//! moment (the store's gathering), for the requests already on their way ([`Approach`]: deciding, their work not
 //! yet queued), so that at low concurrency signals still share commits; a lone signal has no
-//! one to wait for and waits for nothing. Each request still gets its own outcome. A batch that fails for a reason that is not
-//! transient is retried one signal at a time, so one bad signal never fails the others.
+//! one to wait for and waits for nothing. Each request still gets its own outcome. A batch
+//! that fails for a reason that is not transient is retried one signal at a time, so one bad
+//! signal never fails the others.
 //!
 //! Work no request waits for (an inline attempt's record, made after the response) is held
 //! back instead: it rides in the next batch a request's work starts, or commits on its own
@@ -32,9 +33,6 @@ const QUEUE: usize = 4096;
 /// Longest a record no request waits for is held back for a request's batch to ride in.
 /// Far inside the lease that keeps its delivery from a worker meanwhile.
 pub const LINGER: Duration = Duration::from_millis(25);
-/// Longest a committer that found nothing queued waits for the requests on their way: about
-/// a decision read's round trip at low load, well under what a signal shared batch saves.
-pub const GATHER: Duration = Duration::from_millis(2);
 
 enum Job {
     Claim(Box<Claim>, oneshot::Sender<Result<bool, StoreError>>),
@@ -102,11 +100,19 @@ struct Queues {
     held: VecDeque<(Instant, Job)>,
     deferred_open: bool,
     approaching: Arc<Approaching>,
+    /// How long a committer that found nothing queued waits for the requests on their way.
+    gather: Option<Duration>,
 }
 
 impl GroupCommit {
-    /// Starts `committers` committers (the store's number: one on SQLite).
-    pub fn start(store: Arc<dyn PipelineStore>, committers: usize, alert_window_ms: i64) -> Self {
+    /// Starts `committers` committers (the store's number: one on SQLite), which gather for
+    /// `gather` (the store's) when idle.
+    pub fn start(
+        store: Arc<dyn PipelineStore>,
+        committers: usize,
+        gather: Option<Duration>,
+        alert_window_ms: i64,
+    ) -> Self {
         let (jobs, urgent) = mpsc::channel(QUEUE);
         let (deferred, deferred_jobs) = mpsc::channel(QUEUE);
         let approaching = Arc::new(Approaching::default());
@@ -116,6 +122,7 @@ impl GroupCommit {
             held: VecDeque::new(),
             deferred_open: true,
             approaching: approaching.clone(),
+            gather,
         }));
         for _ in 0..committers.max(1) {
             tokio::spawn(committer(store.clone(), queue.clone(), alert_window_ms));
@@ -265,8 +272,8 @@ impl Queues {
                 () = tokio::time::sleep_until(due.unwrap_or_else(Instant::now)), if due.is_some() => break,
             }
         }
-        if idle && !jobs.is_empty() {
-            self.gather(&mut jobs).await;
+        if let Some(gather) = self.gather.filter(|_| idle && !jobs.is_empty()) {
+            self.gather(&mut jobs, gather).await;
         }
         self.take_urgent(&mut jobs);
         self.take_held(&mut jobs);
@@ -274,9 +281,9 @@ impl Queues {
     }
 
     /// Adds to `jobs` the work of the requests on their way as it is queued, until none is on
-    /// its way, the batch is full, or [`GATHER`] has passed.
-    async fn gather(&mut self, jobs: &mut Vec<Job>) {
-        let until = Instant::now() + GATHER;
+    /// its way, the batch is full, or `gather` has passed.
+    async fn gather(&mut self, jobs: &mut Vec<Job>, gather: Duration) {
+        let until = Instant::now() + gather;
         let approaching = self.approaching.clone();
         loop {
             let changed = approaching.changed.notified();
@@ -461,6 +468,9 @@ mod tests {
     use async_trait::async_trait;
     use uuid::Uuid;
 
+    /// The gathering the tests' committers do, as PostgreSQL's.
+    const GATHER: Duration = Duration::from_millis(2);
+
     /// Each batch's claims and attempts, as the committer handed them over; the first
     /// commit waits for `release`, so that work can queue behind it.
     #[derive(Default)]
@@ -537,7 +547,7 @@ mod tests {
         if let Ok(mut slot) = store.release.lock() {
             *slot = Some(gate);
         }
-        let commits = Arc::new(GroupCommit::start(store.clone(), 1, 0));
+        let commits = Arc::new(GroupCommit::start(store.clone(), 1, Some(GATHER), 0));
         let first = commits.clone();
         tokio::spawn(async move { first.claim(claim(), None).await });
         while store.release.lock().map(|g| g.is_some()).unwrap_or(false) {
@@ -590,7 +600,7 @@ mod tests {
     #[tokio::test]
     async fn a_record_alone_commits_once_it_waited_the_linger() {
         let store = Arc::new(Recorder::default());
-        let commits = GroupCommit::start(store.clone(), 1, 0);
+        let commits = GroupCommit::start(store.clone(), 1, Some(GATHER), 0);
         let started = Instant::now();
         let recorded =
             tokio::time::timeout(Duration::from_secs(10), commits.record_attempt(record()));
@@ -648,7 +658,7 @@ mod tests {
     /// One committer over a recorder that lets every commit through.
     fn started() -> (Arc<Recorder>, Arc<GroupCommit>) {
         let store = Arc::new(Recorder::default());
-        let commits = Arc::new(GroupCommit::start(store.clone(), 1, 0));
+        let commits = Arc::new(GroupCommit::start(store.clone(), 1, Some(GATHER), 0));
         (store, commits)
     }
 
@@ -674,6 +684,14 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_lone_request_waits_for_no_one() {
         let (_, commits) = started();
+        assert_eq!(time_to_commit(&commits).await, Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_store_that_does_not_gather_commits_what_is_queued_at_once() {
+        let store = Arc::new(Recorder::default());
+        let commits = Arc::new(GroupCommit::start(store.clone(), 1, None, 0));
+        let _on_its_way = commits.approach();
         assert_eq!(time_to_commit(&commits).await, Duration::ZERO);
     }
 

@@ -218,11 +218,12 @@ pub struct Ingest {
 }
 
 impl Ingest {
-    /// Builds the pipeline and starts its `committers` group committers (inside a Tokio
-    /// runtime).
+    /// Builds the pipeline and starts its `committers` group committers, which gather for
+    /// `gather` when idle (inside a Tokio runtime).
     pub fn new(
         store: Arc<dyn IngestStore>,
         committers: usize,
+        gather: Option<std::time::Duration>,
         keys: Arc<Keyring>,
         settings: IngestSettings,
         deliverer: Arc<Deliverer>,
@@ -231,6 +232,7 @@ impl Ingest {
             commits: Arc::new(GroupCommit::start(
                 store.clone(),
                 committers,
+                gather,
                 settings.alert_window_ms,
             )),
             reads: DecisionReads::start(store.clone()),

@@ -31,6 +31,9 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn lease_due() -> &'static str;
     /// How many group commits may run at once.
     const COMMITS: usize;
+    /// How long a committer that found nothing queued waits for the requests on their way
+    /// (`ingest::group_commit`); `None`: it takes what is queued and goes.
+    const GATHER: Option<std::time::Duration>;
     /// The longest a request waits for one database call on its path (a connection and a
     /// statement) before answering 503 ([`super::answered_within`]); `None` where the
     /// database cannot go silent.

@@ -275,6 +275,8 @@ pub trait Store:
     /// How many group commits may run at once: one on SQLite (one writer), several on
     /// PostgreSQL.
     fn concurrent_commits(&self) -> usize;
+    /// How long an idle committer waits for the requests on their way, if it does.
+    fn commit_gathering(&self) -> Option<std::time::Duration>;
 }
 
 /// Opens the backend a URL names and runs its migrations.
@@ -386,6 +388,10 @@ where
 
     fn concurrent_commits(&self) -> usize {
         B::COMMITS
+    }
+
+    fn commit_gathering(&self) -> Option<std::time::Duration> {
+        B::GATHER
     }
 }
 

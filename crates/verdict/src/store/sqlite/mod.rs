@@ -214,6 +214,9 @@ impl super::backend::Backend for SqliteStore {
         &LEASE_DUE
     }
     const COMMITS: usize = 1;
+    /// A commit costs little more than a statement, and the one writer would idle while
+    /// it waits: throughput and CPU per signal were worse with a 2 ms gathering.
+    const GATHER: Option<std::time::Duration> = None;
     /// A local file: a statement is slow, never unanswered.
     const ANSWER_DEADLINE: Option<std::time::Duration> = None;
 
