@@ -16,11 +16,12 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use tokio::sync::{Mutex, Notify, mpsc, oneshot};
+use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio::time::Instant;
+
+use super::approach::{Approach, Gathering, take};
 
 use crate::store::{
     Act, AttemptRecord, Batch, BatchResult, CallsDone, Claim, Committed, PipelineStore, StoreError,
@@ -55,38 +56,9 @@ pub struct Shared<T> {
 pub struct GroupCommit {
     jobs: mpsc::Sender<Job>,
     deferred: mpsc::Sender<(Instant, Job)>,
-    approaching: Arc<Approaching>,
-}
-
-/// How many requests are on their way to the queue, and a wake-up each time one arrives or
-/// turns away.
-#[derive(Default)]
-struct Approaching {
-    count: AtomicUsize,
-    changed: Notify,
-}
-
-/// A request on its way to the queue: counted from its start until it queues its work
-/// ([`GroupCommit::act_shared`], [`GroupCommit::claim`]) or ends another way (dropped).
-pub struct Approach {
-    approaching: Arc<Approaching>,
-    arrived: AtomicBool,
-}
-
-impl Approach {
-    /// No longer on its way; once, however often called.
-    fn arrive(&self) {
-        if !self.arrived.swap(true, Ordering::AcqRel) {
-            self.approaching.count.fetch_sub(1, Ordering::AcqRel);
-            self.approaching.changed.notify_waiters();
-        }
-    }
-}
-
-impl Drop for Approach {
-    fn drop(&mut self) {
-        self.arrive();
-    }
+    /// `None` when the store does not gather: then nothing reads a count of requests on their
+    /// way, and none is kept.
+    gathering: Option<Gathering>,
 }
 
 /// What the committers take their batches from; one committer at a time holds it.
@@ -99,9 +71,8 @@ struct Queues {
     /// channel's bound holds back the rest.
     held: VecDeque<(Instant, Job)>,
     deferred_open: bool,
-    approaching: Arc<Approaching>,
     /// How long a committer that found nothing queued waits for the requests on their way.
-    gather: Option<Duration>,
+    gathering: Option<Gathering>,
 }
 
 impl GroupCommit {
@@ -115,14 +86,13 @@ impl GroupCommit {
     ) -> Self {
         let (jobs, urgent) = mpsc::channel(QUEUE);
         let (deferred, deferred_jobs) = mpsc::channel(QUEUE);
-        let approaching = Arc::new(Approaching::default());
+        let gathering = Gathering::new(gather);
         let queue = Arc::new(Mutex::new(Queues {
             urgent,
             deferred: deferred_jobs,
             held: VecDeque::new(),
             deferred_open: true,
-            approaching: approaching.clone(),
-            gather,
+            gathering: gathering.clone(),
         }));
         for _ in 0..committers.max(1) {
             tokio::spawn(committer(store.clone(), queue.clone(), alert_window_ms));
@@ -130,17 +100,16 @@ impl GroupCommit {
         Self {
             jobs,
             deferred,
-            approaching,
+            gathering,
         }
     }
 
-    /// Counts a request on its way to the queue, until the [`Approach`] arrives or is dropped.
+    /// Counts a request on its way to the queue, until the [`Approach`] arrives or is dropped;
+    /// counts nothing if the store does not gather.
     pub fn approach(&self) -> Approach {
-        self.approaching.count.fetch_add(1, Ordering::AcqRel);
-        Approach {
-            approaching: self.approaching.clone(),
-            arrived: AtomicBool::new(false),
-        }
+        self.gathering
+            .as_ref()
+            .map_or_else(Approach::none, Gathering::approach)
     }
 
     /// Inserts a new key's row; `false` if a row was already there.
@@ -272,49 +241,14 @@ impl Queues {
                 () = tokio::time::sleep_until(due.unwrap_or_else(Instant::now)), if due.is_some() => break,
             }
         }
-        if let Some(gather) = self.gather.filter(|_| idle && !jobs.is_empty()) {
-            self.gather(&mut jobs, gather).await;
+        if let Some(gathering) = self.gathering.as_ref().filter(|_| idle && !jobs.is_empty()) {
+            gathering
+                .gather(&mut self.urgent, &mut jobs, MAX_BATCH)
+                .await;
         }
-        self.take_urgent(&mut jobs);
+        take(&mut self.urgent, &mut jobs, MAX_BATCH);
         self.take_held(&mut jobs);
         Some(jobs)
-    }
-
-    /// Adds to `jobs` the work of the requests on their way as it is queued, until none is on
-    /// its way, the batch is full, or `gather` has passed.
-    async fn gather(&mut self, jobs: &mut Vec<Job>, gather: Duration) {
-        let until = Instant::now() + gather;
-        let approaching = self.approaching.clone();
-        loop {
-            let changed = approaching.changed.notified();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
-            // Read before taking: a request counts as arrived only once its job is queued.
-            let on_the_way = approaching.count.load(Ordering::Acquire);
-            self.take_urgent(jobs);
-            if on_the_way == 0 || jobs.len() >= MAX_BATCH {
-                return;
-            }
-            tokio::select! {
-                biased;
-                job = self.urgent.recv() => match job {
-                    Some(job) => jobs.push(job),
-                    None => return,
-                },
-                () = &mut changed => {}
-                () = tokio::time::sleep_until(until) => return,
-            }
-        }
-    }
-
-    /// Adds the urgent work queued to `jobs`, up to [`MAX_BATCH`].
-    fn take_urgent(&mut self, jobs: &mut Vec<Job>) {
-        while jobs.len() < MAX_BATCH {
-            match self.urgent.try_recv() {
-                Ok(job) => jobs.push(job),
-                Err(_) => break,
-            }
-        }
     }
 
     /// Fills `jobs` up to [`MAX_BATCH`] with held-back work, oldest first.

@@ -18,6 +18,7 @@
 //! ([`settle`]).
 
 mod act;
+mod approach;
 mod call;
 mod claim;
 mod decide;
@@ -122,7 +123,7 @@ struct Prepared<'a> {
     /// The idempotency key's row, if the request has a key.
     key: Option<KeyRef>,
     /// The request on its way to the group commit, until it queues its work there.
-    approach: group_commit::Approach,
+    approach: approach::Approach,
 }
 
 impl<'a> Prepared<'a> {
