@@ -1,6 +1,6 @@
 # The growth scenarios, sourced by scripts/bench (it uses that script's wrk_run, record, log, die,
-# launch_server, check_stored, json_field, cpu_ticks, wal_lsn and its WORK, BIN, CALLBACK_URL,
-# PIDS, PG_DBS).
+# launch_server, check_stored, json_field, cpu_ticks, per_request, wal_lsn and its WORK, BIN,
+# CALLBACK_URL, PIDS, PG_DBS).
 #
 # Two PostgreSQL databases, each with one tenant whose callback goes to the bench's nginx:
 #   empty  nothing but the tenant;
@@ -74,10 +74,8 @@ growth_run() {
     local added=$((ins1 - ins0))
     check_stored "$scenario $side round $round" "$added"
     [ "$side" = floor ] && GROWTH_LAST_EMPTY_STORED=$added
-    local cpu
-    cpu=$(awk -v t=$((after_cpu - before_cpu)) -v hz="$CLK_TCK" -v n="$BENCH_requests" \
-        'BEGIN { printf "%.3f", t * 1000 / hz / n }')
-    record postgres "$scenario" "$side" "$round" "$BENCH_requests" "$BENCH_rps" "$BENCH_p50" "$BENCH_p99" "$cpu" \
+    record postgres "$scenario" "$side" "$round" "$BENCH_requests" "$BENCH_rps" "$BENCH_p50" "$BENCH_p99" \
+        "$(per_request $((after_cpu - before_cpu)) "$BENCH_requests")" \
         "$(awk -v w="$wal" -v n="$added" 'BEGIN { printf "%.0f", w / n }')" -
     [ "$side" = verdict ] || return 0
     local pruned=$((del1 - del0)) longest left
