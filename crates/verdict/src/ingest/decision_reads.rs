@@ -86,6 +86,7 @@ async fn reader(
             }
             reads
         };
+        metrics::histogram!("verdict_decision_read_subjects").record(reads.len() as f64);
         let subjects: Vec<Subject> = reads.iter().map(|(s, _)| s.clone()).collect();
         match store.decision_inputs(&subjects).await {
             Ok(found) => {
