@@ -1,6 +1,6 @@
-//! Requests on their way to a batcher's queue (the decision reads', the group commit's),
-//! counted so that a batcher that found its queue empty can wait a moment for them and send
-//! one statement where it would have sent several.
+//! Requests on their way to a batcher's queue (the group commit's), counted so that a batcher
+//! that found its queue empty can wait a moment for them and send one statement where it would
+//! have sent several; and taking what a queue holds, which the decision reads share.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -12,14 +12,14 @@ use tokio::time::Instant;
 /// How many requests are on their way to one queue, and a wake-up each time one arrives or
 /// turns away.
 #[derive(Default)]
-pub(super) struct Approaching {
+struct Approaching {
     count: AtomicUsize,
     changed: Notify,
 }
 
 impl Approaching {
     /// Counts a request on its way, until the [`Approach`] arrives or is dropped.
-    pub(super) fn approach(self: &Arc<Self>) -> Approach {
+    fn approach(self: &Arc<Self>) -> Approach {
         self.count.fetch_add(1, Ordering::AcqRel);
         Approach {
             approaching: Some(self.clone()),
@@ -29,7 +29,7 @@ impl Approaching {
 
     /// Adds to `taken` what the requests on their way put on `queue`, as they do, until none
     /// is on its way, `max` are taken, `gather` has passed, or the queue is closed.
-    pub(super) async fn gather<T>(
+    async fn gather<T>(
         &self,
         queue: &mut mpsc::Receiver<T>,
         taken: &mut Vec<T>,
@@ -80,7 +80,7 @@ pub struct Approach {
 
 impl Approach {
     /// A request no batcher waits for.
-    pub fn none() -> Self {
+    pub(super) fn none() -> Self {
         Self {
             approaching: None,
             arrived: AtomicBool::new(true),
