@@ -178,7 +178,7 @@ impl Ingest {
         );
         let shared = self
             .commits
-            .act_shared(act, Some(&signal.approach))
+            .act_shared(act, &signal.approach)
             .instrument(span.clone())
             .await?;
         // As i64: the trace layer exports a u64 as a string.

@@ -46,12 +46,7 @@ impl Ingest {
             decided,
             expires_at,
         };
-        if !known_taken
-            && self
-                .commits
-                .claim(claim.clone(), Some(&signal.approach))
-                .await?
-        {
+        if !known_taken && self.commits.claim(claim.clone(), &signal.approach).await? {
             return Ok(Ok(holding(claim.event_id, decided, claim.expires_at)));
         }
         Ok(match self.store.claim(&claim).await? {

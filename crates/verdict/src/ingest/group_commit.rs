@@ -3,11 +3,11 @@
 //!
 //! Requests queue their work; a committer takes whatever is queued (up to [`MAX_BATCH`]) the
 //! moment it is free. On PostgreSQL, a committer that found nothing queued also waits, for a
-//! moment (the store's gathering), for the requests already on their way ([`Approach`]: deciding, their work not
-//! yet queued), so that at low concurrency signals still share commits; a lone signal has no
-//! one to wait for and waits for nothing. Each request still gets its own outcome. A batch
-//! that fails for a reason that is not transient is retried one signal at a time, so one bad
-//! signal never fails the others.
+//! moment (the store's gathering), for the requests already on their way ([`Approach`]:
+//! deciding, their work not yet queued), so that at low concurrency signals still share
+//! commits; a lone signal has no one to wait for and waits for nothing. Each request still
+//! gets its own outcome. A batch that fails for a reason that is not transient is retried one
+//! signal at a time, so one bad signal never fails the others.
 //!
 //! Work no request waits for (an inline attempt's record, made after the response) is held
 //! back instead: it rides in the next batch a request's work starts, or commits on its own
@@ -113,11 +113,7 @@ impl GroupCommit {
     }
 
     /// Inserts a new key's row; `false` if a row was already there.
-    pub async fn claim(
-        &self,
-        claim: Claim,
-        approach: Option<&Approach>,
-    ) -> Result<bool, StoreError> {
+    pub async fn claim(&self, claim: Claim, approach: &Approach) -> Result<bool, StoreError> {
         let (reply, answer) = oneshot::channel();
         self.submit(Job::Claim(Box::new(claim), reply), approach)
             .await?;
@@ -127,7 +123,7 @@ impl GroupCommit {
     /// Applies a decided signal's effects and stores its event and response, with its key's
     /// claim if it carries one (`Err(LockLost)` if the claim or the held lock was lost).
     pub async fn act(&self, act: Act) -> Result<Committed, StoreError> {
-        self.act_shared(act, None).await?.answer
+        self.act_shared(act, &Approach::none()).await?.answer
     }
 
     /// [`Self::act`] for a request on its way (`approach`), with the number of signals its
@@ -135,7 +131,7 @@ impl GroupCommit {
     pub async fn act_shared(
         &self,
         act: Act,
-        approach: Option<&Approach>,
+        approach: &Approach,
     ) -> Result<Shared<Result<Committed, StoreError>>, StoreError> {
         let (reply, answer) = oneshot::channel();
         self.submit(Job::Act(Box::new(act), reply), approach)
@@ -158,18 +154,16 @@ impl GroupCommit {
     /// Completes a dispatched signal once its calls answered.
     pub async fn complete_calls(&self, done: CallsDone) -> Result<(), StoreError> {
         let (reply, answer) = oneshot::channel();
-        self.submit(Job::CallsDone(Box::new(done), reply), None)
+        self.submit(Job::CallsDone(Box::new(done), reply), &Approach::none())
             .await?;
         answer.await.map_err(|_| stopped())?
     }
 
     /// Queues `job`; the request it is from (`approach`) has arrived once it is queued, not
     /// before, so a committer that sees no one on the way finds the job in the queue.
-    async fn submit(&self, job: Job, approach: Option<&Approach>) -> Result<(), StoreError> {
+    async fn submit(&self, job: Job, approach: &Approach) -> Result<(), StoreError> {
         let sent = self.jobs.send(job).await.map_err(|_| stopped());
-        if let Some(approach) = approach {
-            approach.arrive();
-        }
+        approach.arrive();
         sent
     }
 }
@@ -483,7 +477,7 @@ mod tests {
         }
         let commits = Arc::new(GroupCommit::start(store.clone(), 1, Some(GATHER), 0));
         let first = commits.clone();
-        tokio::spawn(async move { first.claim(claim(), None).await });
+        tokio::spawn(async move { first.claim(claim(), &Approach::none()).await });
         while store.release.lock().map(|g| g.is_some()).unwrap_or(false) {
             tokio::task::yield_now().await;
         }
@@ -502,9 +496,9 @@ mod tests {
         let mut claims = Vec::new();
         for _ in 0..MAX_BATCH {
             let commits = commits.clone();
-            claims.push(tokio::spawn(
-                async move { commits.claim(claim(), None).await },
-            ));
+            claims.push(tokio::spawn(async move {
+                commits.claim(claim(), &Approach::none()).await
+            }));
         }
         for _ in 0..4 {
             tokio::task::yield_now().await;
@@ -522,7 +516,7 @@ mod tests {
         tokio::task::yield_now().await;
         let claimed = tokio::spawn({
             let commits = commits.clone();
-            async move { commits.claim(claim(), None).await }
+            async move { commits.claim(claim(), &Approach::none()).await }
         });
         tokio::task::yield_now().await;
         let _ = release.send(());
@@ -580,12 +574,12 @@ mod tests {
     fn spawn_claim(
         commits: &Arc<GroupCommit>,
         after: Duration,
-        approach: Option<Approach>,
+        approach: Approach,
     ) -> tokio::task::JoinHandle<Result<bool, StoreError>> {
         let commits = commits.clone();
         tokio::spawn(async move {
             tokio::time::sleep(after).await;
-            commits.claim(claim(), approach.as_ref()).await
+            commits.claim(claim(), &approach).await
         })
     }
 
@@ -599,7 +593,7 @@ mod tests {
     /// How long a claim queued now takes to commit.
     async fn time_to_commit(commits: &Arc<GroupCommit>) -> Duration {
         let queued = Instant::now();
-        let claimed = spawn_claim(commits, Duration::ZERO, None).await;
+        let claimed = spawn_claim(commits, Duration::ZERO, Approach::none()).await;
         assert!(matches!(claimed, Ok(Ok(true))));
         queued.elapsed()
     }
@@ -608,8 +602,8 @@ mod tests {
     async fn an_idle_committer_gathers_the_requests_on_their_way() {
         let (store, commits) = started();
         let on_its_way = commits.approach();
-        let first = spawn_claim(&commits, Duration::ZERO, None);
-        let second = spawn_claim(&commits, GATHER / 2, Some(on_its_way));
+        let first = spawn_claim(&commits, Duration::ZERO, Approach::none());
+        let second = spawn_claim(&commits, GATHER / 2, on_its_way);
         assert!(matches!(first.await, Ok(Ok(true))));
         assert!(matches!(second.await, Ok(Ok(true))));
         assert_eq!(store.batches(), vec![(2, 0)]);
@@ -634,7 +628,7 @@ mod tests {
         let (store, commits) = started();
         let on_its_way = commits.approach();
         let started = Instant::now();
-        let first = spawn_claim(&commits, Duration::ZERO, None);
+        let first = spawn_claim(&commits, Duration::ZERO, Approach::none());
         // The paused clock moves in whole milliseconds.
         tokio::time::sleep(GATHER / 2).await;
         drop(on_its_way);
@@ -654,7 +648,7 @@ mod tests {
     async fn work_queued_behind_a_commit_goes_without_gathering() {
         let (store, commits, release) = held_up().await;
         let _on_its_way = commits.approach();
-        let queued = spawn_claim(&commits, Duration::ZERO, None);
+        let queued = spawn_claim(&commits, Duration::ZERO, Approach::none());
         for _ in 0..4 {
             tokio::task::yield_now().await;
         }

@@ -9,7 +9,8 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use super::{
-    Decided, Holding, Inbound, Ingest, IngestError, Mapping, Reply, record, recorded_decision,
+    Decided, Holding, Inbound, Ingest, IngestError, Mapping, Reply, approach::Approach, record,
+    recorded_decision,
 };
 use crate::clock::{now_ms, to_ms};
 use crate::domain::{ActionKind, Applied};
@@ -136,7 +137,7 @@ impl Ingest {
             decided,
             expires_at,
         };
-        let holding = if self.commits.claim(claim.clone(), None).await? {
+        let holding = if self.commits.claim(claim.clone(), &Approach::none()).await? {
             holding(claim.event_id, decided, claim.expires_at)
         } else {
             match self.store.claim(&claim).await? {
