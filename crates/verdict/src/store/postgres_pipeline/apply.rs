@@ -74,10 +74,13 @@ WITH claim_in AS (
     WHERE NOT EXISTS (SELECT 1 FROM outbox_in o WHERE o.i = e.i
             AND NOT EXISTS (SELECT 1 FROM outbox_ins x WHERE x.id = o.id)){requests_settled}
 ), event_ins AS (
+    -- Not `ON CONFLICT`: a speculative insert logs a confirmation record for every row (48 B
+    -- a signal). An event's id is new with its claim or its keyless signal, and one batch
+    -- carries it; the check still leaves out, as `DO NOTHING` did, a row already there.
     INSERT INTO events ({event_rows.columns})
     SELECT {event_rows.columns} FROM {event_rows}
     WHERE i IN (SELECT i FROM settled)
-    ON CONFLICT DO NOTHING
+        AND NOT EXISTS (SELECT 1 FROM events x WHERE x.id = event_rows.id)
 ){completions}
 SELECT 'claim' AS kind, c.i, TRUE AS ours
     FROM claimed JOIN claim_in c ON c.lock_token = claimed.lock_token WHERE c.i IS NOT NULL
