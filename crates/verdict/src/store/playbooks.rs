@@ -102,12 +102,12 @@ pub struct DecisionInputs {
     pub endpoints: Vec<EndpointTarget>,
 }
 
+/// Playbook versions.
 /// How far an event's id may be, in time, from the span in which the version it names was
 /// the newest: the decision's request (seconds), a decision read from a lagging replica, and
 /// clocks that differ between instances, with room to spare.
 const DECIDED_WITHIN_MS: i64 = 3_600_000;
 
-/// Playbook versions.
 #[async_trait]
 pub trait PlaybookStore {
     /// The tenant's newest playbook, if it uploaded one.
