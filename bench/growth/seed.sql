@@ -33,8 +33,8 @@ SELECT i,
 FROM generate_series(1, :live + :old) AS i,
      (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms) AS n;
 
-DROP INDEX idempotency_keys_by_expiry, events_by_created_at, events_by_subject,
-    events_by_tenant, deliveries_by_tenant, deliveries_troubled,
+DROP INDEX idempotency_keys_by_expiry, events_by_created_at, events_by_playbook_version,
+    events_by_subject, events_by_tenant, deliveries_by_tenant, deliveries_troubled,
     deliveries_by_lease, deliveries_by_event;
 
 -- A UUIDv7: 48 bits of unix ms, version 7, the variant, random bits (from the copy's md5).
@@ -67,6 +67,7 @@ FROM t_seq s, t_key k ORDER BY s.at;
 
 CREATE INDEX idempotency_keys_by_expiry ON idempotency_keys (expires_at);
 CREATE INDEX events_by_created_at ON events (created_at);
+CREATE INDEX events_by_playbook_version ON events (tenant_id, playbook_version);
 CREATE INDEX events_by_subject ON events (tenant_id, subject_hash);
 CREATE INDEX events_by_tenant ON events (tenant_id, id);
 CREATE INDEX deliveries_by_tenant ON deliveries (tenant_id, id);

@@ -29,9 +29,6 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// Leases due deliveries, returning [`super::deliveries::DUE_COLUMNS`] (the dialects
     /// differ in how they take rows atomically).
     fn lease_due() -> &'static str;
-    /// The first and the last time-ordered (UUIDv7) id of the millisecond `{ms}` (an SQL
-    /// expression, at least 0), in the dialect's id type.
-    const IDS_OF_MS: [&'static str; 2];
     /// How many group commits may run at once.
     const COMMITS: usize;
     /// How long a committer that found nothing queued waits for the requests on their way

@@ -103,11 +103,6 @@ pub struct DecisionInputs {
 }
 
 /// Playbook versions.
-/// How far an event's id may be, in time, from the span in which the version it names was
-/// the newest: the decision's request (seconds), a decision read from a lagging replica, and
-/// clocks that differ between instances, with room to spare.
-const DECIDED_WITHIN_MS: i64 = 3_600_000;
-
 #[async_trait]
 pub trait PlaybookStore {
     /// The tenant's newest playbook, if it uploaded one.
@@ -217,35 +212,17 @@ where
         limit: i64,
     ) -> Result<u64, crate::store::StoreError> {
         // Versions are numbered MAX + 1 and the newest `keep` are never deleted, so they
-        // are exactly the ones above MAX - keep. An event names the version in force (the
-        // highest) when its signal was decided, and its id is made just after: so only events
-        // whose id's time falls while the version was the newest (from its upload to the next
-        // one's, give or take [`DECIDED_WITHIN_MS`]) can name it. The tenant's index by id
-        // finds those, and no index by version is kept for this alone.
-        let [first_id, last_id] = B::IDS_OF_MS;
-        // A later version uploaded at an earlier time (a clock set back) only widens the span.
-        let from = first_id.replace(
-            "{ms}",
-            "CASE WHEN p.created_at > $3 THEN p.created_at - $3 ELSE 0 END",
-        );
-        let to = last_id.replace(
-            "{ms}",
-            "COALESCE((SELECT n.created_at FROM playbooks n WHERE n.tenant_id = p.tenant_id \
-             AND n.version > p.version AND n.created_at >= p.created_at \
-             ORDER BY n.version LIMIT 1), p.created_at) + $3",
-        );
-        // Built from the dialect's constants alone: nothing a user sent.
-        let done = sqlx::query(sqlx::AssertSqlSafe(format!(
+        // are exactly the ones above MAX - keep.
+        let done = sqlx::query(
             "DELETE FROM playbooks WHERE (tenant_id, version) IN ( \
              SELECT p.tenant_id, p.version FROM playbooks p \
              WHERE p.version <= (SELECT MAX(m.version) FROM playbooks m \
              WHERE m.tenant_id = p.tenant_id) - $1 \
              AND NOT EXISTS (SELECT 1 FROM events e WHERE e.tenant_id = p.tenant_id \
-             AND e.id BETWEEN {from} AND {to} AND e.playbook_version = p.version) LIMIT $2)",
-        )))
+             AND e.playbook_version = p.version) LIMIT $2)",
+        )
         .bind(keep)
         .bind(limit)
-        .bind(DECIDED_WITHIN_MS)
         .execute(self.write())
         .await?;
         Ok(DB::rows_affected(&done))

@@ -363,12 +363,6 @@ impl super::backend::Backend for PostgresStore {
     fn lease_due() -> &'static str {
         &LEASE_DUE
     }
-    /// The millisecond is an id's first 48 bits: `int8send` writes them big-endian, shifted
-    /// past the version bits.
-    const IDS_OF_MS: [&'static str; 2] = [
-        "(encode(int8send(({ms}) << 16), 'hex') || '0000000000000000')::uuid",
-        "(encode(int8send((({ms}) << 16) | 65535), 'hex') || 'ffffffffffffffff')::uuid",
-    ];
     const COMMITS: usize = COMMITTERS;
     /// A few decision reads' round trips at low load: at c=8 a batch held about two signals
     /// without it, and a statement's fixed cost was most of a signal's database time.

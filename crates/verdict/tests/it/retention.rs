@@ -229,13 +229,11 @@ async fn playbook_versions_beyond_the_newest_50_go_unless_an_event_names_them(ba
         db.scalar("SELECT MAX(playbook_version) FROM events").await,
         3
     );
-    // Versions 4 to 60, uploaded since, stamped in version 3's millisecond: before the event
-    // was stored, as when the upload lands between a decision's read and its claim.
+    // Versions 4 to 60, uploaded since.
     db.exec(format!(
         "INSERT INTO playbooks (tenant_id, version, format, source, created_at) \
          WITH RECURSIVE n(v) AS (SELECT 4 UNION ALL SELECT v + 1 FROM n WHERE v < 60) \
-         SELECT t.id, n.v, 'toml', '{}', \
-         (SELECT created_at FROM playbooks WHERE version = 3) FROM tenants t, n",
+         SELECT t.id, n.v, 'toml', '{}', 0 FROM tenants t, n",
         ALL_ACTIONS_PLAYBOOK.replace('\'', "''")
     ))
     .await;

@@ -213,11 +213,6 @@ impl super::backend::Backend for SqliteStore {
     fn lease_due() -> &'static str {
         &LEASE_DUE
     }
-    /// Ids are 16-byte blobs, compared bytewise: the millisecond is their first 6 bytes.
-    const IDS_OF_MS: [&'static str; 2] = [
-        "unhex(printf('%012x', {ms}) || '00000000000000000000')",
-        "unhex(printf('%012x', {ms}) || 'ffffffffffffffffffff')",
-    ];
     const COMMITS: usize = 1;
     /// A commit costs little more than a statement, and the one writer would idle while
     /// it waits: throughput and CPU per signal were worse with a 2 ms gathering.
