@@ -167,15 +167,28 @@ struct Kills {
     workers: AtomicUsize,
 }
 
+impl Kills {
+    /// A kind no kill has reached yet (`true` for instances, `false` for workers), if any:
+    /// instances first.
+    fn unkilled_kind(&self) -> Option<bool> {
+        if self.instances.load(Ordering::Relaxed) == 0 {
+            Some(true)
+        } else if self.workers.load(Ordering::Relaxed) == 0 {
+            Some(false)
+        } else {
+            None
+        }
+    }
+}
+
 /// A random one of `processes`; for the `last` planned kill, one of a kind not killed yet, so
 /// that both kinds always are (eight kills drawn from five processes left the two workers
 /// alone about once in sixty runs).
 fn pick_victim(processes: &[Process], kills: &Kills, last: bool) -> usize {
-    let no_instance = kills.instances.load(Ordering::Relaxed) == 0;
-    let no_worker = kills.workers.load(Ordering::Relaxed) == 0;
     let candidates: Vec<usize> = (0..processes.len())
-        .filter(|&i| {
-            !last || !(no_instance || no_worker) || processes[i].is_instance() == no_instance
+        .filter(|&i| match kills.unkilled_kind().filter(|_| last) {
+            Some(instance) => processes[i].is_instance() == instance,
+            None => true,
         })
         .collect();
     candidates[random_between(0, candidates.len() as u64 - 1) as usize]
