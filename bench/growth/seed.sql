@@ -48,7 +48,10 @@ SELECT pg_temp.v7(s.at, s.h, 'e'), e.tenant_id, e.signal_type, sha256(convert_to
        s.at, e.facts, e.feed, sha256(convert_to(s.h || 'k', 'UTF8')), e.metadata_in_callback
 FROM t_seq s, t_event e ORDER BY s.at;
 
-INSERT INTO deliveries
+INSERT INTO deliveries (id, tenant_id, event_id, signal_key, webhook_id, payload, status, attempts,
+        next_attempt_at, leased_until, last_error, created_at, updated_at, retries_left, action,
+        connector, sent_at, endpoint_id, inline_attempted_at, inline_status_code,
+        inline_latency_ms, inline_error, inline_excerpt, observed_at)
 SELECT pg_temp.v7(s.at, s.h, 'd'), d.tenant_id, pg_temp.v7(s.at, s.h, 'e'),
        sha256(convert_to(s.h || 'k', 'UTF8')), 'msg_' || s.h, d.payload, 'succeeded', 1, s.at, 0,
        NULL, s.at, s.at, d.retries_left, d.action, d.connector, s.at, d.endpoint_id, s.at, 204, 1,

@@ -220,3 +220,74 @@ async fn postgres_records_an_inline_success_in_place_without_new_index_entries()
     );
     assert_eq!(queue(&db).await, (0, 0));
 }
+
+/// PostgreSQL logs an in-place update as the new row's bytes between the prefix and the suffix
+/// it shares with the old row, so the columns an inline success changes are kept together at
+/// the row's end (postgres/0034): no column that holds a value and keeps it lies between two
+/// that change. A trigger of the test's own notes, for each update, each column's position,
+/// whether it changed, and whether it holds a value after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_an_inline_success_changes_one_unbroken_stretch_of_columns() {
+    let db = TestDb::new(Backend::Postgres).await;
+    let receiver = Receiver::start(vec![]).await;
+    let tenant = db.tenant(&["--callback-url", &receiver.url]);
+    db.exec("CREATE TABLE updated_columns (update_no BIGINT, attnum INT, changed BOOL, held BOOL)")
+        .await;
+    db.exec("CREATE SEQUENCE update_nos").await;
+    db.exec(
+        "CREATE FUNCTION note_updated_columns() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         DECLARE n BIGINT := nextval('update_nos'); \
+         BEGIN \
+             INSERT INTO updated_columns \
+             SELECT n, a.attnum, \
+                 (to_jsonb(OLD) -> a.attname) IS DISTINCT FROM (to_jsonb(NEW) -> a.attname), \
+                 (to_jsonb(NEW) -> a.attname) <> 'null'::jsonb \
+             FROM pg_attribute a \
+             WHERE a.attrelid = TG_RELID AND a.attnum > 0 AND NOT a.attisdropped; \
+             RETURN NULL; \
+         END $$",
+    )
+    .await;
+    db.exec(
+        "CREATE TRIGGER note_updated_columns AFTER UPDATE ON deliveries \
+         FOR EACH ROW EXECUTE FUNCTION note_updated_columns()",
+    )
+    .await;
+    let server = Server::start(&db, &MANUAL_WORKER);
+    for i in 0..3 {
+        let reply = server
+            .send(
+                &tenant,
+                Some(&new_key()),
+                &sim_swap(&format!("+44770090062{i}")),
+            )
+            .await;
+        assert_eq!(
+            delivery_of(&server, &tenant, &reply).await["status"],
+            "succeeded"
+        );
+    }
+
+    assert_eq!(
+        db.scalar("SELECT COUNT(DISTINCT update_no) FROM updated_columns WHERE changed")
+            .await,
+        3,
+        "each inline success is one update that changes something"
+    );
+    let kept_between = db
+        .text(
+            "SELECT COALESCE(string_agg(DISTINCT a.attname, ', '), '') \
+             FROM updated_columns u \
+             JOIN pg_attribute a ON a.attrelid = 'deliveries'::regclass AND a.attnum = u.attnum \
+             WHERE NOT u.changed AND u.held \
+                 AND u.attnum > (SELECT min(attnum) FROM updated_columns c \
+                     WHERE c.update_no = u.update_no AND c.changed) \
+                 AND u.attnum < (SELECT max(attnum) FROM updated_columns c \
+                     WHERE c.update_no = u.update_no AND c.changed)",
+        )
+        .await;
+    assert_eq!(
+        kept_between, "",
+        "columns an inline success leaves alone, between columns it changes"
+    );
+}
