@@ -246,7 +246,7 @@ async fn delivery_section(
         section.delivery id={ "delivery-" (d.id) } {
             h3 {
                 @if d.action == "callback" { "Callback " } @else { "Action " code { (d.action) } " to connector " code { (d.connector.as_deref().unwrap_or("")) } " " }
-                code { (d.webhook_id) } " " span class={ "badge " (d.status.as_str()) } { (d.status.as_str()) }
+                code { (d.webhook_id()) } " " span class={ "badge " (d.status.as_str()) } { (d.status.as_str()) }
             }
             @if let Some(err) = &d.last_error { p.error { "Last error: " (err) } }
             @if redeliverable && operator.can_act() {

@@ -240,6 +240,7 @@ impl Deliverer {
     /// A callback attempt: the stored envelope, signed with its endpoint's own secret, or the
     /// tenant's webhook secrets for the `default` endpoint.
     async fn send_callback(&self, due: &DueDelivery) -> Result<attempt::Attempt, StoreError> {
+        let webhook_id = due.webhook_id();
         let secrets = match (&due.endpoint_secret, &due.endpoint_name) {
             (Some(sealed), Some(name)) => {
                 let opened = name.parse().ok().and_then(|name| {
@@ -271,13 +272,13 @@ impl Deliverer {
                     otel.kind = "client",
                     event_id = %due.event_id,
                     delivery_id = %due.id,
-                    webhook_id = %due.webhook_id,
+                    webhook_id = %webhook_id,
                 );
                 let attempt = attempt::send(
                     &self.client,
                     &Outgoing {
                         url,
-                        webhook_id: &due.webhook_id,
+                        webhook_id: &webhook_id,
                         payload: &due.payload,
                         secrets: &secrets,
                     },
@@ -315,6 +316,7 @@ impl Deliverer {
 
     /// An action request's call: the stored request, opened, to the tenant's connector.
     async fn send_request(&self, due: &DueDelivery) -> Result<attempt::Attempt, StoreError> {
+        let webhook_id = due.webhook_id();
         let connector = self
             .connector(due.tenant_id, due.connector.as_deref())
             .await?;
@@ -357,7 +359,7 @@ impl Deliverer {
         let call = connector::Call {
             connector: &connector,
             credential: &credential,
-            key: &due.webhook_id,
+            key: &webhook_id,
             body: &body,
             request: &parsed,
         };
@@ -384,7 +386,7 @@ impl Deliverer {
             action = %due.action,
             connector = %connector.name,
             connector_kind = connector.kind.as_str(),
-            webhook_id = %due.webhook_id,
+            webhook_id = %webhook_id,
         );
         let attempt = connector::call(
             &self.client,

@@ -113,7 +113,7 @@ pub async fn resolve(
                 .increment(1);
             tracing::info!(%tenant_id, %delivery_id, outcome = settled.as_str(), by_key = %by,
                 "an operator resolved an unknown outcome");
-            Ok(record)
+            Ok(*record)
         }
         Resolved::NotUnknown(status) => Err(ResolveError::NotUnknown(status)),
         Resolved::NotFound => Err(ResolveError::NotFound),

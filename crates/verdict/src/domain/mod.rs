@@ -22,7 +22,10 @@ pub use connector::{
     MatchAttribute, UnknownConnectorValue,
 };
 pub use decision::{Decision, UnknownDecision};
-pub use delivery::{DeliveryStatus, Next, SuspendedCallbacks, UnknownStatus};
+pub use delivery::{
+    DeliveryStatus, Next, SuspendedCallbacks, UnknownStatus, read_webhook_id, stored_webhook_id,
+    webhook_id,
+};
 pub use endpoint::{
     DEFAULT_ENDPOINT, EndpointFilter, EndpointName, InvalidEndpointName, MAX_ENDPOINT_NAME_CHARS,
     RepeatedFilterValue, UnknownFilterValue,

@@ -136,7 +136,7 @@ impl From<DeliveryRecord> for DeliveryState {
         Self {
             id: d.id,
             event_id: d.event_id,
-            webhook_id: d.webhook_id,
+            webhook_id: d.webhook_id(),
             next_attempt_at: matches!(d.status, DeliveryStatus::Pending | DeliveryStatus::Failed)
                 .then(|| rfc3339(d.next_attempt_at)),
             status: d.status.as_str().to_owned(),

@@ -13,7 +13,7 @@ use super::{
 };
 use crate::clock::{now_ms, to_ms};
 use crate::delivery::schedule;
-use crate::domain::DeliveryStatus;
+use crate::domain::{ActionKind, DeliveryStatus, webhook_id};
 use crate::store::failpoint::failpoint;
 use crate::store::{
     Act, ActionTarget, CallbackDraft, Claim, DueDelivery, EndpointTarget, HeldKey, KeyRef,
@@ -204,7 +204,7 @@ impl Ingest {
                     id: delivery.id,
                     tenant_id: tenant.id,
                     event_id,
-                    webhook_id: delivery.webhook_id,
+                    stored_webhook_id: delivery.webhook_id,
                     payload: delivery.payload,
                     retries_left: schedule::MAX_RETRIES,
                     callback_url: Some(endpoint.url.clone()),
@@ -225,7 +225,7 @@ impl Ingest {
                     id: r.id,
                     tenant_id: tenant.id,
                     event_id,
-                    webhook_id: r.webhook_id,
+                    stored_webhook_id: r.webhook_id,
                     payload: r.payload,
                     retries_left: schedule::MAX_RETRIES,
                     callback_url: None,
@@ -287,7 +287,12 @@ fn callback_draft(
     CallbackDraft {
         id: Uuid::now_v7(),
         endpoint_id: endpoint.id,
-        webhook_id: webhook_id(event_id, endpoint.id, tenant_id),
+        webhook_id: webhook_id(
+            tenant_id,
+            event_id,
+            ActionKind::Callback.as_str(),
+            endpoint.id,
+        ),
         leased_until: if endpoint.disabled {
             0
         } else {
@@ -298,16 +303,5 @@ fn callback_draft(
         } else {
             DeliveryStatus::Pending
         },
-    }
-}
-
-/// A callback's `webhook-id`: `msg_<event>` to the `default` endpoint (whose id is the
-/// tenant's), as before there were several; `msg_<event>_<endpoint>` to any other, so each
-/// endpoint's receiver deduplicates on an id of its own.
-fn webhook_id(event_id: Uuid, endpoint_id: Uuid, tenant_id: Uuid) -> String {
-    if endpoint_id == tenant_id {
-        format!("msg_{}", event_id.simple())
-    } else {
-        format!("msg_{}_{}", event_id.simple(), endpoint_id.simple())
     }
 }

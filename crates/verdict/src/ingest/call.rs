@@ -15,7 +15,7 @@ use crate::clock::now_ms;
 use crate::connectors::request::{ActionRequest, RequestSubject};
 use crate::delivery::attempt::Attempt;
 use crate::delivery::schedule::{AttemptOutcome, Trigger};
-use crate::domain::{ActionKind, Outcome};
+use crate::domain::{ActionKind, Outcome, webhook_id};
 use crate::signal::Subject;
 use crate::store::failpoint::failpoint;
 use crate::store::{CallsDone, DueDelivery, HeldKey, RequestDraft, StoreError, StoredResponse};
@@ -63,7 +63,7 @@ pub(super) fn drafts(
                 action,
                 connector,
                 id: Uuid::now_v7(),
-                webhook_id: format!("{event_id}:{}", action.as_str()),
+                webhook_id: webhook_id(inbound.tenant.id, event_id, action.as_str(), Uuid::nil()),
                 payload: request.seal(&ingest.keys),
                 leased_until: now.saturating_add(ingest.request_lease_ms()),
             })

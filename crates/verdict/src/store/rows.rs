@@ -11,7 +11,7 @@ use sqlx::{Database, Encode, QueryBuilder, Type};
 use uuid::Uuid;
 
 use super::{NewDelivery, NewEvent, RequestDraft};
-use crate::domain::ActionKind;
+use crate::domain::{ActionKind, stored_webhook_id};
 use crate::store::ActionTarget;
 
 /// One column of a row type `R`: its name and how to read its value from a row. The variant is
@@ -184,7 +184,15 @@ impl Row for OutboxRow<'_> {
             Col::Uuid("event_id", |r| r.target.event_id),
             Col::Bytes("signal_key", |r| r.target.signal_key.clone()),
             Col::Int8("observed_at", |r| r.target.observed_at),
-            Col::Text("webhook_id", |r| r.delivery.webhook_id.clone()),
+            Col::Text("webhook_id", |r| {
+                stored_webhook_id(
+                    &r.delivery.webhook_id,
+                    r.target.tenant_id,
+                    r.target.event_id,
+                    ActionKind::Callback.as_str(),
+                    r.delivery.endpoint_id,
+                )
+            }),
             // Empty when the event renders it: a callback's envelope is never empty.
             Col::Bytes("payload", |r| {
                 if r.delivery.payload_in_event {
@@ -219,7 +227,15 @@ impl Row for RequestRow<'_> {
             Col::Uuid("event_id", |r| r.target.event_id),
             Col::Bytes("signal_key", |r| r.target.signal_key.clone()),
             Col::Int8("observed_at", |r| r.target.observed_at),
-            Col::Text("webhook_id", |r| r.request.webhook_id.clone()),
+            Col::Text("webhook_id", |r| {
+                stored_webhook_id(
+                    &r.request.webhook_id,
+                    r.target.tenant_id,
+                    r.target.event_id,
+                    r.request.action.as_str(),
+                    Uuid::nil(),
+                )
+            }),
             Col::Bytes("payload", |r| r.request.payload.clone()),
             Col::Str("status", |_| "pending"),
             Col::Int8("attempts", |_| 0),

@@ -25,6 +25,7 @@ use crate::delivery::Deliverer;
 use crate::delivery::schedule::{self, AttemptOutcome, Trigger};
 use crate::domain::{
     ActionKind, ActionResult, Decision, DeliveryStatus, Feed, InvalidReason, Outcome, Reason,
+    webhook_id,
 };
 use crate::idempotency::{Fingerprint, IdempotencyKey};
 use crate::playbook::Playbook;
@@ -313,7 +314,7 @@ async fn undo_now(
             action,
             connector,
             id: Uuid::now_v7(),
-            webhook_id: format!("{event_id}:{}", action.as_str()),
+            webhook_id: webhook_id(tenant_id, event_id, action.as_str(), Uuid::nil()),
             payload: body.seal(means.keys),
             leased_until: now.saturating_add(lease_ms(&means.deliverer)),
         }
@@ -383,7 +384,7 @@ async fn undo_now(
         id: r.id,
         tenant_id,
         event_id,
-        webhook_id: r.webhook_id,
+        stored_webhook_id: r.webhook_id,
         payload: r.payload,
         retries_left: schedule::MAX_RETRIES,
         callback_url: None,

@@ -57,6 +57,16 @@ async fn a_receiver_answering_503_twice_then_200_gets_three_identical_deliveries
             .await,
         1
     );
+    // Nor of its `webhook-id`: the retries and the listing derive it from the row.
+    assert_eq!(
+        db.scalar("SELECT COUNT(*) FROM deliveries WHERE webhook_id = ''")
+            .await,
+        1
+    );
+    assert_eq!(
+        delivery_of(&server, &tenant, &reply).await["webhook_id"],
+        first.header("webhook-id")
+    );
 
     let delivery = delivery_of(&server, &tenant, &reply).await;
     assert_eq!(delivery["status"], "succeeded");

@@ -7,7 +7,7 @@ use uuid::Uuid;
 
 use super::StoreError;
 use super::backend::{Backend, SqlDb};
-use crate::domain::{ActionKind, DeliveryStatus};
+use crate::domain::{ActionKind, DeliveryStatus, read_webhook_id};
 
 mod attempts;
 mod envelopes;
@@ -41,7 +41,9 @@ pub struct DueDelivery {
     pub id: Uuid,
     pub tenant_id: Uuid,
     pub event_id: Uuid,
-    pub webhook_id: String,
+    /// As stored: empty where [`Self::webhook_id`] derives it.
+    #[sqlx(rename = "webhook_id")]
+    pub stored_webhook_id: String,
     /// The callback's envelope, or the action request (sealed; empty once erased).
     pub payload: Vec<u8>,
     pub retries_left: i64,
@@ -58,6 +60,19 @@ pub struct DueDelivery {
     /// The endpoint's own signing secret, sealed; `None` signs with the tenant's webhook
     /// secrets.
     pub endpoint_secret: Option<Vec<u8>>,
+}
+
+impl DueDelivery {
+    /// The `webhook-id` it goes out under.
+    pub fn webhook_id(&self) -> String {
+        read_webhook_id(
+            &self.stored_webhook_id,
+            self.tenant_id,
+            self.event_id,
+            &self.action,
+            self.endpoint_id,
+        )
+    }
 }
 
 /// What a lease returns of a delivery: [`DueDelivery`]'s columns.
@@ -142,7 +157,7 @@ pub struct Resolution {
 #[derive(Clone, Debug)]
 pub enum Resolved {
     /// Settled: the request as it now stands.
-    Settled(DeliveryRecord),
+    Settled(Box<DeliveryRecord>),
     /// The delivery is not an action request whose outcome is unknown; it stands at this.
     NotUnknown(DeliveryStatus),
     /// The tenant has no such delivery.
@@ -153,8 +168,11 @@ pub enum Resolved {
 #[derive(Clone, Debug, sqlx::FromRow)]
 pub struct DeliveryRecord {
     pub id: Uuid,
+    pub tenant_id: Uuid,
     pub event_id: Uuid,
-    pub webhook_id: String,
+    /// As stored: empty where [`Self::webhook_id`] derives it.
+    #[sqlx(rename = "webhook_id")]
+    pub stored_webhook_id: String,
     #[sqlx(try_from = "String")]
     pub status: crate::domain::DeliveryStatus,
     pub attempts: i64,
@@ -168,6 +186,21 @@ pub struct DeliveryRecord {
     pub connector: Option<String>,
     /// The endpoint's name, for a callback (none once the endpoint is deleted).
     pub endpoint: Option<String>,
+    /// The endpoint's id (the nil id for an action request).
+    pub endpoint_id: Uuid,
+}
+
+impl DeliveryRecord {
+    /// The `webhook-id` it goes out under.
+    pub fn webhook_id(&self) -> String {
+        read_webhook_id(
+            &self.stored_webhook_id,
+            self.tenant_id,
+            self.event_id,
+            &self.action,
+            self.endpoint_id,
+        )
+    }
 }
 
 /// The outbox.
@@ -302,8 +335,8 @@ fn listed_in(status: Option<DeliveryStatus>) -> (&'static str, &'static str) {
 const SWEEP_STRETCH_MS: i64 = 10 * 60 * 1000;
 
 /// The columns of [`DeliveryRecord`].
-pub(crate) const DELIVERY_COLUMNS: &str = "id, event_id, webhook_id, status, attempts, \
-     next_attempt_at, last_error, created_at, updated_at, action, connector, \
+pub(crate) const DELIVERY_COLUMNS: &str = "id, tenant_id, event_id, webhook_id, status, \
+     attempts, next_attempt_at, last_error, created_at, updated_at, action, connector, endpoint_id, \
      (SELECT name FROM endpoints e WHERE e.id = deliveries.endpoint_id) AS endpoint";
 /// One of a tenant's deliveries by id (`$1` tenant, `$2` id).
 fn delivery_by_id() -> String {
@@ -659,7 +692,7 @@ where
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
-        Ok(Resolved::Settled(settled))
+        Ok(Resolved::Settled(Box::new(settled)))
     }
 
     async fn request_statuses(
