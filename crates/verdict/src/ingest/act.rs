@@ -7,6 +7,7 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use super::call;
+use super::phases::{self, Phase};
 use super::record::Draft;
 use super::{
     Decided, Destination, Holding, Inbound, Ingest, IngestError, Keying, OneCommit, Prepared, Reply,
@@ -176,11 +177,13 @@ impl Ingest {
             phase = "act",
             signals = tracing::field::Empty,
         );
-        let shared = self
-            .commits
-            .act_shared(act, &signal.approach)
-            .instrument(span.clone())
-            .await?;
+        let shared = phases::timed(
+            Phase::Commit,
+            self.commits
+                .act_shared(act, &signal.approach)
+                .instrument(span.clone()),
+        )
+        .await?;
         // As i64: the trace layer exports a u64 as a string.
         span.record("signals", i64::try_from(shared.signals).unwrap_or(i64::MAX));
         let committed = shared.answer?;

@@ -3,6 +3,7 @@
 
 use tracing::Instrument;
 
+use super::phases::{self, Phase};
 use super::{Decided, Destination, Ingest, Mapping, Prepared};
 use crate::clock::to_ms;
 use crate::playbook::SubjectFacts;
@@ -38,7 +39,11 @@ impl Ingest {
             decision = tracing::field::Empty,
             playbook_version = tracing::field::Empty,
         );
-        let decided = self.decide_now(signal).instrument(span.clone()).await?;
+        let decided = phases::timed(
+            Phase::Decide,
+            self.decide_now(signal).instrument(span.clone()),
+        )
+        .await?;
         span.record("decision", decided.0.decision.as_str());
         span.record("playbook_version", decided.0.playbook_version);
         Ok(decided)

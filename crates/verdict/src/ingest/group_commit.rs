@@ -22,6 +22,7 @@ use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::approach::{Approach, Gathering, take};
+use super::phases;
 
 use crate::store::{
     Act, AttemptRecord, Batch, BatchResult, CallsDone, Claim, Committed, PipelineStore, StoreError,
@@ -179,7 +180,10 @@ async fn committer(store: Arc<dyn PipelineStore>, queue: Arc<Mutex<Queues>>, win
             return;
         };
         metrics::histogram!("verdict_group_commit_signals").record(jobs.len() as f64);
-        if let Some(unreachable) = run(&*store, jobs, window).await {
+        let started = std::time::Instant::now();
+        let unreachable = run(&*store, jobs, window).await;
+        phases::batch_committed(started);
+        if let Some(unreachable) = unreachable {
             // What queued while this batch waited for the database met the same outage: it is
             // answered now (503, retry) rather than after another wait of its own, so no request
             // waits out more than one connection timeout.

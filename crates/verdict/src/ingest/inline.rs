@@ -9,6 +9,7 @@ use tracing::Instrument;
 
 use super::Ingest;
 use super::group_commit::GroupCommit;
+use super::phases::{self, Phase};
 use super::settle::{RELEASE_RETRY_MAX, RELEASE_RETRY_MIN};
 use crate::clock::now_ms;
 use crate::delivery::schedule::Trigger;
@@ -36,15 +37,18 @@ impl Ingest {
             .into_iter()
             .map(|(due, leased_until)| self.start_inline(due, leased_until))
             .collect();
-        for was_sent in sends {
-            match tokio::time::timeout_at(deadline, was_sent).await {
-                Ok(Ok(())) => {}
-                Ok(Err(_)) => tracing::error!("an inline delivery attempt panicked"),
-                Err(_) => tracing::info!(
-                    "inline delivery attempt passed its deadline; continuing in the background"
-                ),
+        phases::timed(Phase::Inline, async {
+            for was_sent in sends {
+                match tokio::time::timeout_at(deadline, was_sent).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) => tracing::error!("an inline delivery attempt panicked"),
+                    Err(_) => tracing::info!(
+                        "inline delivery attempt passed its deadline; continuing in the background"
+                    ),
+                }
             }
-        }
+        })
+        .await;
     }
 
     /// Starts one callback's inline attempt in the background; the receiver answers once it

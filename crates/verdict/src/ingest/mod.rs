@@ -27,6 +27,7 @@ mod decision_reads;
 mod group_commit;
 mod ignored;
 mod inline;
+mod phases;
 mod record;
 mod settle;
 

@@ -1,9 +1,11 @@
 //! How the binary treats its operator: a readable master-key file is refused with the fix,
-//! and logs written to a file carry no terminal colour codes.
+//! logs written to a file carry no terminal colour codes, and `/metrics` says where a
+//! signal's time went.
 
 use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
 
+use crate::common::receiver::{Receiver, Step};
 use crate::common::{Backend, Server, TestDb};
 
 #[test]
@@ -177,7 +179,60 @@ async fn metrics_need_the_configured_token(backend: Backend) {
     assert!(String::from_utf8_lossy(&out.stderr).contains("VERDICT_METRICS_TOKEN"));
 }
 
+/// The sample a Prometheus text exposition gives for `series` (its name and labels as
+/// written), if it has one.
+fn sample(exposition: &str, series: &str) -> Option<f64> {
+    exposition
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+async fn metrics_time_each_phase_of_a_signal(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let receiver = Receiver::start(vec![Step::status(204)]).await;
+    let tenant = db.tenant(&["--callback-url", &receiver.url]);
+    let server = Server::start(&db, &crate::common::MANUAL_WORKER);
+    let reply = server
+        .send(
+            &tenant,
+            Some(&crate::common::new_key()),
+            &crate::common::sim_swap("+447700900779"),
+        )
+        .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let metrics = server
+        .client
+        .get(format!("{}/metrics", server.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    // One signal: one decision, one commit waited for, one round of inline attempts, each
+    // taking some time; and at least its act's batch committed.
+    for phase in ["decide", "commit", "inline"] {
+        let count = format!("verdict_ingest_phase_seconds_count{{phase=\"{phase}\"}}");
+        let sum = format!("verdict_ingest_phase_seconds_sum{{phase=\"{phase}\"}}");
+        assert_eq!(sample(&metrics, &count), Some(1.0), "{phase}:\n{metrics}");
+        assert!(
+            sample(&metrics, &sum).is_some_and(|s| s > 0.0 && s < 30.0),
+            "{phase}:\n{metrics}"
+        );
+    }
+    assert!(
+        sample(&metrics, "verdict_group_commit_seconds_count").is_some_and(|n| n >= 1.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        receiver.received().len(),
+        1,
+        "the inline attempt was not made"
+    );
+}
+
 on_both_backends!(
+    metrics_time_each_phase_of_a_signal,
     metrics_need_the_configured_token,
     logs_to_a_pipe_carry_no_colour_codes,
     a_master_key_the_database_was_not_set_up_with_is_refused_at_start,
