@@ -27,10 +27,7 @@ for tool in wrk nginx psql; do
     command -v "$tool" >/dev/null || { echo "by-relation: $tool is missing (scripts/bench installs it)" >&2; exit 1; }
 done
 
-free_port() {
-    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-json_field() { python3 -c 'import json, sys; print(json.load(sys.stdin)[sys.argv[1]])' "$1"; }
+. bench/lib.sh
 
 WORK=$(mktemp -d /tmp/verdict-wal.XXXXXX)
 sed "s/\"type\":\"sim_swap\"/\"type\":\"$SIGNAL_TYPE\"/" bench/wrk/new.lua >"$WORK/new.lua"
@@ -49,23 +46,8 @@ psql -q -d postgres -c "CREATE DATABASE $DB"
 psql -q -d "$DB" -c "CREATE EXTENSION pg_walinspect"
 sql() { psql -qtA -d "$DB" -c "$1"; }
 
-# The callback receiver.
-hook_port=$(free_port)
-mkdir -p "$WORK/nginx"
-cat >"$WORK/nginx/nginx.conf" <<NGINX
-daemon off;
-worker_processes 1;
-pid $WORK/nginx/nginx.pid;
-error_log $WORK/nginx/error.log warn;
-events { worker_connections 1024; }
-http {
-    access_log off;
-    client_body_temp_path $WORK/nginx/body;
-    server { listen 127.0.0.1:$hook_port; location / { return 204; } }
-}
-NGINX
-nginx -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" >/dev/null 2>&1 &
-PIDS+=($!)
+start_receiver "$WORK/nginx"
+hook_port=$HOOK_PORT
 
 export VERDICT_DATABASE_URL="postgres://$PGUSER@$PGHOST:$PGPORT/$DB" VERDICT_ALLOW_PRIVATE_DESTINATIONS=1 \
     VERDICT_RATE_LIMIT_PER_TENANT=0

@@ -552,15 +552,7 @@ async fn a_delivery_that_dies_is_logged_at_warn_and_counted(backend: Backend) {
     let line: serde_json::Value = serde_json::from_str(line).unwrap();
     assert_eq!(line["level"], "WARN", "{line}");
     assert_eq!(line["delivery_id"], dead["id"], "{line}");
-    let metrics = server
-        .client
-        .get(format!("{}/metrics", server.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = server.metrics().await;
     assert!(
         metrics.contains("verdict_deliveries_dead_total 1"),
         "no dead-letter count:\n{metrics}"

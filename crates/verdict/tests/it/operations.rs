@@ -200,15 +200,7 @@ async fn metrics_time_each_phase_of_a_signal(backend: Backend) {
         )
         .await;
     assert_eq!(reply.status, 200, "{}", reply.text());
-    let metrics = server
-        .client
-        .get(format!("{}/metrics", server.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = server.metrics().await;
     // One signal: one decision, one commit waited for, one round of inline attempts, each
     // taking some time; and at least its act's batch committed.
     for phase in ["decide", "commit", "inline"] {

@@ -235,16 +235,7 @@ async fn metrics_count_signals_conflicts_decisions_and_latency(backend: Backend)
             .status,
         422
     );
-    let text = Reply::from(
-        server
-            .client
-            .get(format!("{}/metrics", server.base))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
-    let text = String::from_utf8(text.body).unwrap();
+    let text = server.metrics().await;
     for expected in [
         "verdict_signals_total 3",
         "verdict_replays_total 1",

@@ -702,6 +702,14 @@ impl Server {
         .await
     }
 
+    /// `GET /metrics` (no token configured), its text.
+    pub async fn metrics(&self) -> String {
+        let url = format!("{}/metrics", self.base);
+        let reply = self.client.get(url).send().await.unwrap();
+        assert_eq!(reply.status(), 200);
+        reply.text().await.unwrap()
+    }
+
     /// `GET /openapi.json`, read whole.
     pub async fn openapi(&self) -> Reply {
         let url = format!("{}/openapi.json", self.base);
