@@ -809,6 +809,12 @@ impl Reply {
     }
 
     /// Whether this is a replay of a stored response.
+    /// Whether the body is an RFC 9457 problem, as every error verdict itself answers is.
+    pub fn is_problem(&self) -> bool {
+        self.header("content-type")
+            .is_some_and(|t| t.starts_with("application/problem+json"))
+    }
+
     pub fn replayed(&self) -> bool {
         self.header("idempotent-replayed") == Some("true")
     }

@@ -1,6 +1,6 @@
 //! A sender that sends one signal until it gets a final answer, as a careful client does: the
 //! same key (or none) and the same body bytes on every retry, with a fresh `Verdict-Timestamp`
-//! and signature each time; connection errors, 409 and 503 are retried. A [`Tally`] counts what
+//! and signature each time; connection errors, a gateway's 502 or 504, 409 and 503 are retried. A [`Tally`] counts what
 //! the senders of a scenario met on the way.
 
 use std::sync::Mutex;
@@ -26,6 +26,9 @@ pub const UNAVAILABLE_WITHIN: Duration = Duration::from_secs(2);
 pub struct Tally {
     pub sends: AtomicUsize,
     pub connection_errors: AtomicUsize,
+    /// 502s and 504s from a balancer in front of the servers (not a problem from verdict): the
+    /// instance it forwarded to died with the request in flight.
+    pub gateway_errors: AtomicUsize,
     pub conflicts_409: AtomicUsize,
     pub unavailable_503: AtomicUsize,
     /// 503s that came without a `Retry-After` header.
@@ -55,11 +58,12 @@ impl Tally {
     /// One line: what was sent and what came back on the way to the final answers.
     pub fn summary(&self) -> String {
         format!(
-            "{} sends ({} connection errors, {} × 409, {} × 503 (slowest {} ms, {} over {} ms, \
+            "{} sends ({} connection errors, {} gateway 502/504, {} × 409, {} × 503 (slowest {} ms, {} over {} ms, \
              {} without Retry-After), {} final answers replayed from the record; slowest answer \
              {} ms, {} over {} ms)",
             Tally::get(&self.sends),
             Tally::get(&self.connection_errors),
+            Tally::get(&self.gateway_errors),
             Tally::get(&self.conflicts_409),
             Tally::get(&self.unavailable_503),
             self.slowest_503_ms.load(Ordering::Relaxed),
@@ -117,7 +121,7 @@ impl Default for Waits {
 }
 
 /// Sends one signal to whichever server `base` names now until it gets a final answer (neither
-/// a connection error, nor 409, nor 503), or panics after `deadline`.
+/// a connection error, nor a gateway's 502 or 504, nor 409, nor 503), or panics after `deadline`.
 pub async fn send_until_answered(
     client: &reqwest::Client,
     base: &Mutex<String>,
@@ -158,6 +162,11 @@ pub async fn send_until_answered(
         };
         tally.answered(sent.elapsed());
         match status {
+            // The balancer's own page: for the sender the same as a connection lost on the way.
+            502 | 504 if !reply.is_problem() => {
+                tally.gateway_errors.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(waits.after_connection_error).await;
+            }
             409 => {
                 tally.conflicts_409.fetch_add(1, Ordering::Relaxed);
                 *tally.last_conflict.lock().unwrap() = Some(Instant::now());
