@@ -1,6 +1,7 @@
 -- Appended by scripts/bench to a copy of each load script (the scripts themselves are unchanged
 -- copies of ../shared/perf/wrk/). Counts the requests the script started and, when wrk is done,
--- prints one machine-readable line: completed requests, errors by kind and latency percentiles.
+-- prints one machine-readable line: completed requests, errors by kind, latency percentiles and
+-- the mean latency (what scripts/bench sets the server's per-phase means beside).
 -- `started` minus `requests` is what was still in flight when wrk's duration ran out.
 local bench_threads = {}
 local script_setup = setup
@@ -23,7 +24,7 @@ done = function(summary, latency, requests)
   end
   local e = summary.errors
   io.write(string.format(
-    "BENCH requests=%d duration_us=%d non2xx=%d connect=%d read=%d write=%d timeout=%d p50_us=%d p99_us=%d started=%d\n",
+    "BENCH requests=%d duration_us=%d non2xx=%d connect=%d read=%d write=%d timeout=%d p50_us=%d p99_us=%d mean_us=%d started=%d\n",
     summary.requests, summary.duration, e.status, e.connect, e.read, e.write, e.timeout,
-    latency:percentile(50), latency:percentile(99), started))
+    latency:percentile(50), latency:percentile(99), latency.mean, started))
 end
