@@ -7,10 +7,10 @@
 # or sqlite), with a tenant whose callback goes to one local nginx answering 204; then runs wrk
 # against each in turn, ROUNDS (4) times, the order swapped every round (A B, B A, …), SECS (6)
 # seconds a run at C (32) connections. MODE fresh (bench/wrk/new.lua) or replay
-# (bench/wrk/replay.lua, its key sent once first). Prints each run's requests per second and
-# the server's CPU per request (utime+stime of its process across the run). Beside
-# ./scripts/bench, whose floors are what the targets are against: this compares two builds
-# with the drift spread over both.
+# (bench/wrk/replay.lua, its key sent once first). Prints each run's requests per second,
+# the server's CPU per request (utime+stime of its process across the run), and wrk's p50 and
+# p99. Beside ./scripts/bench, whose floors are what the targets are against: this compares two
+# builds with the drift spread over both.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -73,11 +73,12 @@ for side in A B; do
 done
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-run() { # run SIDE SECONDS PREFIX: prints "requests req/s"
-    wrk -t2 -c"$C" -d"$2s" --timeout 30s -s "$script" "${BASE[$1]}/v1/signals" -H "Authorization: Bearer ${KEY[$1]}" \
+run() { # run SIDE SECONDS PREFIX: prints "requests req/s p50 p99"
+    wrk -t2 -c"$C" -d"$2s" --timeout 30s --latency -s "$script" "${BASE[$1]}/v1/signals" -H "Authorization: Bearer ${KEY[$1]}" \
         -H "Content-Type: application/json" -- "$3-$$" "$(( ($(date +%s) + RANDOM) % 100000 ))" >"$WORK/wrk.out" 2>&1
     grep -q 'Non-2xx' "$WORK/wrk.out" && { echo "side-by-side: $1 answered non-2xx: $(cat "$WORK/wrk.out")" >&2; exit 1; }
-    echo "$(awk '/requests in/ {print $1}' "$WORK/wrk.out") $(awk '/Requests\/sec/ {print $2}' "$WORK/wrk.out")"
+    echo "$(awk '/requests in/ {print $1}' "$WORK/wrk.out") $(awk '/Requests\/sec/ {print $2}' "$WORK/wrk.out")" \
+        "$(awk '$1 == "50%" {print $2}' "$WORK/wrk.out") $(awk '$1 == "99%" {print $2}' "$WORK/wrk.out")"
 }
 for side in A B; do run "$side" 2 warm >/dev/null; done
 hz=$(getconf CLK_TCK)
@@ -88,9 +89,9 @@ for round in $(seq 1 "$ROUNDS"); do
     for side in $order; do
         before=$(cpu_ticks "${PID[$side]}")
         out=$(run "$side" "$SECS" "r$round")
-        read -r requests rate <<<"$out"
+        read -r requests rate p50 p99 <<<"$out"
         after=$(cpu_ticks "${PID[$side]}")
-        printf '%s round %d: %10.0f req/s  cpu/req %.3f ms\n' "$side" "$round" "$rate" \
-            "$(python3 -c "print(($after - $before) * 1000 / $hz / $requests)")"
+        printf '%s round %d: %10.0f req/s  cpu/req %.3f ms  p50 %s  p99 %s\n' "$side" "$round" "$rate" \
+            "$(python3 -c "print(($after - $before) * 1000 / $hz / $requests)")" "$p50" "$p99"
     done
 done
