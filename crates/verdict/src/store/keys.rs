@@ -248,11 +248,12 @@ pub trait KeyStore {
     ) -> Result<(), StoreError>;
 }
 
-/// Inserts claims that are new, in one statement; returns the digests it inserted.
+/// Inserts claims that are new, in one statement; returns the keys it inserted, each with
+/// the lock token of the claim that inserted it.
 pub(crate) async fn insert_claims<DB, C>(
     conn: &mut C,
     claims: &[&crate::store::Claim],
-) -> Result<Vec<(uuid::Uuid, Vec<u8>)>, sqlx::Error>
+) -> Result<Vec<(uuid::Uuid, Vec<u8>, uuid::Uuid)>, sqlx::Error>
 where
     DB: SqlDb + Database<Connection = C>,
     C: sqlx::Connection<Database = DB>,
@@ -298,7 +299,7 @@ where
             .push_bind(c.expires_at)
             .push_bind(c.ruling.clone());
     });
-    q.push(" ON CONFLICT DO NOTHING RETURNING tenant_id, key_digest");
+    q.push(" ON CONFLICT DO NOTHING RETURNING tenant_id, key_digest, lock_token");
     q.build_query_as().fetch_all(conn).await
 }
 

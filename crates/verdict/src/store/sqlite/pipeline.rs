@@ -131,21 +131,26 @@ impl SqliteStore {
             .iter()
             .chain(batch.acts.iter().filter_map(|a| a.claim.as_ref()))
             .collect();
+        // Each inserted key with the token of the claim that inserted it: of two claims of one
+        // key in one batch, the first.
         let inserted: HashSet<_> = insert_claims(conn, &claims).await?.into_iter().collect();
-        let mut taken = HashSet::new();
         let claim_won = batch
             .claims
             .iter()
-            .map(|c| {
-                let key = (c.key.tenant_id, c.key.digest.clone());
-                // Two claims of one key in one batch: the first wins.
-                inserted.contains(&key) && taken.insert(key)
-            })
+            .map(|c| inserted.contains(&(c.key.tenant_id, c.key.digest.clone(), c.lock_token)))
             .collect();
 
-        // Acts whose key is still ours, and keyless ones.
-        let held: Vec<_> = batch.acts.iter().filter_map(|a| a.held.as_ref()).collect();
-        let ours = hold_keys(conn, &held).await?;
+        // Acts whose key is still ours, and keyless ones. A key this transaction inserted is
+        // ours under its claim's token with no re-check: a fresh signal's batch saves a
+        // statement, a hop to the connection's thread and back.
+        let held: Vec<_> = batch
+            .acts
+            .iter()
+            .filter_map(|a| a.held.as_ref())
+            .filter(|h| !inserted.contains(&(h.key.tenant_id, h.key.digest.clone(), h.lock_token)))
+            .collect();
+        let mut ours = hold_keys(conn, &held).await?;
+        ours.extend(inserted);
         let live = live_acts(batch, |_, h| {
             ours.contains(&(h.key.tenant_id, h.key.digest.clone(), h.lock_token))
         });
