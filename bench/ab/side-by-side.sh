@@ -74,8 +74,10 @@ done
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 run() { # run SIDE SECONDS PREFIX: prints "requests req/s p50 p99"
-    wrk -t2 -c"$C" -d"$2s" --timeout 30s --latency -s "$script" "${BASE[$1]}/v1/signals" -H "Authorization: Bearer ${KEY[$1]}" \
-        -H "Content-Type: application/json" -- "$3-$$" "$(( ($(date +%s) + RANDOM) % 100000 ))" >"$WORK/wrk.out" 2>&1
+    # wrk wants no more threads than connections.
+    wrk -t"$(( C < 2 ? C : 2 ))" -c"$C" -d"$2s" --timeout 30s --latency -s "$script" "${BASE[$1]}/v1/signals" -H "Authorization: Bearer ${KEY[$1]}" \
+        -H "Content-Type: application/json" -- "$3-$$" "$(( ($(date +%s) + RANDOM) % 100000 ))" >"$WORK/wrk.out" 2>&1 ||
+        { echo "side-by-side: wrk failed against $1: $(cat "$WORK/wrk.out")" >&2; exit 1; }
     grep -q 'Non-2xx' "$WORK/wrk.out" && { echo "side-by-side: $1 answered non-2xx: $(cat "$WORK/wrk.out")" >&2; exit 1; }
     echo "$(awk '/requests in/ {print $1}' "$WORK/wrk.out") $(awk '/Requests\/sec/ {print $2}' "$WORK/wrk.out")" \
         "$(awk '$1 == "50%" {print $2}' "$WORK/wrk.out") $(awk '$1 == "99%" {print $2}' "$WORK/wrk.out")"
