@@ -808,13 +808,13 @@ impl Reply {
         self.headers.get(name).and_then(|v| v.to_str().ok())
     }
 
-    /// Whether this is a replay of a stored response.
     /// Whether the body is an RFC 9457 problem, as every error verdict itself answers is.
     pub fn is_problem(&self) -> bool {
         self.header("content-type")
             .is_some_and(|t| t.starts_with("application/problem+json"))
     }
 
+    /// Whether this is a replay of a stored response.
     pub fn replayed(&self) -> bool {
         self.header("idempotent-replayed") == Some("true")
     }

@@ -1,7 +1,7 @@
 //! A sender that sends one signal until it gets a final answer, as a careful client does: the
 //! same key (or none) and the same body bytes on every retry, with a fresh `Verdict-Timestamp`
-//! and signature each time; connection errors, a gateway's 502 or 504, 409 and 503 are retried. A [`Tally`] counts what
-//! the senders of a scenario met on the way.
+//! and signature each time; connection errors, a gateway's 502 or 504, 409 and 503 are
+//! retried. A [`Tally`] counts what the senders of a scenario met on the way.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -58,9 +58,9 @@ impl Tally {
     /// One line: what was sent and what came back on the way to the final answers.
     pub fn summary(&self) -> String {
         format!(
-            "{} sends ({} connection errors, {} gateway 502/504, {} × 409, {} × 503 (slowest {} ms, {} over {} ms, \
-             {} without Retry-After), {} final answers replayed from the record; slowest answer \
-             {} ms, {} over {} ms)",
+            "{} sends ({} connection errors, {} gateway 502/504, {} × 409, {} × 503 (slowest {} \
+             ms, {} over {} ms, {} without Retry-After), {} final answers replayed from the \
+             record; slowest answer {} ms, {} over {} ms)",
             Tally::get(&self.sends),
             Tally::get(&self.connection_errors),
             Tally::get(&self.gateway_errors),
@@ -121,7 +121,8 @@ impl Default for Waits {
 }
 
 /// Sends one signal to whichever server `base` names now until it gets a final answer (neither
-/// a connection error, nor a gateway's 502 or 504, nor 409, nor 503), or panics after `deadline`.
+/// a connection error, nor a gateway's 502 or 504, nor 409, nor 503), or panics after
+/// `deadline`.
 pub async fn send_until_answered(
     client: &reqwest::Client,
     base: &Mutex<String>,
