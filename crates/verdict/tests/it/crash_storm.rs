@@ -6,6 +6,7 @@
 //! CI-sized by default; `CRASH_STORM_SIGNALS` (80) and `CRASH_STORM_KILLS` (6) make it longer.
 
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -218,9 +219,10 @@ struct Storm {
 
 /// Starts the server with `env` and sends each `(key, body)` of `sent`, retried with the same
 /// key and bytes until answered, while the server is SIGKILLed at random moments and restarted
-/// on the same database (each incarnation's log kept under `scenario`): `kills` times, every
-/// one while signals are still arriving. Asserts that the kills happened and that each met
-/// requests in flight (at least one retry with the same key and bytes per kill).
+/// on the same database (each incarnation's log kept under `scenario`): `kills` times, each
+/// once a random wait has passed and a signal is in flight. Asserts that the kills happened
+/// and that each met requests in flight (at least one retry with the same key and bytes per
+/// kill).
 async fn storm(
     db: &Arc<TestDb>,
     tenant: &Tenant,
@@ -238,13 +240,18 @@ async fn storm(
     // and a restart each, about a second in all on a debug build), so the storm hits requests
     // in every phase rather than an idle server.
     let spacing = Duration::from_millis((kills as u64 * 1000 / signals as u64).clamp(2, 200));
+    // Signals sent and not yet answered: a kill waits for one, since on a fast machine a
+    // signal is answered in a few milliseconds and a kill at a random moment met none.
+    let in_flight = Arc::new(AtomicUsize::new(0));
     let mut clients = Vec::new();
     for (i, (key, body)) in sent.iter().cloned().enumerate() {
         let (base, tenant, tally) = (base.clone(), tenant.clone(), tally.clone());
+        let in_flight = in_flight.clone();
         clients.push(tokio::spawn(async move {
             tokio::time::sleep(spacing * i as u32).await;
             let client = common::retrying::client();
-            send_until_answered(
+            in_flight.fetch_add(1, Ordering::SeqCst);
+            let reply = send_until_answered(
                 &client,
                 &base,
                 &tenant,
@@ -253,24 +260,40 @@ async fn storm(
                 &tally,
                 SIGNAL_DEADLINE,
             )
-            .await
+            .await;
+            in_flight.fetch_sub(1, Ordering::SeqCst);
+            reply
         }));
     }
 
     // The storm: SIGKILL at a random moment, restart on the same database, publish the new
     // address; a bounded number of times, and not once everything has been answered.
     let storm = {
-        let (db, base) = (db.clone(), base.clone());
+        let (db, base, in_flight) = (db.clone(), base.clone(), in_flight.clone());
         let (env, scenario) = (env.to_vec(), scenario.to_owned());
         tokio::spawn(async move {
             let mut server = server;
             let mut done_kills = 0;
             for _ in 0..kills {
                 tokio::time::sleep(Duration::from_millis(random_between(150, 600))).await;
-                let (db, env, scenario) = (db.clone(), env.clone(), scenario.clone());
+                let logs = format!("{scenario} {:?}", db.backend);
+                let doomed = tokio::task::spawn_blocking(move || {
+                    common::keep_log(&logs, &server.logs());
+                    server
+                })
+                .await
+                .unwrap();
+                // The kill lands while a signal is on its way (at most a few seconds' wait, the
+                // releases being far closer together).
+                for _ in 0..5000 {
+                    if in_flight.load(Ordering::SeqCst) > 0 {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                let (db, env) = (db.clone(), env.clone());
                 server = tokio::task::spawn_blocking(move || {
-                    common::keep_log(&format!("{scenario} {:?}", db.backend), &server.logs());
-                    server.kill();
+                    doomed.kill();
                     Server::start(&db, &env)
                 })
                 .await
