@@ -468,6 +468,84 @@ async fn an_open_case_collects_later_events_for_the_subject(backend: Backend) {
     assert_eq!(s["open_cases"][0]["events"][1], second.json()["event_id"]);
 }
 
+/// Distinct signals about one subject at once, most of them in one group commit: the first
+/// event holds the lock, the deny and the case, each other one is attached to that case, and
+/// every response says which of these its event did.
+async fn concurrent_signals_about_one_subject_take_each_hold_once(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = tenant_with_every_action(&db).await;
+    let server = Server::start(&db, &[]);
+    let mut tasks = Vec::new();
+    for minutes_ago in 1..=12 {
+        let req = common::signed(
+            server.client.post(format!("{}/v1/signals", server.base)),
+            &tenant,
+            Some(&new_key()),
+            &common::sim_swap_of_account("acct-concurrent-1", minutes_ago),
+            common::now(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let response = req.send().await.unwrap();
+            (
+                response.status().as_u16(),
+                response.json::<Value>().await.unwrap(),
+            )
+        }));
+    }
+    let mut replies = Vec::new();
+    for t in tasks {
+        let (status, reply) = t.await.unwrap();
+        assert_eq!(status, 200, "{reply}");
+        replies.push(reply);
+    }
+    let outcome = |reply: &Value, action: &str| {
+        reply["actions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["action"] == action)
+            .unwrap()["outcome"]
+            .clone()
+    };
+    let holders: Vec<_> = replies
+        .iter()
+        .filter(|r| outcome(r, "lock_account") == "done")
+        .collect();
+    assert_eq!(holders.len(), 1, "{replies:#?}");
+    let holder = holders[0];
+    for action in ["open_case", "deny"] {
+        assert_eq!(outcome(holder, action), "done", "{holder}");
+    }
+    for reply in replies
+        .iter()
+        .filter(|r| r["event_id"] != holder["event_id"])
+    {
+        for action in ["lock_account", "open_case", "deny"] {
+            assert_eq!(outcome(reply, action), "already_done", "{action}: {reply}");
+        }
+    }
+    assert_eq!(db.count("account_locks").await, 1);
+    assert_eq!(db.count("denies").await, 1);
+    assert_eq!(db.count("cases").await, 1);
+    assert_eq!(
+        db.count("case_events").await,
+        11,
+        "every event but the opener"
+    );
+
+    let hash = holder["subject_hash"].as_str().unwrap().to_owned();
+    let s = server
+        .get(&tenant, &format!("/v1/subjects/{hash}"))
+        .await
+        .json();
+    assert_eq!(s["lock"]["event_id"], holder["event_id"]);
+    assert_eq!(s["deny"]["event_id"], holder["event_id"]);
+    assert_eq!(s["open_cases"].as_array().unwrap().len(), 1);
+    let events = s["open_cases"][0]["events"].as_array().unwrap();
+    assert_eq!(events.len(), 12);
+    assert!(events.contains(&holder["event_id"]), "{s}");
+}
+
 /// A subject's lock, deny and open case are one row: undone one at a time, the others stand;
 /// undone all, the row goes; the next signal takes each again, with a new case.
 async fn a_subjects_lock_deny_and_case_are_undone_apart_and_taken_again(backend: Backend) {
@@ -662,6 +740,7 @@ on_both_backends!(
     concurrent_duplicates_without_a_key_still_have_each_effect_once,
     a_crash_after_dispatch_without_a_key_leaves_no_callback_without_its_event,
     an_open_case_collects_later_events_for_the_subject,
+    concurrent_signals_about_one_subject_take_each_hold_once,
     a_charge_stored_without_its_signals_time_is_not_made_again,
     charges_stored_before_the_time_ordered_index_take_their_signals_time,
     a_subjects_lock_deny_and_case_are_undone_apart_and_taken_again,

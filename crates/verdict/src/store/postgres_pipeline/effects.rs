@@ -23,7 +23,10 @@ pub(super) struct Effect {
 /// already has everything asked (in this statement's snapshot) is left out: the insert's
 /// conflict would lock that row (a `DO UPDATE` locks it even when its condition fails) and
 /// make concurrent batches wait. So a hold an undo lifts meanwhile still counts as held for
-/// this act, as if the act had run just before the undo (see the module above).
+/// this act, as if the act had run just before the undo (see the module above). Every row
+/// the insert meets is updated, even when a concurrent batch committed everything asked after
+/// this statement's snapshot: `RETURNING` then shows that row as it now stands, whose open
+/// case this act's event is attached to (`case_of`), though the snapshot cannot see it.
 const SUBJECTS: &str = r#"
 , subject_in AS (
     SELECT tenant_id, subject_hash,
@@ -53,9 +56,6 @@ const SUBJECTS: &str = r#"
             denied_by = COALESCE(subjects.denied_by, excluded.denied_by),
             denied_at = COALESCE(subjects.denied_at, excluded.denied_at),
             open_case = COALESCE(subjects.open_case, excluded.open_case)
-        WHERE (subjects.locked_by IS NULL AND excluded.locked_by IS NOT NULL)
-            OR (subjects.denied_by IS NULL AND excluded.denied_by IS NOT NULL)
-            OR (subjects.open_case IS NULL AND excluded.open_case IS NOT NULL)
     RETURNING tenant_id, subject_hash, locked_by, denied_by, open_case
 )"#;
 
@@ -123,11 +123,18 @@ fn effect(action: ActionKind) -> Option<Effect> {
         AND asked.subject_hash = took.subject_hash AND asked.open_case = took.open_case
     RETURNING id, tenant_id, subject_hash, opened_by_event
 ), case_of AS (
-    -- The case this statement opened for the subject, else the open one already there.
-    SELECT a.i, a.event_id, a.now, COALESCE(c.id, x.id) AS case_id,
-        COALESCE(c.opened_by_event, x.opened_by_event) AS opener
+    -- The subject's open case as the insert left its row (`took`), else as the snapshot shows
+    -- it. Its opener is known where this statement opened it or the snapshot holds it; a case
+    -- a concurrent batch opened after the snapshot is another event's (this event's acts run
+    -- one at a time), so it has none here, and the event is attached to it.
+    SELECT a.i, a.event_id, a.now, COALESCE(took.open_case, x.id) AS case_id,
+        CASE WHEN c.id IS NOT NULL THEN c.opened_by_event
+            WHEN took.open_case IS NULL OR took.open_case = x.id THEN x.opened_by_event
+        END AS opener
     FROM live a
-    LEFT JOIN case_ins c ON c.tenant_id = a.tenant_id AND c.subject_hash = a.subject_hash
+    LEFT JOIN subject_ins took
+        ON took.tenant_id = a.tenant_id AND took.subject_hash = a.subject_hash
+    LEFT JOIN case_ins c ON c.id = took.open_case
     LEFT JOIN (subjects held JOIN cases x ON x.id = held.open_case)
         ON held.tenant_id = a.tenant_id AND held.subject_hash = a.subject_hash
     WHERE a.open_case

@@ -23,11 +23,12 @@
 //! The outcomes are those of the shared statements: an effect is `Done` where this signal's
 //! event holds its row (inserted now, or already there), else `AlreadyDone`. One difference: a
 //! row another transaction committed after this statement began is not visible to its
-//! lookups, so it reads `AlreadyDone` (it is not this event's) and, for a case, the event is
-//! not attached to that case. The converse holds for the subject's row ([`effects`]'s
-//! `SUBJECTS`): a lock, deny or open case that an undo lifted or closed after this statement
-//! began still counts as held, so the act reads `AlreadyDone` (or is attached to the case
-//! being closed), as if it had run just before the undo.
+//! lookups, so it reads `AlreadyDone` (it is not this event's); a case opened so is still
+//! found, through the subject's row the statement's insert met, and the event attached to it.
+//! The converse holds for the subject's row ([`effects`]'s `SUBJECTS`): a lock, deny or open
+//! case that an undo lifted or closed after this statement began still counts as held, so the
+//! act reads `AlreadyDone` (or is attached to the case being closed), as if it had run just
+//! before the undo.
 
 mod apply;
 mod effects;
