@@ -21,7 +21,9 @@ use sqlx::{Sqlite, Transaction};
 
 use super::{AbortOnDrop, StoreError};
 
+mod effects;
 mod pipeline;
+mod subjects;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 
