@@ -279,10 +279,27 @@ where
     if claims.is_empty() {
         return Ok(Vec::new());
     }
+    let mut q = sqlx::QueryBuilder::<DB>::new("");
+    push_insert_claims(&mut q, claims);
+    q.build_query_as().fetch_all(conn).await
+}
+
+/// Adds to `q` the statement of [`insert_claims`], which returns (tenant, digest, lock token)
+/// of each key it inserted; `claims` is not empty.
+pub(crate) fn push_insert_claims<DB: SqlDb>(
+    q: &mut sqlx::QueryBuilder<DB>,
+    claims: &[&crate::store::Claim],
+) where
+    for<'e> Uuid: Encode<'e, DB> + Type<DB>,
+    for<'e> i64: Encode<'e, DB> + Type<DB>,
+    for<'e> String: Encode<'e, DB> + Type<DB>,
+    for<'e> Vec<u8>: Encode<'e, DB> + Type<DB>,
+    for<'e> &'e str: Encode<'e, DB> + Type<DB>,
+{
     // One lock order across concurrent batches.
     let mut claims = claims.to_vec();
     claims.sort_by(|a, b| (a.key.tenant_id, &a.key.digest).cmp(&(b.key.tenant_id, &b.key.digest)));
-    let mut q = sqlx::QueryBuilder::<DB>::new(
+    q.push(
         "INSERT INTO idempotency_keys (tenant_id, endpoint, key_digest, fingerprint, \
          state, event_id, lock_token, locked_until, created_at, expires_at, ruling) ",
     );
@@ -300,7 +317,6 @@ where
             .push_bind(c.ruling.clone());
     });
     q.push(" ON CONFLICT DO NOTHING RETURNING tenant_id, key_digest, lock_token");
-    q.build_query_as().fetch_all(conn).await
 }
 
 /// Reads the row a claim conflicted with, through the write pool: on SQLite a

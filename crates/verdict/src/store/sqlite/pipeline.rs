@@ -5,18 +5,20 @@
 
 use std::collections::HashSet;
 
+use sqlx::pool::PoolConnection;
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 use uuid::Uuid;
 
 use super::SqliteStore;
 use super::effects::{apply_effects, insert_requests};
-use crate::store::backend::execute_pushed;
 use crate::store::deliveries::record_attempts;
 use crate::store::failpoint::failpoint;
-use crate::store::keys::{complete_calls_in, insert_claims};
+use crate::store::keys::{complete_calls_in, push_insert_claims};
 use crate::store::pipeline::{batch_result, live_acts};
 use crate::store::rows::push_values;
-use crate::store::{Batch, BatchResult, Finished, HeldKey, NewEvent, PipelineStore, StoreError};
+use crate::store::{
+    Batch, BatchResult, Claim, Finished, HeldKey, NewEvent, PipelineStore, StoreError,
+};
 
 impl SqliteStore {
     /// The batch's statements, in one open transaction.
@@ -32,8 +34,11 @@ impl SqliteStore {
             .chain(batch.acts.iter().filter_map(|a| a.claim.as_ref()))
             .collect();
         // Each inserted key with the token of the claim that inserted it: of two claims of one
-        // key in one batch, the first.
-        let inserted: HashSet<_> = insert_claims(conn, &claims).await?.into_iter().collect();
+        // key in one batch, the first. The transaction begins in the same query.
+        let inserted: HashSet<_> = begin_with_claims(conn, &claims)
+            .await?
+            .into_iter()
+            .collect();
         let claim_won = batch
             .claims
             .iter()
@@ -63,10 +68,15 @@ impl SqliteStore {
             .map(|(a, o)| a.finished_for(o))
             .collect();
         // What nothing later reads goes in two queries, one hop each to SQLite's
-        // connection thread instead of up to six: the events with the key completions
-        // (their shape follows the number of acts), the attempts' records (theirs, the
-        // number of attempts). One query for all would take a shape per combination
-        // of the two, more than the statement cache keeps.
+        // connection thread instead of up to six: the attempts' records (their shape follows
+        // the number of attempts), then the events with the key completions (theirs, the
+        // number of acts) and the `COMMIT`. One query for all would take a shape per
+        // combination of the two, more than the statement cache keeps.
+        record_attempts(conn, &batch.attempts.iter().collect::<Vec<_>>()).await?;
+        complete_calls_in(&mut *conn, &batch.calls_done).await?;
+        if !acts.is_empty() {
+            failpoint!("act::before_commit");
+        }
         let completions: Vec<_> = acts
             .iter()
             .zip(&finished)
@@ -78,12 +88,8 @@ impl SqliteStore {
             &finished.iter().map(|f| &f.event).collect::<Vec<_>>(),
         );
         push_complete_keys(&mut finish, &completions);
-        execute_pushed(conn, &mut finish).await?;
-        record_attempts(conn, &batch.attempts.iter().collect::<Vec<_>>()).await?;
-        complete_calls_in(&mut *conn, &batch.calls_done).await?;
-        if !acts.is_empty() {
-            failpoint!("act::before_commit");
-        }
+        finish.push("COMMIT");
+        finish.build().execute(&mut *conn).await?;
 
         Ok(batch_result(
             batch, live, outcomes, finished, deliveries, claim_won,
@@ -93,13 +99,51 @@ impl SqliteStore {
 
 #[async_trait::async_trait]
 impl PipelineStore for SqliteStore {
+    /// The batch's transaction begins in its first query and commits in its last, not in
+    /// queries of their own: two hops to the connection's thread fewer. sqlx does not know of
+    /// it, so a batch that fails or is dropped half-way closes the connection instead of
+    /// handing it back to the pool, and SQLite rolls the transaction back as it closes.
     async fn commit(&self, batch: &Batch) -> Result<BatchResult, StoreError> {
-        let mut tx = self.begin().await?;
-        let result = Self::commit_in(&mut tx, batch).await?;
-        tx.commit().await?;
+        let mut batch_tx = Unfinished {
+            conn: self.write().acquire().await?,
+            committed: false,
+        };
+        let result = Self::commit_in(&mut batch_tx.conn, batch).await?;
+        batch_tx.committed = true;
         Ok(result)
     }
 }
+
+/// The writer's connection while a batch's transaction may be open on it: closed when dropped
+/// before the batch committed.
+struct Unfinished {
+    conn: PoolConnection<Sqlite>,
+    committed: bool,
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        if !self.committed {
+            self.conn.close_on_drop();
+        }
+    }
+}
+
+/// Begins the batch's transaction (`BEGIN IMMEDIATE`: the write lock up front) and inserts
+/// `claims`, in one query; returns what [`push_insert_claims`] does.
+async fn begin_with_claims(
+    conn: &mut SqliteConnection,
+    claims: &[&Claim],
+) -> Result<Vec<(Uuid, Vec<u8>, Uuid)>, sqlx::Error> {
+    let mut q = QueryBuilder::<Sqlite>::new("BEGIN IMMEDIATE; ");
+    if claims.is_empty() {
+        q.build().execute(conn).await?;
+        return Ok(Vec::new());
+    }
+    push_insert_claims(&mut q, claims);
+    q.build_query_as().fetch_all(conn).await
+}
+
 /// Re-checks the locks of keyed acts (token and state), taking each row's lock for the
 /// rest of the transaction; returns the keys still ours.
 async fn hold_keys(
