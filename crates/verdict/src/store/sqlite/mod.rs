@@ -8,9 +8,11 @@
 //! Checkpoints (copying the WAL back into the database file, then an fsync) run on a
 //! connection of their own, off the writer: left to SQLite, the commit that crosses the
 //! auto-checkpoint threshold does it, and every write queued behind that commit waits for it.
-//! The checkpointer also makes the log start over once it passes a bound.
+//! The checkpointer also makes the log start over once it passes a bound, and rests while
+//! nothing is written.
 
 use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
@@ -34,6 +36,9 @@ pub struct SqliteStore {
     reader: SqlitePool,
     /// The background checkpointer ([`checkpoint_every`]); stops with the last clone.
     _checkpoints: Arc<AbortOnDrop>,
+    /// Checkpoints the checkpointer has run.
+    #[cfg_attr(not(test), allow(dead_code))]
+    checkpoints_run: Arc<AtomicU64>,
 }
 
 /// How often the checkpointer copies what the WAL holds into the database file. Whatever
@@ -86,16 +91,26 @@ impl SqliteStore {
         // A pool pings each connection it hands out unless told otherwise: a thread hop per
         // group commit. An SQLite connection is a file handle in this process and cannot
         // break while idle, so the ping checks nothing.
+        // Each time the writer's connection comes back, the log may have grown: the
+        // checkpointer skips its ticks while this stays where it was when the log was last
+        // found copied whole.
+        let writes = Arc::new(AtomicU64::new(0));
+        let released = Arc::clone(&writes);
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
             .test_before_acquire(false)
             .acquire_timeout(Duration::from_secs(30))
+            .after_release(move |_, _| {
+                released.fetch_add(1, Ordering::Relaxed);
+                Box::pin(async { Ok(true) })
+            })
             .connect_with(
                 options
                     .clone()
                     .pragma("wal_autocheckpoint", WRITER_CHECKPOINT_PAGES),
             )
             .await?;
+        let checkpoints_run = Arc::new(AtomicU64::new(0));
         let checkpoints = checkpoint_every(
             SqlitePoolOptions::new()
                 .max_connections(1)
@@ -103,6 +118,8 @@ impl SqliteStore {
                 .connect_with(options.clone())
                 .await?,
             writer.clone(),
+            writes,
+            Arc::clone(&checkpoints_run),
         );
         let reader = SqlitePoolOptions::new()
             .max_connections(4)
@@ -114,6 +131,7 @@ impl SqliteStore {
             writer,
             reader,
             _checkpoints: Arc::new(AbortOnDrop(checkpoints)),
+            checkpoints_run,
         })
     }
 
@@ -227,19 +245,40 @@ impl super::backend::Backend for SqliteStore {
     }
 }
 
-/// Runs [`checkpoint`] every [`CHECKPOINT_EVERY`] on `pool`'s connection.
-fn checkpoint_every(pool: SqlitePool, writer: SqlitePool) -> tokio::task::JoinHandle<()> {
+/// Runs [`checkpoint`] every [`CHECKPOINT_EVERY`] on `pool`'s connection, except while
+/// `writes` (the writer connection's releases) stays where it was when a checkpoint last found
+/// the log copied whole: an idle server does nothing. Counts the checkpoints in `run`.
+fn checkpoint_every(
+    pool: SqlitePool,
+    writer: SqlitePool,
+    writes: Arc<AtomicU64>,
+    run: Arc<AtomicU64>,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut every = tokio::time::interval(CHECKPOINT_EVERY);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut failing = false;
         let mut restart_after = tokio::time::Instant::now();
+        let mut copied_at = None;
         loop {
             every.tick().await;
+            // Read before the checkpoint: a write it misses is released after this.
+            let written = writes.load(Ordering::Relaxed);
+            if copied_at == Some(written) {
+                continue;
+            }
             let may_restart = tokio::time::Instant::now() >= restart_after;
+            run.fetch_add(1, Ordering::Relaxed);
             match checkpoint(&pool, &writer, may_restart).await {
                 Ok(restart) => {
                     failing = false;
+                    copied_at = match restart {
+                        Restart::AllCopied => Some(written),
+                        // The restart took the writer's connection once (one release); any
+                        // other write since makes the next tick run.
+                        Restart::Done => Some(written + 1),
+                        Restart::NotDue | Restart::ReadersInTheWay => None,
+                    };
                     if restart == Restart::ReadersInTheWay {
                         restart_after = tokio::time::Instant::now() + RESTART_BACKOFF;
                     }
@@ -259,6 +298,9 @@ fn checkpoint_every(pool: SqlitePool, writer: SqlitePool) -> tokio::task::JoinHa
 /// What a checkpoint did about starting the log over.
 #[derive(Debug, PartialEq, Eq)]
 enum Restart {
+    /// Every frame of a log below [`RESTART_AT_PAGES`] is in the database file: nothing to do
+    /// until the next write.
+    AllCopied,
     /// The log is below [`RESTART_AT_PAGES`], or a restart may not be tried yet.
     NotDue,
     /// The next write starts the log over.
@@ -280,9 +322,14 @@ async fn checkpoint(
     may_restart: bool,
 ) -> Result<Restart, sqlx::Error> {
     // (busy, frames in the log, frames copied)
-    let (_, log, _): (i64, i64, i64) = sqlx::query_as("PRAGMA wal_checkpoint(PASSIVE)")
+    let (_, log, copied): (i64, i64, i64) = sqlx::query_as("PRAGMA wal_checkpoint(PASSIVE)")
         .fetch_one(pool)
         .await?;
+    // A long log copied whole still restarts: under sustained writes the next write often
+    // began before this checkpoint ended, and the log kept growing (to 20,250 frames).
+    if log == copied && log < RESTART_AT_PAGES {
+        return Ok(Restart::AllCopied);
+    }
     if log < RESTART_AT_PAGES || !may_restart {
         return Ok(Restart::NotDue);
     }
@@ -347,6 +394,67 @@ mod tests {
         assert!(
             size >= before + 100 * 4000,
             "the database file stayed at {size} bytes (from {before})"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_idle_store_runs_no_checkpoints_until_the_next_write() {
+        let (dir, path, store) = scratch_store().await;
+        sqlx::query("INSERT INTO t VALUES (zeroblob(4000))")
+            .execute(store.write())
+            .await
+            .expect("inserts");
+        // One checkpoint copies the write and finds the log whole; the ticks after it skip.
+        tokio::time::sleep(CHECKPOINT_EVERY * 4).await;
+        let settled = store.checkpoints_run.load(Ordering::Relaxed);
+        tokio::time::sleep(CHECKPOINT_EVERY * 12).await;
+        let idle = store.checkpoints_run.load(Ordering::Relaxed) - settled;
+        let before = std::fs::metadata(&path).expect("the file").len();
+        sqlx::query("INSERT INTO t VALUES (zeroblob(40000))")
+            .execute(store.write())
+            .await
+            .expect("inserts");
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let mut size = before;
+        while size < before + 40_000 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(CHECKPOINT_EVERY).await;
+            size = std::fs::metadata(&path).expect("the file").len();
+        }
+        let after_write = store.checkpoints_run.load(Ordering::Relaxed) - settled - idle;
+        drop(store);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(idle, 0, "checkpoints run in 12 idle ticks");
+        assert!(after_write >= 1, "no checkpoint after the write");
+        assert!(
+            size >= before + 40_000,
+            "the write was not copied: the file stayed at {size} bytes (from {before})"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_long_log_restarted_while_idle_rests_until_the_next_write() {
+        let (dir, _, store) = scratch_store().await;
+        // Past RESTART_AT_PAGES in one commit, then nothing: the log reads as long until the
+        // next write starts it over, so a checkpointer that counted its own restart as a
+        // write would restart it on every tick.
+        let pages = RESTART_AT_PAGES + 200;
+        sqlx::query(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < $1) \
+             INSERT INTO t SELECT zeroblob(4000) FROM n",
+        )
+        .bind(pages)
+        .execute(store.write())
+        .await
+        .expect("inserts");
+        tokio::time::sleep(CHECKPOINT_EVERY * 8).await;
+        let settled = store.checkpoints_run.load(Ordering::Relaxed);
+        tokio::time::sleep(CHECKPOINT_EVERY * 12).await;
+        let idle = store.checkpoints_run.load(Ordering::Relaxed) - settled;
+        drop(store);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(
+            idle, 0,
+            "checkpoints run in 12 idle ticks after the restart"
         );
     }
 
