@@ -358,17 +358,18 @@ async fn a_crash_after_dispatch_without_a_key_leaves_no_callback_without_its_eve
     }
 }
 
-async fn concurrent_duplicates_without_a_key_still_have_each_effect_once(backend: Backend) {
-    let db = TestDb::new(backend).await;
-    let tenant = tenant_with_every_action(&db).await;
-    let server = Server::start(&db, &[]);
-    let body = sim_swap("+447700900203");
+/// Sends every (key, body) at once and returns the replies, each of which must be a 200.
+async fn send_at_once(
+    server: &Server,
+    tenant: &Tenant,
+    signals: Vec<(Option<String>, String)>,
+) -> Vec<Value> {
     let mut tasks = Vec::new();
-    for _ in 0..10 {
+    for (key, body) in signals {
         let req = common::signed(
             server.client.post(format!("{}/v1/signals", server.base)),
-            &tenant,
-            None,
+            tenant,
+            key.as_deref(),
             &body,
             common::now(),
         );
@@ -386,6 +387,15 @@ async fn concurrent_duplicates_without_a_key_still_have_each_effect_once(backend
         assert_eq!(status, 200, "{reply}");
         replies.push(reply);
     }
+    replies
+}
+
+async fn concurrent_duplicates_without_a_key_still_have_each_effect_once(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = tenant_with_every_action(&db).await;
+    let server = Server::start(&db, &[]);
+    let body = sim_swap("+447700900203");
+    let replies = send_at_once(&server, &tenant, vec![(None, body); 10]).await;
     for table in [
         "account_locks",
         "cases",
@@ -475,29 +485,13 @@ async fn concurrent_signals_about_one_subject_take_each_hold_once(backend: Backe
     let db = TestDb::new(backend).await;
     let tenant = tenant_with_every_action(&db).await;
     let server = Server::start(&db, &[]);
-    let mut tasks = Vec::new();
-    for minutes_ago in 1..=12 {
-        let req = common::signed(
-            server.client.post(format!("{}/v1/signals", server.base)),
-            &tenant,
-            Some(&new_key()),
-            &common::sim_swap_of_account("acct-concurrent-1", minutes_ago),
-            common::now(),
-        );
-        tasks.push(tokio::spawn(async move {
-            let response = req.send().await.unwrap();
-            (
-                response.status().as_u16(),
-                response.json::<Value>().await.unwrap(),
-            )
-        }));
-    }
-    let mut replies = Vec::new();
-    for t in tasks {
-        let (status, reply) = t.await.unwrap();
-        assert_eq!(status, 200, "{reply}");
-        replies.push(reply);
-    }
+    let signals = (1..=12)
+        .map(|minutes_ago| {
+            let body = common::sim_swap_of_account("acct-concurrent-1", minutes_ago);
+            (Some(new_key()), body)
+        })
+        .collect();
+    let replies = send_at_once(&server, &tenant, signals).await;
     let outcome = |reply: &Value, action: &str| {
         reply["actions"]
             .as_array()

@@ -12,7 +12,7 @@ use uuid::Uuid;
 use super::subjects::apply_subject_holds;
 use crate::domain::{ActionKind, Applied};
 use crate::store::failpoint::failpoint;
-use crate::store::rows::{OutboxRow, RequestRow, push_values};
+use crate::store::rows::{OutboxRow, RequestRow, Row, push_values};
 use crate::store::{Act, ActOutcome, ActionTarget, NewDelivery, StoreError};
 
 /// Applies every act's effects: the subject's row (lock, deny, open case) in one query, the
@@ -120,15 +120,7 @@ pub(super) async fn insert_requests(
     if rows.is_empty() {
         return Ok(());
     }
-    let mut q = QueryBuilder::<Sqlite>::new("INSERT INTO deliveries ");
-    push_values(&mut q, &rows.iter().map(|(_, r)| r).collect::<Vec<_>>());
-    q.push(" ON CONFLICT DO NOTHING RETURNING id");
-    let inserted: HashSet<Uuid> = q
-        .build_query_scalar()
-        .fetch_all(&mut *conn)
-        .await?
-        .into_iter()
-        .collect();
+    let inserted = insert_outbox(conn, &rows.iter().map(|(_, r)| r).collect::<Vec<_>>()).await?;
     // Those not inserted now: held by this event since an earlier attempt, or by another.
     let mut held = QueryBuilder::<Sqlite>::new(
         "SELECT event_id, action FROM deliveries WHERE (event_id, action) IN (VALUES ",
@@ -344,15 +336,7 @@ async fn insert_deliveries(
     let mut seen = HashSet::new();
     let mut unique: Vec<_> = rows.iter().filter(|r| seen.insert(row_key(r))).collect();
     unique.sort_by_key(|r| row_key(r));
-    let mut q = QueryBuilder::<Sqlite>::new("INSERT INTO deliveries ");
-    push_values(&mut q, &unique);
-    q.push(" ON CONFLICT DO NOTHING RETURNING id");
-    let inserted: HashSet<Uuid> = q
-        .build_query_scalar()
-        .fetch_all(&mut *conn)
-        .await?
-        .into_iter()
-        .collect();
+    let inserted = insert_outbox(conn, &unique).await?;
     let mut asked = HashSet::new();
     let missing: Vec<&OutboxRow<'_>> = rows
         .iter()
@@ -395,4 +379,20 @@ async fn callback_holders(
     q.push(")");
     let found: Vec<(Uuid, Vec<u8>, Uuid)> = q.build_query_as().fetch_all(conn).await?;
     Ok(found.into_iter().map(|(t, k, e)| ((t, k), e)).collect())
+}
+
+/// Inserts outbox rows (callbacks or connector requests), each unless its uniqueness is taken
+/// already; returns the ids of those inserted.
+async fn insert_outbox<R: Row>(
+    conn: &mut SqliteConnection,
+    rows: &[&R],
+) -> Result<HashSet<Uuid>, sqlx::Error> {
+    let mut q = QueryBuilder::<Sqlite>::new("INSERT INTO deliveries ");
+    push_values(&mut q, rows);
+    q.push(" ON CONFLICT DO NOTHING RETURNING id");
+    Ok(q.build_query_scalar()
+        .fetch_all(&mut *conn)
+        .await?
+        .into_iter()
+        .collect())
 }
