@@ -93,14 +93,14 @@ impl SqliteStore {
             // A statement inside the group commit's transaction journals the pages it
             // changes, so that it can be undone alone; in memory, not in a temporary file.
             .pragma("temp_store", "memory");
-        // A pool pings each connection it hands out unless told otherwise: a thread hop per
-        // group commit. An SQLite connection is a file handle in this process and cannot
-        // break while idle, so the ping checks nothing.
         // Each time the writer's connection comes back, the log may have grown: the
         // checkpointer skips its ticks while this stays where it was when the log was last
         // found copied whole.
         let writes = Arc::new(AtomicU64::new(0));
         let released = Arc::clone(&writes);
+        // A pool pings each connection it hands out unless told otherwise: a thread hop per
+        // group commit. An SQLite connection is a file handle in this process and cannot
+        // break while idle, so the ping checks nothing.
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
             .test_before_acquire(false)
