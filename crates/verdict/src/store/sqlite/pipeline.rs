@@ -21,7 +21,8 @@ use crate::store::{
 };
 
 impl SqliteStore {
-    /// The batch's statements, in one open transaction.
+    /// The batch's statements, in one transaction: `BEGIN IMMEDIATE` in the first query,
+    /// `COMMIT` in the last.
     async fn commit_in(
         conn: &mut SqliteConnection,
         batch: &Batch,
