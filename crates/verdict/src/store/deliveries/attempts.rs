@@ -36,14 +36,45 @@ where
     for<'e> Option<&'e str>: Encode<'e, DB>,
     for<'e> &'e [u8]: Encode<'e, DB> + Type<DB>,
 {
-    // The statements that record attempts, in order; each pushes nothing when it has
-    // nothing to do.
-    let steps: [AttemptStep<DB>; 3] = [
+    run_attempt_steps(conn, &record_steps::<DB>(), attempts).await
+}
+
+/// The statements that record attempts, in order; each pushes nothing when it has nothing to
+/// do.
+fn record_steps<DB: SqlDb>() -> [AttemptStep<DB>; 3]
+where
+    for<'e> Uuid: Encode<'e, DB> + Type<DB>,
+    for<'e> i64: Encode<'e, DB> + Type<DB>,
+    for<'e> bool: Encode<'e, DB> + Type<DB>,
+    for<'e> Option<i32>: Encode<'e, DB> + Type<DB>,
+    for<'e> Option<String>: Encode<'e, DB> + Type<DB>,
+    for<'e> Option<Vec<u8>>: Encode<'e, DB> + Type<DB>,
+    for<'e> &'e str: Encode<'e, DB> + Type<DB>,
+{
+    [
         push_insert_attempts,
         push_advance_deliveries,
         push_disable_endpoints,
-    ];
-    run_attempt_steps(conn, &steps, attempts).await
+    ]
+}
+
+/// Adds to `q` every statement of [`record_attempts`] (none if there are no attempts), for a
+/// backend that runs several statements in one query.
+pub(crate) fn push_record_attempts<DB: SqlDb>(
+    q: &mut sqlx::QueryBuilder<DB>,
+    attempts: &[&crate::store::AttemptRecord],
+) where
+    for<'e> Uuid: Encode<'e, DB> + Type<DB>,
+    for<'e> i64: Encode<'e, DB> + Type<DB>,
+    for<'e> bool: Encode<'e, DB> + Type<DB>,
+    for<'e> Option<i32>: Encode<'e, DB> + Type<DB>,
+    for<'e> Option<String>: Encode<'e, DB> + Type<DB>,
+    for<'e> Option<Vec<u8>>: Encode<'e, DB> + Type<DB>,
+    for<'e> &'e str: Encode<'e, DB> + Type<DB>,
+{
+    for push in record_steps::<DB>() {
+        push(q, attempts);
+    }
 }
 
 /// Disables the callback endpoints that answered an attempt with 410.

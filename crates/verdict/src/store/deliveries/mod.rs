@@ -14,7 +14,7 @@ mod envelopes;
 mod upkeep;
 
 use attempts::{ATTEMPTS_OF, attempt_rows};
-pub(crate) use attempts::{disable_endpoints, record_attempts};
+pub(crate) use attempts::{disable_endpoints, push_record_attempts, record_attempts};
 use envelopes::with_envelopes;
 pub(crate) use upkeep::{count_suspended, delete_settled_deliveries, resume_suspended};
 

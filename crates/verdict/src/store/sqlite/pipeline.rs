@@ -11,13 +11,14 @@ use uuid::Uuid;
 
 use super::SqliteStore;
 use super::effects::{apply_effects, insert_requests};
-use crate::store::deliveries::record_attempts;
+use crate::store::deliveries::push_record_attempts;
 use crate::store::failpoint::failpoint;
 use crate::store::keys::{complete_calls_in, push_insert_claims};
 use crate::store::pipeline::{batch_result, live_acts};
 use crate::store::rows::push_values;
 use crate::store::{
-    Batch, BatchResult, Claim, Finished, HeldKey, NewEvent, PipelineStore, StoreError,
+    AttemptRecord, Batch, BatchResult, Claim, Finished, HeldKey, NewEvent, PipelineStore,
+    StoreError,
 };
 
 impl SqliteStore {
@@ -35,8 +36,10 @@ impl SqliteStore {
             .chain(batch.acts.iter().filter_map(|a| a.claim.as_ref()))
             .collect();
         // Each inserted key with the token of the claim that inserted it: of two claims of one
-        // key in one batch, the first. The transaction begins in the same query.
-        let inserted: HashSet<_> = begin_with_claims(conn, &claims)
+        // key in one batch, the first. The transaction begins in the same query, and the
+        // attempts' records (of earlier batches' deliveries) go in it too.
+        let attempts: Vec<_> = batch.attempts.iter().collect();
+        let inserted: HashSet<_> = begin_with_claims(conn, &attempts, &claims)
             .await?
             .into_iter()
             .collect();
@@ -68,12 +71,8 @@ impl SqliteStore {
             .zip(&outcomes)
             .map(|(a, o)| a.finished_for(o))
             .collect();
-        // What nothing later reads goes in two queries, one hop each to SQLite's
-        // connection thread instead of up to six: the attempts' records (their shape follows
-        // the number of attempts), then the events with the key completions (theirs, the
-        // number of acts) and the `COMMIT`. One query for all would take a shape per
-        // combination of the two, more than the statement cache keeps.
-        record_attempts(conn, &batch.attempts.iter().collect::<Vec<_>>()).await?;
+        // The events with the key completions and the `COMMIT`: what nothing later reads, in
+        // one hop to SQLite's connection thread.
         complete_calls_in(&mut *conn, &batch.calls_done).await?;
         if !acts.is_empty() {
             failpoint!("act::before_commit");
@@ -130,13 +129,15 @@ impl Drop for Unfinished {
     }
 }
 
-/// Begins the batch's transaction (`BEGIN IMMEDIATE`: the write lock up front) and inserts
-/// `claims`, in one query; returns what [`push_insert_claims`] does.
+/// Begins the batch's transaction (`BEGIN IMMEDIATE`: the write lock up front), records
+/// `attempts` and inserts `claims`, in one query; returns what [`push_insert_claims`] does.
 async fn begin_with_claims(
     conn: &mut SqliteConnection,
+    attempts: &[&AttemptRecord],
     claims: &[&Claim],
 ) -> Result<Vec<(Uuid, Vec<u8>, Uuid)>, sqlx::Error> {
     let mut q = QueryBuilder::<Sqlite>::new("BEGIN IMMEDIATE; ");
+    push_record_attempts(&mut q, attempts);
     if claims.is_empty() {
         q.build().execute(conn).await?;
         return Ok(Vec::new());
