@@ -451,6 +451,11 @@ async fn an_open_case_collects_later_events_for_the_subject(backend: Backend) {
     assert_eq!(outcome(&second, "open_case"), "already_done");
     assert_eq!(outcome(&second, "lock_account"), "already_done");
     assert_eq!(
+        outcome(&second, "alert_customer"),
+        "already_done",
+        "the first signal's alert holds the window"
+    );
+    assert_eq!(
         outcome(&second, "charge_step_up"),
         "done",
         "a different signal is charged"
@@ -518,8 +523,14 @@ async fn concurrent_signals_about_one_subject_take_each_hold_once(backend: Backe
             assert_eq!(outcome(reply, action), "already_done", "{action}: {reply}");
         }
     }
+    let alerted = replies
+        .iter()
+        .filter(|r| outcome(r, "alert_customer") == "done")
+        .count();
+    assert_eq!(alerted, 1, "one alert a window: {replies:#?}");
     assert_eq!(db.count("account_locks").await, 1);
     assert_eq!(db.count("denies").await, 1);
+    assert_eq!(db.count("alert_windows").await, 1);
     assert_eq!(db.count("cases").await, 1);
     assert_eq!(
         db.count("case_events").await,

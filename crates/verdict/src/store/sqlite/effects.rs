@@ -9,14 +9,14 @@ use std::collections::{HashMap, HashSet};
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 use uuid::Uuid;
 
-use super::subjects::apply_subject_holds;
+use super::subjects::{SubjectActs, apply_subject_holds};
 use crate::domain::{ActionKind, Applied};
 use crate::store::failpoint::failpoint;
 use crate::store::rows::{OutboxRow, RequestRow, Row, push_values};
 use crate::store::{Act, ActOutcome, ActionTarget, NewDelivery, StoreError};
 
-/// Applies every act's effects: the subject's row (lock, deny, open case) in one query, the
-/// other actions one multi-row statement each.
+/// Applies every act's effects: the subject's row (lock, deny, open case) and alert windows in
+/// one query, the other actions one multi-row statement each.
 pub(super) async fn apply_effects(
     conn: &mut SqliteConnection,
     acts: &[&Act],
@@ -31,13 +31,13 @@ pub(super) async fn apply_effects(
     let targets = |which: &[usize]| -> Vec<&ActionTarget> {
         which.iter().map(|&i| &acts[i].target).collect()
     };
-    let mut holds = apply_subject_holds(
-        conn,
-        &targets(&which(&ActionKind::LockAccount)),
-        &targets(&which(&ActionKind::Deny)),
-        &targets(&which(&ActionKind::OpenCase)),
-    )
-    .await?;
+    let subject_acts = SubjectActs {
+        lock: targets(&which(&ActionKind::LockAccount)),
+        deny: targets(&which(&ActionKind::Deny)),
+        open_case: targets(&which(&ActionKind::OpenCase)),
+        alert: targets(&which(&ActionKind::AlertCustomer)),
+    };
+    let mut holds = apply_subject_holds(conn, &subject_acts, alert_window_ms).await?;
     for action in ActionKind::LOCAL {
         let which = which(&action);
         if which.is_empty() {
@@ -48,9 +48,7 @@ pub(super) async fn apply_effects(
             ActionKind::Deny => std::mem::take(&mut holds.deny),
             ActionKind::OpenCase => std::mem::take(&mut holds.open_case),
             ActionKind::ChargeStepUp => apply_charge_step_up(conn, &targets(&which)).await?,
-            ActionKind::AlertCustomer => {
-                apply_alert_customer(conn, &targets(&which), alert_window_ms).await?
-            }
+            ActionKind::AlertCustomer => std::mem::take(&mut holds.alert),
             ActionKind::Callback
             | ActionKind::UnlockAccount
             | ActionKind::LiftDeny
@@ -235,84 +233,6 @@ pub(super) fn applied(ours: bool) -> Applied {
     } else {
         Applied::AlreadyDone
     }
-}
-
-/// Alerts each subject unless it was alerted about this signal type within
-/// `window_ms`: claims the window (inserting it, or moving an expired one to this
-/// event). An event that holds its window alerted; its record is the window row and the
-/// event's own action outcome.
-async fn apply_alert_customer(
-    conn: &mut SqliteConnection,
-    targets: &[&ActionTarget],
-    window_ms: i64,
-) -> Result<Vec<Applied>, sqlx::Error> {
-    if targets.is_empty() {
-        return Ok(Vec::new());
-    }
-    let key = |t: &ActionTarget| (t.tenant_id, t.subject_hash.clone(), t.signal_type);
-    let mut seen = HashSet::new();
-    let mut rows: Vec<_> = targets.iter().filter(|t| seen.insert(key(t))).collect();
-    rows.sort_by_key(|t| key(t));
-    let mut q = QueryBuilder::<Sqlite>::new(
-        "INSERT INTO alert_windows (tenant_id, subject_hash, signal_type, event_id, \
-         last_sent_at) ",
-    );
-    q.push_values(rows, |mut row, t| {
-        row.push_bind(t.tenant_id)
-            .push_bind(t.subject_hash.clone())
-            .push_bind(t.signal_type)
-            .push_bind(t.event_id)
-            .push_bind(t.now);
-    });
-    q.push(
-        " ON CONFLICT (tenant_id, subject_hash, signal_type) DO UPDATE \
-         SET event_id = excluded.event_id, last_sent_at = excluded.last_sent_at \
-         WHERE alert_windows.last_sent_at <= excluded.last_sent_at - ",
-    );
-    q.push_bind(window_ms);
-    q.push(" RETURNING tenant_id, subject_hash, signal_type, event_id");
-    let claimed: Vec<(Uuid, Vec<u8>, String, Uuid)> =
-        q.build_query_as().fetch_all(&mut *conn).await?;
-    let mut holder: HashMap<_, _> = claimed
-        .into_iter()
-        .map(|(t, s, ty, e)| ((t, s, ty), e))
-        .collect();
-    // Who holds each window this statement did not claim.
-    let missing: Vec<_> = seen
-        .iter()
-        .filter(|(t, s, ty)| !holder.contains_key(&(*t, s.clone(), (*ty).to_owned())))
-        .collect();
-    if !missing.is_empty() {
-        let mut q = QueryBuilder::<Sqlite>::new(
-            "SELECT tenant_id, subject_hash, signal_type, event_id FROM alert_windows \
-             WHERE (tenant_id, subject_hash, signal_type) IN (VALUES ",
-        );
-        let mut list = q.separated(", ");
-        for (tenant, subject, signal_type) in missing {
-            list.push("(");
-            list.push_bind_unseparated(*tenant);
-            list.push_unseparated(", ");
-            list.push_bind_unseparated(subject.clone());
-            list.push_unseparated(", ");
-            list.push_bind_unseparated(*signal_type);
-            list.push_unseparated(")");
-        }
-        q.push(")");
-        let held: Vec<(Uuid, Vec<u8>, String, Uuid)> =
-            q.build_query_as().fetch_all(&mut *conn).await?;
-        holder.extend(held.into_iter().map(|(t, s, ty, e)| ((t, s, ty), e)));
-    }
-    let ours: Vec<bool> = targets
-        .iter()
-        .map(|t| {
-            holder.get(&(
-                t.tenant_id,
-                t.subject_hash.clone(),
-                t.signal_type.to_owned(),
-            )) == Some(&t.event_id)
-        })
-        .collect();
-    Ok(ours.into_iter().map(applied).collect())
 }
 
 /// Records callbacks in the outbox, one per signal and endpoint: returns, per row, whether

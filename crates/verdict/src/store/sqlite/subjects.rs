@@ -1,16 +1,27 @@
 //! A subject's standing holds, its account lock, its standing deny and its open case, all on
-//! its one `subjects` row (sqlite/0030), applied for a whole batch in one query: one hop to
-//! sqlx's connection thread instead of one per action, its cases' insert and the lookups of
-//! who holds what.
+//! its one `subjects` row (sqlite/0030), and its alert windows, applied for a whole batch in
+//! one query: one hop to sqlx's connection thread instead of one per action, its cases' insert
+//! and the lookups of who holds what.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
-use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
+use futures_util::TryStreamExt;
+use sqlx::sqlite::SqliteRow;
+use sqlx::{Either, Executor, FromRow, QueryBuilder, Sqlite, SqliteConnection};
 use uuid::Uuid;
 
 use super::effects::applied;
 use crate::domain::Applied;
 use crate::store::ActionTarget;
+
+/// The targets of each action a batch applies to its subjects' rows.
+#[derive(Default)]
+pub(super) struct SubjectActs<'a> {
+    pub lock: Vec<&'a ActionTarget>,
+    pub deny: Vec<&'a ActionTarget>,
+    pub open_case: Vec<&'a ActionTarget>,
+    pub alert: Vec<&'a ActionTarget>,
+}
 
 /// Per action, per target in the order given: whether its event holds the effect.
 #[derive(Debug, Default)]
@@ -18,6 +29,7 @@ pub(super) struct SubjectHolds {
     pub lock: Vec<Applied>,
     pub deny: Vec<Applied>,
     pub open_case: Vec<Applied>,
+    pub alert: Vec<Applied>,
 }
 
 /// What a batch asks of one subject's row: each hold from the first target that asks for it
@@ -43,52 +55,93 @@ type HolderRow = (
     Option<Uuid>,
 );
 
-/// Locks each subject, issues its standing deny and opens its case where it has none, and
-/// attaches each later event to the case open. `Done` where the target's event holds the hold
-/// afterwards (now, or from an earlier attempt of the same event); the case's holder is the
-/// event that opened it.
+/// An alert window: tenant, subject digest, signal type.
+type WindowKey = (Uuid, Vec<u8>, String);
+
+/// What the batch's one query returns: each subject's [`Holders`], and the event of each alert
+/// window it claimed.
+#[derive(Default)]
+struct Written {
+    holders: HashMap<(Uuid, Vec<u8>), Holders>,
+    windows: HashMap<WindowKey, Uuid>,
+}
+
+/// Locks each subject, issues its standing deny and opens its case where it has none, attaches
+/// each later event to the case open, and claims each alert window free within
+/// `alert_window_ms`. `Done` where the target's event holds the effect afterwards (now, or from
+/// an earlier attempt of the same event); the case's holder is the event that opened it, an
+/// alert window's the event that last claimed it.
 pub(super) async fn apply_subject_holds(
     conn: &mut SqliteConnection,
-    lock: &[&ActionTarget],
-    deny: &[&ActionTarget],
-    open_case: &[&ActionTarget],
+    acts: &SubjectActs<'_>,
+    alert_window_ms: i64,
 ) -> Result<SubjectHolds, sqlx::Error> {
     let key = |t: &ActionTarget| (t.tenant_id, t.subject_hash.clone());
     // One row per subject (rows of one statement must not conflict with each other), in key
     // order.
     let mut rows: BTreeMap<(Uuid, Vec<u8>), Asked> = BTreeMap::new();
-    for t in lock {
+    for t in &acts.lock {
         let row = rows.entry(key(t)).or_default();
         row.lock.get_or_insert((t.event_id, t.now));
     }
-    for t in deny {
+    for t in &acts.deny {
         let row = rows.entry(key(t)).or_default();
         row.deny.get_or_insert((t.event_id, t.now));
     }
-    for t in open_case {
+    for t in &acts.open_case {
         let row = rows.entry(key(t)).or_default();
         row.open_case
             .get_or_insert((Uuid::now_v7(), t.event_id, t.now));
     }
-    if rows.is_empty() {
+    let window = |t: &ActionTarget| {
+        (
+            t.tenant_id,
+            t.subject_hash.clone(),
+            t.signal_type.to_owned(),
+        )
+    };
+    // One window per key, likewise.
+    let mut seen = HashSet::new();
+    let mut windows: Vec<_> = acts
+        .alert
+        .iter()
+        .filter(|t| seen.insert(window(t)))
+        .collect();
+    windows.sort_by_key(|t| window(t));
+    if rows.is_empty() && windows.is_empty() {
         return Ok(SubjectHolds::default());
     }
-    let held = upsert_subjects(conn, &rows).await?;
+    let mut written = write_rows(conn, &rows, &windows, alert_window_ms).await?;
+    // Who holds each window the query did not claim.
+    let unclaimed: Vec<WindowKey> = seen
+        .into_iter()
+        .filter(|w| !written.windows.contains_key(w))
+        .collect();
+    written
+        .windows
+        .extend(window_holders(conn, &unclaimed).await?);
 
-    let holder = |t: &ActionTarget| held.get(&key(t)).copied().unwrap_or_default();
+    let holder = |t: &ActionTarget| written.holders.get(&key(t)).copied().unwrap_or_default();
     let mut holds = SubjectHolds {
-        lock: lock
+        lock: acts
+            .lock
             .iter()
             .map(|t| applied(holder(t).0 == Some(t.event_id)))
             .collect(),
-        deny: deny
+        deny: acts
+            .deny
             .iter()
             .map(|t| applied(holder(t).1 == Some(t.event_id)))
             .collect(),
-        open_case: Vec::with_capacity(open_case.len()),
+        open_case: Vec::with_capacity(acts.open_case.len()),
+        alert: acts
+            .alert
+            .iter()
+            .map(|t| applied(written.windows.get(&window(t)) == Some(&t.event_id)))
+            .collect(),
     };
     let mut attach = Vec::new();
-    for t in open_case {
+    for t in &acts.open_case {
         let (.., case, opener) = holder(t);
         // The case holds its opener; only the events after it are attached.
         if let (Some(case_id), Some(opener)) = (case, opener)
@@ -102,15 +155,82 @@ pub(super) async fn apply_subject_holds(
     Ok(holds)
 }
 
-/// Writes each subject's row, in one query: first the cases it would open, for subjects with no
-/// case open (the next statement's upsert gives them exactly those); then the row, each hold
-/// taken where it is free. Returns every row's holders: the upsert updates a row it finds even
-/// when nothing changes, so `RETURNING` covers them all.
-async fn upsert_subjects(
+/// Writes the subjects' rows and claims their alert windows, in one query.
+async fn write_rows(
     conn: &mut SqliteConnection,
     rows: &BTreeMap<(Uuid, Vec<u8>), Asked>,
-) -> Result<HashMap<(Uuid, Vec<u8>), Holders>, sqlx::Error> {
+    windows: &[&&ActionTarget],
+    window_ms: i64,
+) -> Result<Written, sqlx::Error> {
     let mut q = QueryBuilder::<Sqlite>::new("");
+    // What each statement of the query returns, in order.
+    let mut statements = Vec::new();
+    if !rows.is_empty() {
+        push_upsert_subjects(&mut q, &mut statements, rows);
+    }
+    if !windows.is_empty() {
+        push_claim_windows(&mut q, &mut statements, windows, window_ms);
+    }
+    let sets = result_sets(conn, &mut q).await?;
+    let mut written = Written::default();
+    for (returns, rows) in statements.into_iter().zip(&sets) {
+        for row in rows {
+            match returns {
+                Returns::Nothing => {}
+                Returns::Holders => {
+                    let (tenant, subject, lock, deny, case, opener) = HolderRow::from_row(row)?;
+                    written
+                        .holders
+                        .insert((tenant, subject), (lock, deny, case, opener));
+                }
+                Returns::Windows => {
+                    let (tenant, subject, signal_type, event) =
+                        <(Uuid, Vec<u8>, String, Uuid)>::from_row(row)?;
+                    written
+                        .windows
+                        .insert((tenant, subject, signal_type), event);
+                }
+            }
+        }
+    }
+    Ok(written)
+}
+
+/// What one statement of [`write_rows`]'s query returns.
+#[derive(Clone, Copy)]
+enum Returns {
+    Nothing,
+    Holders,
+    Windows,
+}
+
+/// Runs a query of several statements; returns each statement's rows, in order (a statement's
+/// end comes as its own `QueryResult`, after its rows).
+async fn result_sets(
+    conn: &mut SqliteConnection,
+    q: &mut QueryBuilder<Sqlite>,
+) -> Result<Vec<Vec<SqliteRow>>, sqlx::Error> {
+    let mut sets = Vec::new();
+    let mut current = Vec::new();
+    let mut stream = conn.fetch_many(q.build());
+    while let Some(item) = stream.try_next().await? {
+        match item {
+            Either::Right(row) => current.push(row),
+            Either::Left(_) => sets.push(std::mem::take(&mut current)),
+        }
+    }
+    Ok(sets)
+}
+
+/// Adds to `q` the statements that write each subject's row: first the cases it would open, for
+/// subjects with no case open (the next statement's upsert gives them exactly those); then the
+/// row, each hold taken where it is free. The upsert returns every row's [`HolderRow`]: it
+/// updates a row it finds even when nothing changes, so `RETURNING` covers them all.
+fn push_upsert_subjects(
+    q: &mut QueryBuilder<Sqlite>,
+    statements: &mut Vec<Returns>,
+    rows: &BTreeMap<(Uuid, Vec<u8>), Asked>,
+) {
     let opening: Vec<_> = rows
         .iter()
         .filter_map(|(subject, asked)| asked.open_case.map(|case| (subject, case)))
@@ -135,6 +255,7 @@ async fn upsert_subjects(
              WHERE s.tenant_id = v.column2 AND s.subject_hash = v.column3 \
              AND s.open_case IS NOT NULL); ",
         );
+        statements.push(Returns::Nothing);
     }
     q.push(
         "INSERT INTO subjects (tenant_id, subject_hash, locked_by, locked_at, denied_by, \
@@ -160,14 +281,67 @@ async fn upsert_subjects(
          ELSE subjects.denied_at END, \
          open_case = coalesce(subjects.open_case, excluded.open_case) \
          RETURNING tenant_id, subject_hash, locked_by, denied_by, open_case, \
-         (SELECT c.opened_by_event FROM cases c WHERE c.id = subjects.open_case)",
+         (SELECT c.opened_by_event FROM cases c WHERE c.id = subjects.open_case); ",
     );
-    let held: Vec<HolderRow> = q.build_query_as().fetch_all(&mut *conn).await?;
+    statements.push(Returns::Holders);
+}
+
+/// Adds to `q` the statement that claims each alert window free within `window_ms` (inserting
+/// it, or moving an expired one to this event); it returns the windows it claimed.
+fn push_claim_windows(
+    q: &mut QueryBuilder<Sqlite>,
+    statements: &mut Vec<Returns>,
+    windows: &[&&ActionTarget],
+    window_ms: i64,
+) {
+    q.push(
+        "INSERT INTO alert_windows (tenant_id, subject_hash, signal_type, event_id, \
+         last_sent_at) ",
+    );
+    q.push_values(windows, |mut row, t| {
+        row.push_bind(t.tenant_id)
+            .push_bind(t.subject_hash.clone())
+            .push_bind(t.signal_type)
+            .push_bind(t.event_id)
+            .push_bind(t.now);
+    });
+    q.push(
+        " ON CONFLICT (tenant_id, subject_hash, signal_type) DO UPDATE \
+         SET event_id = excluded.event_id, last_sent_at = excluded.last_sent_at \
+         WHERE alert_windows.last_sent_at <= excluded.last_sent_at - ",
+    );
+    q.push_bind(window_ms);
+    q.push(" RETURNING tenant_id, subject_hash, signal_type, event_id; ");
+    statements.push(Returns::Windows);
+}
+
+/// Which event holds each of `windows` (none if there are none).
+async fn window_holders(
+    conn: &mut SqliteConnection,
+    windows: &[WindowKey],
+) -> Result<Vec<(WindowKey, Uuid)>, sqlx::Error> {
+    if windows.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut q = QueryBuilder::<Sqlite>::new(
+        "SELECT tenant_id, subject_hash, signal_type, event_id FROM alert_windows \
+         WHERE (tenant_id, subject_hash, signal_type) IN (VALUES ",
+    );
+    let mut list = q.separated(", ");
+    for (tenant, subject, signal_type) in windows {
+        list.push("(");
+        list.push_bind_unseparated(*tenant);
+        list.push_unseparated(", ");
+        list.push_bind_unseparated(subject.clone());
+        list.push_unseparated(", ");
+        list.push_bind_unseparated(signal_type.clone());
+        list.push_unseparated(")");
+    }
+    q.push(")");
+    let held: Vec<(Uuid, Vec<u8>, String, Uuid)> = q.build_query_as().fetch_all(&mut *conn).await?;
     Ok(held
         .into_iter()
-        .map(|(tenant, subject, lock, deny, case, opener)| {
-            ((tenant, subject), (lock, deny, case, opener))
-        })
+        .map(|(tenant, subject, signal_type, event)| ((tenant, subject, signal_type), event))
         .collect())
 }
 
