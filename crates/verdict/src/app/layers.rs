@@ -45,11 +45,15 @@ pub fn layered(routes: Router<AppState>, state: AppState) -> Router {
                                 .extensions()
                                 .get::<MatchedPath>()
                                 .map_or(UNMATCHED, MatchedPath::as_str);
+                            // A signal's event and decision are recorded on it once decided
+                            // ([`EVENT_ID_FIELD`], [`DECISION_FIELD`]), for the response's line.
                             let span = tracing::info_span!(
                                 "request",
                                 request_id = %id,
                                 method = %req.method(),
                                 route = %logged_path(route),
+                                event_id = tracing::field::Empty,
+                                decision = tracing::field::Empty,
                             );
                             // The caller's trace goes on here, if it sent a usable one.
                             telemetry::continue_trace(&span, req.headers());
@@ -65,6 +69,11 @@ pub fn layered(routes: Router<AppState>, state: AppState) -> Router {
                 .layer(PropagateRequestIdLayer::new(REQUEST_ID)),
         )
 }
+
+/// The request span's field for the event a signal recorded (the span declares it by name).
+pub const EVENT_ID_FIELD: &str = "event_id";
+/// The request span's field for a signal's decision.
+pub const DECISION_FIELD: &str = "decision";
 
 /// What a request that matched no route logs as its route.
 const UNMATCHED: &str = "unmatched";

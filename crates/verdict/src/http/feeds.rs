@@ -193,6 +193,7 @@ async fn receive_camara(
             signal: swap.signal,
             fingerprint,
             raw_body: Sha256::digest(&body).into(),
+            request_span: tracing::Span::current(),
         },
     )
     .await?;

@@ -94,6 +94,7 @@ pub async fn post_signal(
             signal,
             fingerprint,
             raw_body,
+            request_span: tracing::Span::current(),
         })
         .await
         .inspect_err(|err| {

@@ -190,7 +190,11 @@ impl Ingest {
         failpoint!("ingest::after_dispatch");
         metrics::counter!("verdict_decisions_total", "decision" => decided.decision.as_str())
             .increment(1);
-        tracing::info!(%event_id, decision = decided.decision.as_str(), "signal decided");
+        super::record_decision(
+            &signal.inbound.request_span,
+            event_id,
+            decided.decision.as_str(),
+        );
         // Only the event whose commit inserted an outbox row makes its inline attempt; a
         // duplicate's callbacks and calls are the earlier event's.
         let inline: Vec<(DueDelivery, i64)> = committed

@@ -77,6 +77,7 @@ impl<'a> FeedEvent<'a> {
             },
             fingerprint: self.fingerprint,
             raw_body: self.raw_body,
+            request_span: tracing::Span::current(),
         }
     }
 }

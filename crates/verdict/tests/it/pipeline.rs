@@ -324,7 +324,35 @@ async fn the_inline_attempt_logs_carry_the_request_id(backend: Backend) {
     assert!(attempt.contains("req-inline-7"), "{attempt}");
 }
 
+/// A fresh signal's request logs one line, its response's, and that line names the event it
+/// recorded and its decision.
+async fn the_response_line_carries_the_signals_event_and_decision(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = db.tenant(&[]);
+    let server = Server::start(&db, &[]);
+    let reply = server
+        .send(&tenant, Some(&new_key()), &sim_swap("+447700900307"))
+        .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let reply = reply.json();
+    let event_id = reply["event_id"].as_str().unwrap();
+    let logs = server.logs();
+    let response = logs
+        .lines()
+        .find(|l| l.contains("finished processing request") && l.contains(event_id))
+        .unwrap_or_else(|| panic!("the response's line names the event: {logs}"));
+    // The tests' servers log JSON: the request's span, with what was recorded on it.
+    let line: serde_json::Value = serde_json::from_str(response).expect("a JSON log line");
+    assert_eq!(line["span"]["event_id"], event_id, "{line}");
+    assert_eq!(line["span"]["decision"], reply["decision"], "{line}");
+    assert!(
+        !logs.contains("signal decided"),
+        "no line of the decision's own: {logs}"
+    );
+}
+
 on_both_backends!(
+    the_response_line_carries_the_signals_event_and_decision,
     retry_after_a_transient_failure_mid_effects_gets_the_fresh_decision,
     retry_after_a_crash_mid_effects_gets_the_fresh_decision,
     a_takeover_after_a_crash_mid_effects_gets_the_fresh_decision,

@@ -58,7 +58,10 @@ async fn database_dump_and_logs_hold_no_raw_identifiers_or_keys(backend: Backend
     assert_eq!(refused.status(), 400);
 
     let logs = server.logs();
-    assert!(logs.contains("signal decided"), "logging is on: {logs}");
+    assert!(
+        logs.contains("finished processing request"),
+        "logging is on: {logs}"
+    );
     server.kill();
     let dump = db.dump();
     assert!(
