@@ -74,6 +74,9 @@ pub fn layered(routes: Router<AppState>, state: AppState) -> Router {
 pub const EVENT_ID_FIELD: &str = "event_id";
 /// The request span's field for a signal's decision.
 pub const DECISION_FIELD: &str = "decision";
+/// The target of the response's log line (tower-http's `DefaultOnResponse`, at `INFO`): a
+/// filter that leaves it out leaves out what the request's span carries with it.
+pub const RESPONSE_LOG_TARGET: &str = "tower_http::trace::on_response";
 
 /// What a request that matched no route logs as its route.
 const UNMATCHED: &str = "unmatched";

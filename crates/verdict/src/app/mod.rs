@@ -19,7 +19,7 @@ use crate::secrets::Keyring;
 use crate::store::Store;
 use crate::tenant::Credentials;
 
-pub use layers::{DECISION_FIELD, EVENT_ID_FIELD, layered};
+pub use layers::{DECISION_FIELD, EVENT_ID_FIELD, RESPONSE_LOG_TARGET, layered};
 
 /// What handlers share, behind one `Arc`: axum clones the state for every request (and its
 /// middleware), and one reference count is cheaper to move than eight.

@@ -190,7 +190,7 @@ impl Ingest {
         failpoint!("ingest::after_dispatch");
         metrics::counter!("verdict_decisions_total", "decision" => decided.decision.as_str())
             .increment(1);
-        super::record_decision(
+        let decision_log = super::record_decision(
             &signal.inbound.request_span,
             event_id,
             decided.decision.as_str(),
@@ -247,15 +247,17 @@ impl Ingest {
             .collect();
         if committed.outcome.requests.is_empty() {
             self.attempt_callbacks(inline).await;
+            decision_log.answered();
             return Ok(committed.response);
         }
         // The requests are stored and the key dispatched: now the calls, beside the callbacks.
         let attempt_callback = self.attempt_callbacks(inline);
         let (_, outcomes) = tokio::join!(attempt_callback, self.call_connectors(calls));
-        match self
+        let completed = self
             .complete_calls(event_id, &committed.response, &outcomes, held.as_ref())
-            .await
-        {
+            .await;
+        decision_log.answered();
+        match completed {
             Ok(response) => Ok(response),
             // Without a key nothing replays it: the outcomes are the client's to see.
             Err(err) if held.is_none() => {

@@ -459,17 +459,51 @@ fn payload(inbound: &Inbound<'_>) -> Payload {
     }
 }
 
-/// Logs a decision: on the HTTP request's span where it has the fields for it, so that the
-/// response's log line carries it rather than a line of its own (each line is formatted and
-/// written, a tenth of the server's CPU for three: docs/benchmarks.md), else on its own line.
-fn record_decision(request_span: &tracing::Span, event_id: Uuid, decision: &str) {
-    if request_span.has_field(crate::app::DECISION_FIELD) {
-        request_span.record(
-            crate::app::EVENT_ID_FIELD,
-            tracing::field::display(event_id),
-        );
-        request_span.record(crate::app::DECISION_FIELD, decision);
-    } else {
+/// Logs a decision: on the HTTP request's span where the response's line shows it, rather than
+/// on a line of its own (each line is formatted and written, a tenth of the server's CPU for
+/// three: docs/benchmarks.md); else, and if the request is dropped before it answers, on its
+/// own line.
+fn record_decision(
+    request_span: &tracing::Span,
+    event_id: Uuid,
+    decision: &'static str,
+) -> DecisionLog {
+    let on_response = request_span.has_field(crate::app::DECISION_FIELD)
+        && !request_span.is_disabled()
+        && tracing::enabled!(target: crate::app::RESPONSE_LOG_TARGET, tracing::Level::INFO);
+    if !on_response {
         tracing::info!(%event_id, decision, "signal decided");
+        return DecisionLog { unanswered: None };
+    }
+    request_span.record(
+        crate::app::EVENT_ID_FIELD,
+        tracing::field::display(event_id),
+    );
+    request_span.record(crate::app::DECISION_FIELD, decision);
+    DecisionLog {
+        unanswered: Some((event_id, decision)),
+    }
+}
+
+/// A decision recorded on its request's span, until the request answers: dropped before that
+/// (the client went away, a deadline), the response's line never comes, so it logs the
+/// decision on a line of its own.
+#[must_use]
+struct DecisionLog {
+    unanswered: Option<(Uuid, &'static str)>,
+}
+
+impl DecisionLog {
+    /// The request answers now; its response's line carries the decision.
+    fn answered(mut self) {
+        self.unanswered = None;
+    }
+}
+
+impl Drop for DecisionLog {
+    fn drop(&mut self) {
+        if let Some((event_id, decision)) = self.unanswered.take() {
+            tracing::info!(%event_id, decision, "signal decided");
+        }
     }
 }

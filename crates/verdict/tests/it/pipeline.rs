@@ -351,8 +351,68 @@ async fn the_response_line_carries_the_signals_event_and_decision(backend: Backe
     );
 }
 
+/// With the response's line filtered out, the decision is logged on a line of its own.
+async fn without_the_response_line_the_decision_has_a_line_of_its_own(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = db.tenant(&[]);
+    let server = Server::start(&db, &[("VERDICT_LOG", "info,sqlx=warn,tower_http=warn")]);
+    let reply = server
+        .send(&tenant, Some(&new_key()), &sim_swap("+447700900308"))
+        .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let event_id = reply.json()["event_id"].as_str().unwrap().to_owned();
+    assert!(
+        server.logged("signal decided").await,
+        "the decision is logged: {}",
+        server.logs()
+    );
+    let logs = server.logs();
+    let line = logs
+        .lines()
+        .find(|l| l.contains("signal decided"))
+        .unwrap_or_default();
+    assert!(line.contains(&event_id), "{line}");
+    assert!(!logs.contains("finished processing request"), "{logs}");
+}
+
+/// A client that goes away while its signal's inline callback is still out (the receiver takes
+/// 3 s) does not take the decision's log line with it.
+async fn a_client_that_goes_away_mid_request_leaves_its_decision_logged(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let receiver = Receiver::start(vec![Step::slow(204, Duration::from_secs(3))]).await;
+    let tenant = db.tenant(&["--callback-url", &receiver.url]);
+    let server = Server::start(&db, &[("VERDICT_ALLOW_PRIVATE_DESTINATIONS", "1")]);
+    let req = common::signed(
+        server.client.post(format!("{}/v1/signals", server.base)),
+        &tenant,
+        Some(&new_key()),
+        &sim_swap("+447700900309"),
+        common::now(),
+    )
+    .header("x-request-id", "req-gone-9")
+    .timeout(Duration::from_millis(500));
+    assert!(req.send().await.is_err(), "the client gave up first");
+    // Logged when the server drops the request, or with its response once the attempt ends.
+    let decided = |logs: &str| {
+        logs.lines().any(|l| {
+            l.contains("req-gone-9")
+                && (l.contains("signal decided")
+                    || (l.contains("finished processing request") && l.contains("\"decision\"")))
+        })
+    };
+    for _ in 0..100 {
+        if decided(&server.logs()) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the decision was never logged: {}", server.logs());
+}
+
 on_both_backends!(
     the_response_line_carries_the_signals_event_and_decision,
+    without_the_response_line_the_decision_has_a_line_of_its_own,
+    a_client_that_goes_away_mid_request_leaves_its_decision_logged,
     retry_after_a_transient_failure_mid_effects_gets_the_fresh_decision,
     retry_after_a_crash_mid_effects_gets_the_fresh_decision,
     a_takeover_after_a_crash_mid_effects_gets_the_fresh_decision,

@@ -172,6 +172,7 @@ async fn write_rows(
         push_claim_windows(&mut q, &mut statements, windows, window_ms);
     }
     let sets = result_sets(conn, &mut q).await?;
+    debug_assert_eq!(sets.len(), statements.len(), "a result set per statement");
     let mut written = Written::default();
     for (returns, rows) in statements.into_iter().zip(&sets) {
         for row in rows {
