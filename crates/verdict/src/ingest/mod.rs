@@ -472,7 +472,7 @@ fn record_decision(
         && !request_span.is_disabled()
         && tracing::enabled!(target: crate::app::RESPONSE_LOG_TARGET, tracing::Level::INFO);
     if !on_response {
-        tracing::info!(%event_id, decision, "signal decided");
+        log_decision(event_id, decision);
         return DecisionLog { unanswered: None };
     }
     request_span.record(
@@ -503,7 +503,12 @@ impl DecisionLog {
 impl Drop for DecisionLog {
     fn drop(&mut self) {
         if let Some((event_id, decision)) = self.unanswered.take() {
-            tracing::info!(%event_id, decision, "signal decided");
+            log_decision(event_id, decision);
         }
     }
+}
+
+/// The decision on a line of its own.
+fn log_decision(event_id: Uuid, decision: &str) {
+    tracing::info!(%event_id, decision, "signal decided");
 }

@@ -297,19 +297,29 @@ async fn a_keyed_callback_names_an_event_that_is_already_stored(backend: Backend
     assert_eq!(request.await.unwrap().status, 200);
 }
 
+/// A keyed SIM swap about `phone`, signed, sent with `request_id` as its `x-request-id`.
+fn swap_with_request_id(
+    server: &Server,
+    tenant: &common::Tenant,
+    phone: &str,
+    request_id: &str,
+) -> reqwest::RequestBuilder {
+    common::signed(
+        server.client.post(format!("{}/v1/signals", server.base)),
+        tenant,
+        Some(&new_key()),
+        &sim_swap(phone),
+        common::now(),
+    )
+    .header("x-request-id", request_id)
+}
+
 async fn the_inline_attempt_logs_carry_the_request_id(backend: Backend) {
     let db = TestDb::new(backend).await;
     let receiver = Receiver::start(vec![]).await;
     let tenant = db.tenant(&["--callback-url", &receiver.url]);
     let server = Server::start(&db, &[("VERDICT_ALLOW_PRIVATE_DESTINATIONS", "1")]);
-    let req = common::signed(
-        server.client.post(format!("{}/v1/signals", server.base)),
-        &tenant,
-        Some(&new_key()),
-        &sim_swap("+447700900306"),
-        common::now(),
-    )
-    .header("x-request-id", "req-inline-7");
+    let req = swap_with_request_id(&server, &tenant, "+447700900306", "req-inline-7");
     assert_eq!(req.send().await.unwrap().status(), 200);
     // Logged once recorded, which may be just after the response.
     assert!(
@@ -382,15 +392,8 @@ async fn a_client_that_goes_away_mid_request_leaves_its_decision_logged(backend:
     let receiver = Receiver::start(vec![Step::slow(204, Duration::from_secs(3))]).await;
     let tenant = db.tenant(&["--callback-url", &receiver.url]);
     let server = Server::start(&db, &[("VERDICT_ALLOW_PRIVATE_DESTINATIONS", "1")]);
-    let req = common::signed(
-        server.client.post(format!("{}/v1/signals", server.base)),
-        &tenant,
-        Some(&new_key()),
-        &sim_swap("+447700900309"),
-        common::now(),
-    )
-    .header("x-request-id", "req-gone-9")
-    .timeout(Duration::from_millis(500));
+    let req = swap_with_request_id(&server, &tenant, "+447700900309", "req-gone-9")
+        .timeout(Duration::from_millis(500));
     assert!(req.send().await.is_err(), "the client gave up first");
     // Logged when the server drops the request, or with its response once the attempt ends.
     let decided = |logs: &str| {
