@@ -132,14 +132,15 @@ where
         tenant_id: uuid::Uuid,
         subject_hash: &[u8],
     ) -> Result<Option<crate::store::SubjectState>, crate::store::StoreError> {
-        let events: Vec<uuid::Uuid> = sqlx::query_scalar(
-            "SELECT id FROM events WHERE tenant_id = $1 AND subject_hash = $2 \
-             ORDER BY id DESC LIMIT 50",
-        )
-        .bind(tenant_id)
-        .bind(subject_hash)
-        .fetch_all(self.read())
-        .await?;
+        let latest = format!(
+            "SELECT id FROM ({}) s ORDER BY id DESC LIMIT 50",
+            DB::SUBJECT_EVENT_IDS
+        );
+        let events: Vec<uuid::Uuid> = sqlx::query_scalar(sqlx::AssertSqlSafe(latest))
+            .bind(tenant_id)
+            .bind(subject_hash)
+            .fetch_all(self.read())
+            .await?;
         if events.is_empty() {
             return Ok(None);
         }

@@ -78,6 +78,9 @@ pub(crate) trait SqlDb: Database + sealed::Sealed + super::actions::KeyList {
     /// the transaction ends, so that it reads their latest version (PostgreSQL's
     /// `FOR SHARE`); nothing on SQLite, whose one writer already serializes it.
     const SHARE_ROWS: &'static str;
+    /// A query for the ids of the events of tenant `$1` about subject `$2`, in no order: on
+    /// PostgreSQL one probe of `events_by_subject` for each day the tenant has events on.
+    const SUBJECT_EVENT_IDS: &'static str;
 }
 
 /// Runs [`SqlDb::GENERIC_PLANS`] in `tx`, where the database has it (a `SET LOCAL` outside a

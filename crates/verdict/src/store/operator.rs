@@ -125,7 +125,7 @@ where
         // failed here (one in flight now cannot be stopped; it ends before its lease does), or
         // `unknown` if an at-most-once call was sent and may have acted.
         if let Some(undone) = undo.action.undoes() {
-            sqlx::query(
+            let superseded = format!(
                 "UPDATE deliveries SET \
                  status = CASE WHEN sent_at IS NULL THEN 'failed' ELSE 'unknown' END, \
                  last_error = CASE WHEN sent_at IS NULL \
@@ -134,15 +134,16 @@ where
                  END, \
                  payload = substr(payload, 1, 0), updated_at = $4 \
                  WHERE tenant_id = $1 AND action = $3 AND status = 'pending' \
-                 AND leased_until <= $4 AND event_id IN \
-                 (SELECT id FROM events WHERE tenant_id = $1 AND subject_hash = $2)",
-            )
-            .bind(undo.target.tenant_id)
-            .bind(&undo.target.subject_hash[..])
-            .bind(undone.as_str())
-            .bind(undo.target.now)
-            .execute(&mut *tx)
-            .await?;
+                 AND leased_until <= $4 AND event_id IN ({})",
+                DB::SUBJECT_EVENT_IDS
+            );
+            sqlx::query(sqlx::AssertSqlSafe(superseded))
+                .bind(undo.target.tenant_id)
+                .bind(&undo.target.subject_hash[..])
+                .bind(undone.as_str())
+                .bind(undo.target.now)
+                .execute(&mut *tx)
+                .await?;
         }
         let mut q = QueryBuilder::<DB>::new("INSERT INTO events ");
         push_values(&mut q, &[&undo.event]);

@@ -1,7 +1,8 @@
 //! The way back (unlock, lift a deny, close a case) under an `Idempotency-Key`: the same key and
 //! body answer as the first request did and do nothing again, another body is 422, and the
 //! connector call it makes is not cancelled by a client that goes away. Counted on the
-//! connector's endpoint itself.
+//! connector's endpoint itself. And what a way back reads of its subject: every event about it,
+//! whatever day it was stored.
 
 use std::time::Duration;
 
@@ -350,7 +351,98 @@ async fn a_client_that_goes_away_does_not_cancel_the_way_backs_call(backend: Bac
     assert_eq!(unlocks(&endpoint), 1, "called once");
 }
 
+/// Moves the event `id` `days` back in time, as if stored then.
+async fn store_days_ago(db: &TestDb, id: &Value, days: i64) {
+    let id = id.as_str().unwrap().parse().unwrap();
+    let moved = db
+        .exec(format!(
+            "UPDATE events SET created_at = created_at - {} WHERE id = {}",
+            days * 86_400_000,
+            db.uuid_sql(id)
+        ))
+        .await;
+    assert_eq!(moved, 1);
+}
+
+/// A lock call still waiting for its retry would undo the unlock once retried: the way back
+/// fails it, whichever day the signal that made it was stored.
+async fn a_way_back_fails_the_waiting_lock_call_of_a_signal_stored_days_ago(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = db.tenant(&["--no-inbound-signature"]);
+    let endpoint = Receiver::start(vec![Step::status(503)]).await;
+    endpoint.answer_by_default(Step::status(204));
+    bind_idp(&db, &tenant, &endpoint.url);
+    // No worker: the refused lock call waits for a retry that only the way back can meet.
+    let server = Server::start(&db, &[ALLOW_LOCAL, ("VERDICT_NO_WORKER", "1")]);
+    let locked = server
+        .send(&tenant, Some(&new_key()), &swap("mina"))
+        .await
+        .json();
+    assert_eq!(
+        action_outcome(&locked, "lock_account")["outcome"],
+        "pending",
+        "{locked}"
+    );
+    store_days_ago(&db, &locked["event_id"], 3).await;
+
+    let body = r#"{"subject": {"account": "mina"}, "reason": "verified in branch"}"#;
+    let unlocked = way_back(&server, &tenant, "unlock", None, body).await;
+    assert_eq!(unlocked.status, 200, "{}", unlocked.text());
+    assert_eq!(unlocked.json()["outcome"], "done", "{}", unlocked.text());
+    let event = server
+        .get(
+            &tenant,
+            &format!("/v1/events/{}", locked["event_id"].as_str().unwrap()),
+        )
+        .await
+        .json();
+    let lock = &action_outcome(&event, "lock_account")["outcome"];
+    assert!(
+        lock.as_str()
+            .is_some_and(|o| o.starts_with("failed: superseded by an operator's way back")),
+        "{event}"
+    );
+    assert_eq!(event["deliveries"][0]["status"], "failed", "{event}");
+}
+
+/// A subject's page lists its events newest first, however many days apart they were stored,
+/// and only its own.
+async fn a_subjects_page_lists_its_events_from_every_day_newest_first(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let tenant = db.tenant(&["--no-inbound-signature"]);
+    let server = Server::start(&db, &[]);
+    let mut events = Vec::new();
+    for (minutes_ago, days_ago) in [(30, 40), (20, 1), (10, 0)] {
+        let observed = time::OffsetDateTime::now_utc() - time::Duration::minutes(minutes_ago);
+        let observed = observed
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap();
+        let signal =
+            json!({"type": "sim_swap", "subject": {"account": "noor"}, "observed_at": observed});
+        let reply = server
+            .send(&tenant, Some(&new_key()), &signal.to_string())
+            .await
+            .json();
+        store_days_ago(&db, &reply["event_id"], days_ago).await;
+        events.push(reply);
+    }
+    let other = server
+        .send(&tenant, Some(&new_key()), &swap("omar"))
+        .await
+        .json();
+    assert_ne!(other["subject_hash"], events[0]["subject_hash"]);
+
+    let hash = events[0]["subject_hash"].as_str().unwrap();
+    let page = server.get(&tenant, &format!("/v1/subjects/{hash}")).await;
+    assert_eq!(page.status, 200, "{}", page.text());
+    let listed = page.json()["events"].clone();
+    let newest_first: Vec<&Value> = events.iter().rev().map(|e| &e["event_id"]).collect();
+    assert_eq!(listed, json!(newest_first));
+}
+
 on_both_backends!(
     a_way_back_under_an_idempotency_key_is_taken_once,
     a_client_that_goes_away_does_not_cancel_the_way_backs_call,
+    a_way_back_fails_the_waiting_lock_call_of_a_signal_stored_days_ago,
+    a_subjects_page_lists_its_events_from_every_day_newest_first,
 );

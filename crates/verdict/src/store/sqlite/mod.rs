@@ -214,6 +214,9 @@ impl super::backend::SqlDb for Sqlite {
     const GENERIC_PLANS: Option<&'static str> = None;
 
     const SHARE_ROWS: &'static str = "";
+
+    const SUBJECT_EVENT_IDS: &'static str =
+        "SELECT id FROM events WHERE tenant_id = $1 AND subject_hash = $2";
 }
 
 impl super::backend::Backend for SqliteStore {
