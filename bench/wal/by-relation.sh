@@ -13,7 +13,9 @@
 # default playbook: credential_breach is its step-up (alert_customer, charge_step_up, callback).
 # SEED (a SQL file, its path from the repository's root, run with psql -v rows=SEED_ROWS,
 # default 1,000,000, once the tenants exist) grows the database first, e.g.
-# bench/wal/seed-ledger.sql.
+# bench/wal/seed-ledger.sql. GROW (a count) grows it instead as the growth scenario does: after
+# the first warm-up, bench/growth/seed.sql copies one of its signals GROW times over the 90-day
+# window (no backlog), so the measured runs write into indexes of that size.
 # A diagnostic beside ./scripts/bench, whose WAL column measures the same total.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -78,6 +80,11 @@ for scenario in callback nocallback; do
     key=$with_callback
     [ "$scenario" = nocallback ] && key=$no_callback
     load "$key" 2 "warm-$scenario" >/dev/null
+    if [ -n "${GROW:-}" ] && [ "$scenario" = callback ]; then
+        echo "== growing with bench/growth/seed.sql (live=$GROW)"
+        psql -X -q -v ON_ERROR_STOP=1 -d "$DB" -v live="$GROW" -v old=0 -f bench/growth/seed.sql >/dev/null
+        load "$key" 2 "warm-grown-$scenario" >/dev/null
+    fi
     sleep 1
     sql CHECKPOINT >/dev/null
     n0=$(sql 'SELECT COUNT(*) FROM events') lsn0=$(sql 'SELECT pg_current_wal_lsn()')
