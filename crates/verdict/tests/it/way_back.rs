@@ -17,7 +17,12 @@ const ALLOW_LOCAL: (&str, &str) = ("VERDICT_ALLOW_PRIVATE_DESTINATIONS", "1");
 
 /// A SIM swap about `account`, observed an hour ago.
 fn swap(account: &str) -> String {
-    let observed = time::OffsetDateTime::now_utc() - time::Duration::hours(1);
+    swap_observed(account, time::Duration::hours(1))
+}
+
+/// A SIM swap about `account`, observed `ago`.
+fn swap_observed(account: &str, ago: time::Duration) -> String {
+    let observed = time::OffsetDateTime::now_utc() - ago;
     let observed = observed
         .format(&time::format_description::well_known::Rfc3339)
         .unwrap();
@@ -413,16 +418,8 @@ async fn a_subjects_page_lists_its_events_from_every_day_newest_first(backend: B
     let server = Server::start(&db, &[]);
     let mut events = Vec::new();
     for (minutes_ago, days_ago) in [(30, 40), (20, 1), (10, 0)] {
-        let observed = time::OffsetDateTime::now_utc() - time::Duration::minutes(minutes_ago);
-        let observed = observed
-            .format(&time::format_description::well_known::Rfc3339)
-            .unwrap();
-        let signal =
-            json!({"type": "sim_swap", "subject": {"account": "noor"}, "observed_at": observed});
-        let reply = server
-            .send(&tenant, Some(&new_key()), &signal.to_string())
-            .await
-            .json();
+        let signal = swap_observed("noor", time::Duration::minutes(minutes_ago));
+        let reply = server.send(&tenant, Some(&new_key()), &signal).await.json();
         store_days_ago(&db, &reply["event_id"], days_ago).await;
         events.push(reply);
     }
