@@ -336,13 +336,14 @@ impl super::backend::SqlDb for Postgres {
     const SHARE_ROWS: &'static str = " FOR SHARE";
 
     // `events_by_subject` leads with the event's day (`postgres/0035`), so that a grown
-    // database's inserts land beside each other; a subject is found day by day, from the day
-    // before the tenant's oldest event to the day after its newest (`events_by_tenant` finds
-    // both), which covers ids and creation times a clock's step apart.
+    // database's inserts land beside each other; a subject is found day by day, from the
+    // tenant's first day to its last, which the same index gives (ordered by day, which no
+    // other index is: never a walk of another tenant's events).
     const SUBJECT_EVENT_IDS: &'static str = "SELECT e.id FROM generate_series( \
-         (SELECT created_at / 86400000 - 1 FROM events WHERE tenant_id = $1 ORDER BY id LIMIT 1), \
-         (SELECT created_at / 86400000 + 1 FROM events WHERE tenant_id = $1 \
-         ORDER BY id DESC LIMIT 1)) AS d(day) \
+         (SELECT created_at / 86400000 FROM events WHERE tenant_id = $1 \
+         ORDER BY created_at / 86400000 LIMIT 1), \
+         (SELECT created_at / 86400000 FROM events WHERE tenant_id = $1 \
+         ORDER BY created_at / 86400000 DESC LIMIT 1)) AS d(day) \
          CROSS JOIN LATERAL (SELECT id FROM events WHERE tenant_id = $1 \
          AND created_at / 86400000 = d.day AND subject_hash = $2) e";
 }
