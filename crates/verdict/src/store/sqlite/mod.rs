@@ -36,9 +36,16 @@ pub struct SqliteStore {
     reader: SqlitePool,
     /// The background checkpointer ([`checkpoint_every`]); stops with the last clone.
     _checkpoints: Arc<AbortOnDrop>,
-    /// Checkpoints the checkpointer has run.
+    /// Checkpoints the checkpointer has started and finished.
     #[cfg_attr(not(test), allow(dead_code))]
-    checkpoints_run: Arc<AtomicU64>,
+    checkpoints_run: Arc<CheckpointCounts>,
+}
+
+/// How many checkpoints the checkpointer has started and finished (tests read them).
+#[derive(Default)]
+struct CheckpointCounts {
+    started: AtomicU64,
+    finished: AtomicU64,
 }
 
 /// How often the checkpointer copies what the WAL holds into the database file. Whatever
@@ -118,7 +125,7 @@ impl SqliteStore {
                     .pragma("wal_autocheckpoint", WRITER_CHECKPOINT_PAGES),
             )
             .await?;
-        let checkpoints_run = Arc::new(AtomicU64::new(0));
+        let checkpoints_run = Arc::new(CheckpointCounts::default());
         let checkpoints = checkpoint_every(
             SqlitePoolOptions::new()
                 .max_connections(1)
@@ -264,7 +271,7 @@ fn checkpoint_every(
     pool: SqlitePool,
     writer: SqlitePool,
     writes: Arc<AtomicU64>,
-    run: Arc<AtomicU64>,
+    run: Arc<CheckpointCounts>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut every = tokio::time::interval(CHECKPOINT_EVERY);
@@ -282,8 +289,10 @@ fn checkpoint_every(
             }
             last_run = tokio::time::Instant::now();
             let may_restart = tokio::time::Instant::now() >= restart_after;
-            run.fetch_add(1, Ordering::Relaxed);
-            match checkpoint(&pool, &writer, may_restart).await {
+            run.started.fetch_add(1, Ordering::Relaxed);
+            let done = checkpoint(&pool, &writer, may_restart).await;
+            run.finished.fetch_add(1, Ordering::Relaxed);
+            match done {
                 Ok(restart) => {
                     failing = false;
                     copied_at = match restart {
@@ -386,6 +395,33 @@ mod tests {
         (dir, path, store)
     }
 
+    /// Checkpoints the checkpointer has started.
+    fn checkpoints_started(store: &SqliteStore) -> u64 {
+        store.checkpoints_run.started.load(Ordering::Relaxed)
+    }
+
+    /// Waits (at most 10 s) until the checkpointer has finished every checkpoint it started
+    /// and started none for 4 ticks, and returns how many it started until then. A fixed wait
+    /// was not enough: on a busy machine the copy of a long log outlasted it, and the
+    /// checkpoints after it fell into the idle ticks a test counts.
+    async fn checkpoints_settled(store: &SqliteStore) -> u64 {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let mut count = checkpoints_started(store);
+        let mut quiet = 0;
+        while quiet < 4 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(CHECKPOINT_EVERY).await;
+            let now = checkpoints_started(store);
+            let running = now != store.checkpoints_run.finished.load(Ordering::Relaxed);
+            quiet = if now == count && !running {
+                quiet + 1
+            } else {
+                0
+            };
+            count = now;
+        }
+        count
+    }
+
     #[tokio::test]
     async fn the_wal_is_copied_into_the_database_file_without_waiting_for_the_writer() {
         let (dir, path, store) = scratch_store().await;
@@ -420,10 +456,9 @@ mod tests {
             .await
             .expect("inserts");
         // One checkpoint copies the write and finds the log whole; the ticks after it skip.
-        tokio::time::sleep(CHECKPOINT_EVERY * 4).await;
-        let settled = store.checkpoints_run.load(Ordering::Relaxed);
+        let settled = checkpoints_settled(&store).await;
         tokio::time::sleep(CHECKPOINT_EVERY * 12).await;
-        let idle = store.checkpoints_run.load(Ordering::Relaxed) - settled;
+        let idle = checkpoints_started(&store) - settled;
         let before = std::fs::metadata(&path).expect("the file").len();
         sqlx::query("INSERT INTO t VALUES (zeroblob(40000))")
             .execute(store.write())
@@ -435,7 +470,7 @@ mod tests {
             tokio::time::sleep(CHECKPOINT_EVERY).await;
             size = std::fs::metadata(&path).expect("the file").len();
         }
-        let after_write = store.checkpoints_run.load(Ordering::Relaxed) - settled - idle;
+        let after_write = checkpoints_started(&store) - settled - idle;
         drop(store);
         let _ = std::fs::remove_dir_all(&dir);
         assert_eq!(idle, 0, "checkpoints run in 12 idle ticks");
@@ -461,10 +496,9 @@ mod tests {
         .execute(store.write())
         .await
         .expect("inserts");
-        tokio::time::sleep(CHECKPOINT_EVERY * 8).await;
-        let settled = store.checkpoints_run.load(Ordering::Relaxed);
+        let settled = checkpoints_settled(&store).await;
         tokio::time::sleep(CHECKPOINT_EVERY * 12).await;
-        let idle = store.checkpoints_run.load(Ordering::Relaxed) - settled;
+        let idle = checkpoints_started(&store) - settled;
         drop(store);
         let _ = std::fs::remove_dir_all(&dir);
         assert_eq!(
