@@ -168,12 +168,8 @@ async fn same_signal_five_times_without_a_key_has_each_effect_once(backend: Back
     assert_eq!(keys.len(), 1, "{events}");
     let other = server.send(&tenant, None, &sim_swap("+447700900203")).await;
     let other = server
-        .get(
-            &tenant,
-            &format!("/v1/events/{}", other.json()["event_id"].as_str().unwrap()),
-        )
-        .await
-        .json();
+        .event(&tenant, other.json()["event_id"].as_str().unwrap())
+        .await;
     assert!(
         !keys.contains(other["signal_key"].as_str().unwrap()),
         "{other}"
@@ -422,8 +418,8 @@ async fn concurrent_duplicates_without_a_key_still_have_each_effect_once(backend
     }
     for reply in &replies {
         let event_id = reply["event_id"].as_str().unwrap();
-        let event = server.get(&tenant, &format!("/v1/events/{event_id}")).await;
-        assert_eq!(event.json()["actions"], reply["actions"], "{event_id}");
+        let event = server.event(&tenant, event_id).await;
+        assert_eq!(event["actions"], reply["actions"], "{event_id}");
     }
 }
 

@@ -161,12 +161,8 @@ async fn crash_at_most_once(
     let again = until_not_in_progress(|| server.send(&tenant, Some(&key), &body)).await;
     assert_eq!(again.status, 200, "{}", again.text());
     let event = server
-        .get(
-            &tenant,
-            &format!("/v1/events/{}", request["event_id"].as_str().unwrap()),
-        )
-        .await
-        .json();
+        .event(&tenant, request["event_id"].as_str().unwrap())
+        .await;
     let status = request["status"].as_str().unwrap();
     assert_eq!(
         action_outcome(&event, "open_case")["outcome"],
@@ -314,7 +310,7 @@ async fn an_operator_resolves_an_unknown_outcome_done_or_failed(backend: Backend
     let event = |id: String| {
         let server = &server;
         let tenant = &tenant;
-        async move { server.get(tenant, &format!("/v1/events/{id}")).await.json() }
+        async move { server.event(tenant, id).await }
     };
     let mut requests = Vec::new();
     for id in &events {
@@ -529,12 +525,7 @@ async fn the_console_resolves_an_unknown_outcome(backend: Backend) {
         html.contains(">Resolve done<") && html.contains(">Resolve failed<"),
         "{html}"
     );
-    let request = request_of(
-        &server
-            .get(&tenant, &format!("/v1/events/{event_id}"))
-            .await
-            .json(),
-    );
+    let request = request_of(&server.event(&tenant, event_id).await);
     let action = format!(
         "/console/deliveries/{}/resolve",
         request["id"].as_str().unwrap()
@@ -621,10 +612,7 @@ async fn the_console_resolves_an_unknown_outcome(backend: Backend) {
     .await
     .unwrap();
     assert_eq!(done.status(), 303, "back to the event");
-    let event = server
-        .get(&tenant, &format!("/v1/events/{event_id}"))
-        .await
-        .json();
+    let event = server.event(&tenant, event_id).await;
     assert_eq!(
         action_outcome(&event, "open_case")["outcome"],
         "failed: resolved failed by an operator: no case in the case system"

@@ -178,12 +178,8 @@ async fn a_refusing_connector_fails_its_action_and_the_event_shows_it(backend: B
         "failed: HTTP 400 Bad Request"
     );
     let event = server
-        .get(
-            &tenant,
-            &format!("/v1/events/{}", reply["event_id"].as_str().unwrap()),
-        )
-        .await
-        .json();
+        .event(&tenant, reply["event_id"].as_str().unwrap())
+        .await;
     assert_eq!(
         outcome(&event, "open_case")["outcome"],
         "failed: HTTP 400 Bad Request"
@@ -407,10 +403,7 @@ async fn an_operator_finds_a_subject_and_takes_the_way_back(backend: Backend) {
     assert_eq!(scim.user(&frank).await["active"], true);
     let active_again = scim.version(&frank).await;
     let event_id = unlocked["event_id"].as_str().unwrap();
-    let event = server
-        .get(&tenant, &format!("/v1/events/{event_id}"))
-        .await
-        .json();
+    let event = server.event(&tenant, event_id).await;
     assert_eq!(event["type"], "operator.unlock_account");
     assert_eq!(event["decision"], "ignored");
     assert_eq!(event["metadata"]["reason"], "verified in branch");
@@ -527,10 +520,7 @@ async fn a_callback_beside_connector_calls_keeps_its_envelope_and_the_event_its_
         "the metadata is stored once, in the callback's bytes"
     );
     let event_id = reply.json()["event_id"].as_str().unwrap().to_owned();
-    let shown = server
-        .get(&tenant, &format!("/v1/events/{event_id}"))
-        .await
-        .json();
+    let shown = server.event(&tenant, &event_id).await;
     assert_eq!(shown["metadata"]["case_ref"], "r-1");
     for _ in 0..50 {
         if !receiver.received().is_empty() {

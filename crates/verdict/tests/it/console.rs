@@ -120,10 +120,7 @@ async fn an_operator_signs_in_redelivers_a_dead_letter_publishes_a_change_and_un
         .send(&tenant, Some(&new_key()), &sim_swap("+15550001111"))
         .await;
     assert_eq!(second.json()["rule"], "subject_already_locked");
-    let event = server
-        .get(&tenant, &format!("/v1/events/{dead_event}"))
-        .await
-        .json();
+    let event = server.event(&tenant, &dead_event).await;
     assert_eq!(event["deliveries"][0]["status"], "dead", "{event}");
 
     // A second tenant, whose SIM swap about ACCOUNT deactivates the SCIM user.
@@ -173,10 +170,7 @@ async fn an_operator_signs_in_redelivers_a_dead_letter_publishes_a_change_and_un
     assert!(out.status.success(), "the browser test failed:\n{report}");
 
     // What the browser did is what the server stored.
-    let event = server
-        .get(&tenant, &format!("/v1/events/{dead_event}"))
-        .await
-        .json();
+    let event = server.event(&tenant, &dead_event).await;
     let delivery_id = event["deliveries"][0]["id"].as_str().unwrap();
     let delivery = server
         .get(&tenant, &format!("/v1/deliveries/{delivery_id}"))

@@ -341,10 +341,7 @@ async fn an_admin_takes_the_way_back_with_the_sessions_token_and_a_reason(backen
     assert!(html.contains("The account is unlocked."));
     assert!(html.contains(">not locked<"), "{html}");
     let event_id = recorded_event(&html).expect("the outcome links to its event");
-    let event = server
-        .get(&tenant, &format!("/v1/events/{event_id}"))
-        .await
-        .json();
+    let event = server.event(&tenant, &event_id).await;
     assert_eq!(event["type"], "operator.unlock_account");
     assert_eq!(event["metadata"]["reason"], "verified in branch");
     assert!(

@@ -467,10 +467,7 @@ async fn crash_storm_acts_once_on_the_tenants_systems(backend: Backend) {
     // Every action's outcome final, as the event shows it once the calls finished.
     let server = Server::start(&db, &env);
     for event in &events {
-        let shown = server
-            .get(&tenant, &format!("/v1/events/{event}"))
-            .await
-            .json();
+        let shown = server.event(&tenant, event).await;
         for action in shown["actions"].as_array().unwrap() {
             let outcome = action["outcome"].as_str().unwrap();
             assert!(

@@ -117,10 +117,7 @@ async fn a_custom_action_calls_its_connector_once_per_signal(backend: Backend) {
     assert_eq!(siem.applied().len(), 2, "one effect per signal");
 
     // The event shows the action and its request's delivery.
-    let event = server
-        .get(&tenant, &format!("/v1/events/{event_id}"))
-        .await
-        .json();
+    let event = server.event(&tenant, &event_id).await;
     assert_eq!(outcome(&event, "notify_siem")["outcome"], "done");
     let requests: Vec<&Value> = event["deliveries"]
         .as_array()

@@ -68,10 +68,7 @@ async fn a_running_worker_retries_at_every_interval(backend: Backend) {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(receiver.received().len(), 4);
     let event_id = reply.json()["event_id"].as_str().unwrap().to_owned();
-    let event = server
-        .get(&tenant, &format!("/v1/events/{event_id}"))
-        .await
-        .json();
+    let event = server.event(&tenant, &event_id).await;
     assert_eq!(event["deliveries"][0]["status"], "dead", "{event}");
 }
 
@@ -96,10 +93,7 @@ async fn retry_after_as_an_http_date_is_honoured(backend: Backend) {
         "not due for an hour"
     );
     let event_id = reply.json()["event_id"].as_str().unwrap().to_owned();
-    let event = server
-        .get(&tenant, &format!("/v1/events/{event_id}"))
-        .await
-        .json();
+    let event = server.event(&tenant, &event_id).await;
     let d = &event["deliveries"][0];
     assert_eq!(d["status"], "pending");
     let next = time::OffsetDateTime::parse(

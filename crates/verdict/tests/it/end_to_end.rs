@@ -124,10 +124,7 @@ async fn one_signal_through(
         1,
         "the server holds exactly one event"
     );
-    let event = server
-        .get(&tenant, &format!("/v1/events/{event_id}"))
-        .await
-        .json();
+    let event = server.event(&tenant, &event_id).await;
     assert_eq!(event["deliveries"][0]["status"], "succeeded", "{event}");
     let delivery_id = event["deliveries"][0]["id"].as_str().unwrap();
     let delivery = server

@@ -171,10 +171,7 @@ async fn each_matching_endpoint_gets_one_delivery_per_decision(backend: Backend)
     t.verify();
 
     // The event lists one delivery per endpoint, each naming its endpoint.
-    let event = server
-        .get(&t.tenant, &format!("/v1/events/{swap_event}"))
-        .await
-        .json();
+    let event = server.event(&t.tenant, &swap_event).await;
     let mut endpoints: Vec<&str> = event["deliveries"]
         .as_array()
         .unwrap()

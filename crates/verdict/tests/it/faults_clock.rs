@@ -66,7 +66,7 @@ fn real_ms() -> i64 {
 /// The time the event behind `reply` was created, as the instance that created it stored it.
 async fn created_at(server: &Server, tenant: &Tenant, reply: &Reply) -> i64 {
     let id = reply.json()["event_id"].as_str().unwrap().to_owned();
-    let event: Value = server.get(tenant, &format!("/v1/events/{id}")).await.json();
+    let event: Value = server.event(tenant, &id).await;
     let at = event["created_at"]
         .as_str()
         .unwrap_or_else(|| panic!("{event}"));

@@ -376,13 +376,7 @@ async fn an_unmapped_event_type_is_recorded_as_ignored_until_the_playbook_maps_i
     assert_eq!(event["feed"], "set");
     assert_eq!(event["actions"], json!([]));
     assert_eq!(event["attributes"]["event_type"], SESSION_REVOKED);
-    let shown = server
-        .get(
-            &tenant,
-            &format!("/v1/events/{}", event["id"].as_str().unwrap()),
-        )
-        .await
-        .json();
+    let shown = server.event(&tenant, event["id"].as_str().unwrap()).await;
     assert_eq!(shown["deliveries"], json!([]));
     for table in [
         "account_locks",

@@ -58,12 +58,9 @@ async fn each_decision_names_the_playbook_version_that_made_it(backend: Backend)
 
     // The stored events keep the version that decided them.
     let event = server
-        .get(
-            &tenant,
-            &format!("/v1/events/{}", first.json()["event_id"].as_str().unwrap()),
-        )
+        .event(&tenant, first.json()["event_id"].as_str().unwrap())
         .await;
-    assert_eq!(event.json()["playbook_version"], 1);
+    assert_eq!(event["playbook_version"], 1);
     let shown = server.get(&tenant, "/v1/playbook").await;
     assert_eq!(shown.json()["version"], 2);
     assert!(
@@ -170,10 +167,7 @@ async fn events_are_listed_newest_first_in_pages_and_scoped_to_the_tenant(backen
     assert_eq!(got, vec![&ids[1], &ids[0]]);
     assert!(page2["next_cursor"].is_null());
 
-    let event = server
-        .get(&tenant, &format!("/v1/events/{}", ids[0]))
-        .await
-        .json();
+    let event = server.event(&tenant, &ids[0]).await;
     assert_eq!(event["type"], "sim_swap");
     assert_eq!(event["metadata"]["case_ref"], "abc-1");
     assert!(event["deliveries"].is_array());

@@ -383,12 +383,12 @@ async fn a_signals_metadata_is_stored_once_and_read_back_whole(backend: Backend)
         "the metadata is stored in the callback as well as in its event"
     );
     // Read back whole from the API, and sent whole in the callback.
-    let shown = server.get(&tenant, &format!("/v1/events/{event_id}")).await;
+    let shown = server.event(&tenant, &event_id).await;
     assert_eq!(
-        shown.json()["metadata"]["pad"].as_str().map(str::len),
+        shown["metadata"]["pad"].as_str().map(str::len),
         Some(60_000)
     );
-    assert_eq!(shown.json()["metadata"]["ref"], "case-1");
+    assert_eq!(shown["metadata"]["ref"], "case-1");
     let listed = server.get(&tenant, "/v1/events?limit=1").await;
     assert_eq!(listed.json()["data"][0]["metadata"]["ref"], "case-1");
     for _ in 0..50 {
@@ -415,12 +415,9 @@ async fn a_signals_metadata_is_stored_once_and_read_back_whole(backend: Backend)
         .await;
     assert_eq!(reply.status, 200, "{}", reply.text());
     let shown = server
-        .get(
-            &quiet,
-            &format!("/v1/events/{}", reply.json()["event_id"].as_str().unwrap()),
-        )
+        .event(&quiet, reply.json()["event_id"].as_str().unwrap())
         .await;
-    assert_eq!(shown.json()["metadata"]["ref"], "case-1");
+    assert_eq!(shown["metadata"]["ref"], "case-1");
     assert!(
         db.scalar("SELECT COALESCE(SUM(LENGTH(metadata)), 0) FROM events")
             .await

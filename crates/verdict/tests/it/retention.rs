@@ -88,9 +88,8 @@ async fn events_past_retention_go_with_their_deliveries_but_never_a_pending_one(
     }
 
     // The pending one is whole, the settled ones are gone.
-    let pending = server.get(&tenant, &format!("/v1/events/{}", old[1])).await;
-    assert_eq!(pending.status, 200);
-    assert_eq!(pending.json()["deliveries"][0]["status"], "pending");
+    let pending = server.event(&tenant, &old[1]).await;
+    assert_eq!(pending["deliveries"][0]["status"], "pending");
     for gone in [&old[0], &old[2]] {
         assert_eq!(
             server

@@ -128,9 +128,8 @@ async fn read_key_reads_but_cannot_change_anything(backend: Backend) {
         .send(&tenant, Some(&new_key()), &sim_swap("+447700900503"))
         .await;
     let event_id = sent.json()["event_id"].as_str().unwrap().to_owned();
-    let event = server.get(&reader, &format!("/v1/events/{event_id}")).await;
-    assert_eq!(event.status, 200);
-    let subject_hash = event.json()["subject_hash"].as_str().unwrap().to_owned();
+    let event = server.event(&reader, &event_id).await;
+    let subject_hash = event["subject_hash"].as_str().unwrap().to_owned();
 
     for path in [
         "/v1/events".to_owned(),

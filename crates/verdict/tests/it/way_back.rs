@@ -346,12 +346,8 @@ async fn a_client_that_goes_away_does_not_cancel_the_way_backs_call(backend: Bac
     let undone = retry.json();
     assert_eq!(undone["outcome"], "done", "{undone}");
     let event = server
-        .get(
-            &tenant,
-            &format!("/v1/events/{}", undone["event_id"].as_str().unwrap()),
-        )
-        .await
-        .json();
+        .event(&tenant, undone["event_id"].as_str().unwrap())
+        .await;
     assert_eq!(action_outcome(&event, "unlock_account")["outcome"], "done");
     assert_eq!(unlocks(&endpoint), 1, "called once");
 }
@@ -395,12 +391,8 @@ async fn a_way_back_fails_the_waiting_lock_call_of_a_signal_stored_days_ago(back
     assert_eq!(unlocked.status, 200, "{}", unlocked.text());
     assert_eq!(unlocked.json()["outcome"], "done", "{}", unlocked.text());
     let event = server
-        .get(
-            &tenant,
-            &format!("/v1/events/{}", locked["event_id"].as_str().unwrap()),
-        )
-        .await
-        .json();
+        .event(&tenant, locked["event_id"].as_str().unwrap())
+        .await;
     let lock = &action_outcome(&event, "lock_account")["outcome"];
     assert!(
         lock.as_str()

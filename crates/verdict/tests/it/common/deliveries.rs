@@ -38,10 +38,7 @@ async fn with_attempts(
 /// The delivery of the event a signal reply names, as it is now.
 pub async fn delivery_now(server: &Server, tenant: &Tenant, reply: &Reply) -> Value {
     let event_id = reply.json()["event_id"].as_str().unwrap().to_owned();
-    let event = server
-        .get(tenant, &format!("/v1/events/{event_id}"))
-        .await
-        .json();
+    let event = server.event(tenant, &event_id).await;
     let id = event["deliveries"][0]["id"].as_str().unwrap().to_owned();
     let detail = server.get(tenant, &format!("/v1/deliveries/{id}")).await;
     let text = String::from_utf8_lossy(&detail.body);

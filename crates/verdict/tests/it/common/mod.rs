@@ -702,6 +702,13 @@ impl Server {
         .await
     }
 
+    /// `GET /v1/events/{id}` as `tenant`, which must answer 200; its JSON.
+    pub async fn event(&self, tenant: &Tenant, id: impl std::fmt::Display) -> Value {
+        let reply = self.get(tenant, &format!("/v1/events/{id}")).await;
+        assert_eq!(reply.status, 200, "GET /v1/events/{id}: {}", reply.text());
+        reply.json()
+    }
+
     /// `GET /metrics` (no token configured), its text.
     pub async fn metrics(&self) -> String {
         let url = format!("{}/metrics", self.base);
