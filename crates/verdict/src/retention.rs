@@ -24,13 +24,14 @@
 //! Keys and events are deleted oldest first, so the oldest entries of the indexes that find
 //! them are the rows deleted before, dead until a vacuum; a scan from the start walks all of
 //! them, batch after batch. A [`Sweep`] remembers where its batches left off, and each batch
-//! starts there.
+//! starts there; the database keeps it, so a restarted server goes on from there too.
 
 use std::time::{Duration, Instant};
 
-use crate::store::StoreError;
+use crate::store::{StoreError, SweepPosition};
 
 pub use crate::store::ports::RetentionStore;
+pub use crate::store::sweep::SweepStore;
 
 /// Playbook versions kept per tenant whatever their age.
 pub const KEEP_PLAYBOOK_VERSIONS: i64 = 50;
@@ -47,52 +48,77 @@ pub struct RetentionSettings {
     pub events: Duration,
 }
 
-/// How long a [`Sweep`] resumes where it left off before it starts again from the oldest rows.
+/// How long a [`Sweep`] resumes where it left off before it goes back to the oldest row its
+/// batches left behind.
 pub const RESWEEP_EVERY: Duration = Duration::from_secs(600);
 
+/// How long before a sweep starts again from the oldest rows of all, for whatever no batch
+/// walked past (a row whose time was set behind the sweep, by a clock moved back).
+pub const RESWEEP_ALL_EVERY: Duration = Duration::from_secs(24 * 3600);
+
 /// Where the pruner's batches have got to: the expiry and creation time from which keys and
-/// events are still to be deleted.
+/// events are still to be deleted, and the oldest of each that a batch left behind.
 ///
-/// A key that expired before the last one deleted is nearly always gone or claimed again (and
-/// expires later), and new keys expire after now; an event is passed over while its delivery
-/// is pending (or suspended). What a batch passes over like that (an event, or a key updated
-/// between the batch's pick and its delete) is older than where the sweep got to, and waits
-/// for the next sweep, which starts from the oldest rows every [`RESWEEP_EVERY`].
-#[derive(Clone, Copy, Debug)]
-pub struct Sweep {
-    keys_from: i64,
-    events_from: i64,
-    started: Instant,
-}
+/// An event is passed over while its delivery is pending (or suspended), and a key updated
+/// between a batch's pick and its delete is left; each batch says where the oldest row it left
+/// is, and every [`RESWEEP_EVERY`] the sweep goes back there, not to the oldest rows: those, until
+/// a vacuum, are the rows pruned before, and a batch from them walks every one. Kept in the
+/// database ([`SweepStore`]), so a restarted server resumes it too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sweep(SweepPosition);
 
 impl Sweep {
-    /// A sweep from the oldest rows.
-    pub fn new() -> Self {
-        Self {
+    /// A sweep from the oldest rows, started at `now` (unix ms).
+    pub fn new(now: i64) -> Self {
+        Self(SweepPosition {
             keys_from: i64::MIN,
             events_from: i64::MIN,
-            started: Instant::now(),
-        }
+            keys_left: None,
+            events_left: None,
+            started_at: now,
+            whole_started_at: now,
+        })
     }
 
-    /// This sweep, or a new one from the oldest rows once it is [`RESWEEP_EVERY`] old at
-    /// `now`.
-    pub fn renewed(self, now: Instant) -> Self {
-        if now.saturating_duration_since(self.started) >= RESWEEP_EVERY {
-            Self {
-                started: now,
-                ..Self::new()
-            }
+    /// The sweep a saved position describes.
+    pub fn resumed(position: SweepPosition) -> Self {
+        Self(position)
+    }
+
+    /// Its position, to save.
+    pub fn position(&self) -> SweepPosition {
+        self.0
+    }
+
+    /// This sweep at `now` (unix ms): once it is [`RESWEEP_EVERY`] old, one from the oldest
+    /// rows it left behind (or on from where it is, if it left none); once the last sweep from
+    /// the oldest rows is [`RESWEEP_ALL_EVERY`] old, one from those. A time ahead of `now` (a
+    /// clock moved back) counts as due.
+    pub fn renewed(self, now: i64) -> Self {
+        let due = |since: i64, every: Duration| {
+            now < since || now - since >= i64::try_from(every.as_millis()).unwrap_or(i64::MAX)
+        };
+        let at = self.0;
+        if due(at.whole_started_at, RESWEEP_ALL_EVERY) {
+            Self::new(now)
+        } else if due(at.started_at, RESWEEP_EVERY) {
+            Self(SweepPosition {
+                keys_from: at.keys_left.unwrap_or(at.keys_from),
+                events_from: at.events_left.unwrap_or(at.events_from),
+                keys_left: None,
+                events_left: None,
+                started_at: now,
+                whole_started_at: at.whole_started_at,
+            })
         } else {
             self
         }
     }
 }
 
-impl Default for Sweep {
-    fn default() -> Self {
-        Self::new()
-    }
+/// The earlier of two positions left behind.
+fn earliest(a: Option<i64>, b: Option<i64>) -> Option<i64> {
+    [a, b].into_iter().flatten().min()
 }
 
 /// What a run deleted.
@@ -214,11 +240,12 @@ async fn prune_keys(
     for _ in 0..max_batches {
         let started = Instant::now();
         let batch = store
-            .prune_expired_keys(sweep.keys_from, now, BATCH)
+            .prune_expired_keys(sweep.0.keys_from, now, BATCH)
             .await?;
         pruned.timed(started);
         pruned.idempotency_keys += batch.deleted;
-        sweep.keys_from = sweep.keys_from.max(batch.reached.unwrap_or(i64::MIN));
+        sweep.0.keys_from = sweep.0.keys_from.max(batch.reached.unwrap_or(i64::MIN));
+        sweep.0.keys_left = earliest(sweep.0.keys_left, batch.left);
         if batch.deleted < BATCH as u64 {
             return Ok(Progress::Done);
         }
@@ -239,10 +266,11 @@ async fn prune_events(
     for _ in 0..max_batches {
         let started = Instant::now();
         let batch = store
-            .prune_events(sweep.events_from, before, suspended_before, BATCH)
+            .prune_events(sweep.0.events_from, before, suspended_before, BATCH)
             .await?;
         pruned.timed(started);
-        sweep.events_from = sweep.events_from.max(batch.reached.unwrap_or(i64::MIN));
+        sweep.0.events_from = sweep.0.events_from.max(batch.reached.unwrap_or(i64::MIN));
+        sweep.0.events_left = earliest(sweep.0.events_left, batch.left);
         pruned.events += batch.events;
         pruned.deliveries += batch.deliveries;
         pruned.delivery_attempts += batch.attempts;
@@ -260,31 +288,67 @@ async fn prune_events(
 mod tests {
     use super::*;
 
-    fn resumed() -> Sweep {
-        Sweep {
+    const MINUTE: i64 = 60_000;
+
+    /// A sweep started at minute 0, now at 1,000 and 2,000, that left a key at 400 and an
+    /// event at 700.
+    fn under_way() -> Sweep {
+        Sweep(SweepPosition {
             keys_from: 1_000,
             events_from: 2_000,
-            ..Sweep::new()
-        }
+            keys_left: Some(400),
+            events_left: Some(700),
+            started_at: 0,
+            whole_started_at: 0,
+        })
     }
 
     #[test]
     fn a_sweep_resumes_where_it_got_to_until_it_is_due_again() {
-        let sweep = resumed();
-        let renewed = sweep.renewed(sweep.started + RESWEEP_EVERY - Duration::from_millis(1));
-        assert_eq!((renewed.keys_from, renewed.events_from), (1_000, 2_000));
-        assert_eq!(renewed.started, sweep.started);
+        let sweep = under_way();
+        assert_eq!(sweep.renewed(10 * MINUTE - 1), sweep);
     }
 
     #[test]
-    fn a_sweep_that_is_due_starts_again_from_the_oldest_rows() {
-        let sweep = resumed();
-        let now = sweep.started + RESWEEP_EVERY;
-        let renewed = sweep.renewed(now);
+    fn a_sweep_that_is_due_goes_back_to_the_oldest_rows_it_left() {
+        let renewed = under_way().renewed(10 * MINUTE).position();
+        assert_eq!((renewed.keys_from, renewed.events_from), (400, 700));
+        assert_eq!((renewed.keys_left, renewed.events_left), (None, None));
         assert_eq!(
-            (renewed.keys_from, renewed.events_from),
-            (i64::MIN, i64::MIN)
+            (renewed.started_at, renewed.whole_started_at),
+            (10 * MINUTE, 0)
         );
-        assert_eq!(renewed.started, now);
+    }
+
+    #[test]
+    fn a_sweep_that_left_nothing_goes_on_from_where_it_is() {
+        let mut sweep = under_way();
+        sweep.0.keys_left = None;
+        sweep.0.events_left = None;
+        let renewed = sweep.renewed(10 * MINUTE).position();
+        assert_eq!((renewed.keys_from, renewed.events_from), (1_000, 2_000));
+    }
+
+    #[test]
+    fn once_a_day_a_sweep_starts_again_from_the_oldest_rows() {
+        let now = 24 * 60 * MINUTE;
+        assert_eq!(under_way().renewed(now), Sweep::new(now));
+    }
+
+    #[test]
+    fn a_sweep_started_ahead_of_the_clock_is_due() {
+        let mut sweep = under_way();
+        sweep.0.started_at = 20 * MINUTE;
+        assert_eq!(sweep.renewed(5 * MINUTE).position().events_from, 700);
+        sweep.0.whole_started_at = 20 * MINUTE;
+        assert_eq!(sweep.renewed(5 * MINUTE), Sweep::new(5 * MINUTE));
+    }
+
+    #[test]
+    fn the_oldest_row_left_is_kept_across_batches() {
+        assert_eq!(earliest(Some(5), Some(3)), Some(3));
+        assert_eq!(earliest(None, Some(3)), Some(3));
+        assert_eq!(earliest(Some(5), None), Some(5));
+        assert_eq!(earliest(None, None), None);
     }
 }

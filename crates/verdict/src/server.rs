@@ -23,6 +23,7 @@ use crate::ingest::Ingest;
 use crate::rate_limit::RateLimits;
 use crate::retention::{self, RetentionSettings, RetentionStore};
 use crate::secrets::{Keyring, SecretsError};
+use crate::store::SweepPosition;
 use crate::store::{self, Store};
 use crate::tenant::Credentials;
 
@@ -207,7 +208,8 @@ async fn prune(
     stop: CancellationToken,
 ) {
     let mut ticker = tokio::time::interval(every);
-    let mut sweep = retention::Sweep::new();
+    let mut sweep = resumed_sweep(&*store).await;
+    let mut saved = sweep.position();
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
@@ -216,14 +218,53 @@ async fn prune(
         // A run that stopped at its bound with rows left is followed by another at once, so a
         // backlog is worked off without waiting for the next tick.
         loop {
-            sweep = sweep.renewed(std::time::Instant::now());
+            sweep = sweep.renewed(now_ms());
             let progress = tokio::select! {
                 _ = stop.cancelled() => return,
                 progress = prune_run(&*store, retention, &mut sweep) => progress,
             };
+            saved = save_sweep(&*store, sweep, saved).await;
             if progress == retention::Progress::Done {
                 break;
             }
+        }
+    }
+}
+
+/// The sweep the last pruner saved, or a new one from the oldest rows.
+async fn resumed_sweep(store: &dyn RetentionStore) -> retention::Sweep {
+    match store.sweep_position().await {
+        Ok(Some(position)) => {
+            tracing::info!(
+                keys_from = position.keys_from,
+                events_from = position.events_from,
+                "pruner resumes the saved sweep"
+            );
+            retention::Sweep::resumed(position)
+        }
+        Ok(None) => retention::Sweep::new(now_ms()),
+        Err(err) => {
+            tracing::warn!(error = ?err, "reading the pruner's saved sweep failed");
+            retention::Sweep::new(now_ms())
+        }
+    }
+}
+
+/// Saves `sweep`'s position if it moved since `saved`; returns what is saved now.
+async fn save_sweep(
+    store: &dyn RetentionStore,
+    sweep: retention::Sweep,
+    saved: SweepPosition,
+) -> SweepPosition {
+    let position = sweep.position();
+    if position == saved {
+        return saved;
+    }
+    match store.save_sweep_position(&position).await {
+        Ok(()) => position,
+        Err(err) => {
+            tracing::warn!(error = ?err, "saving the pruner's sweep failed");
+            saved
         }
     }
 }

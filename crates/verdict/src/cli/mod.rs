@@ -175,9 +175,14 @@ async fn run_prune(config: &Config, retention: RetentionSettings) -> anyhow::Res
         .await
         .context("connecting to the database")?;
     let now = crate::clock::now_ms();
-    let mut sweep = crate::retention::Sweep::new();
+    let mut sweep = crate::retention::Sweep::new(now);
     let (pruned, _) =
         crate::retention::prune(&*store, retention, now, usize::MAX, &mut sweep).await?;
+    // A whole sweep: a server's pruner goes on from where it ended, not over what it deleted.
+    store
+        .save_sweep_position(&sweep.position())
+        .await
+        .context("saving where the sweep got to")?;
     println!("{}", serde_json::to_value(pruned)?);
     Ok(())
 }

@@ -135,6 +135,9 @@ pub struct PrunedEvents {
     pub selected: u64,
     /// The latest creation time among the events examined.
     pub reached: Option<i64>,
+    /// The earliest creation time before `reached` at which an event is left (its delivery
+    /// pending or suspended): where the sweep must come back to.
+    pub left: Option<i64>,
     pub events: u64,
     pub deliveries: u64,
     pub attempts: u64,
@@ -218,10 +221,21 @@ where
              LIMIT 1 OFFSET 0)",
         );
         let events = DB::rows_affected(&q.build().execute(&mut *tx).await?);
+        let reached = picked.iter().map(|(_, created_at)| *created_at).max();
+        // What this batch walked past and kept. Not the events at `reached` itself: the next
+        // batch starts there.
+        let left: Option<i64> = sqlx::query_scalar(
+            "SELECT MIN(created_at) FROM events WHERE created_at >= $1 AND created_at < $2",
+        )
+        .bind(created_from)
+        .bind(reached.unwrap_or(created_from))
+        .fetch_one(&mut *tx)
+        .await?;
         tx.commit().await?;
         Ok(crate::store::PrunedEvents {
             selected: ids.len() as u64,
-            reached: picked.iter().map(|(_, created_at)| *created_at).max(),
+            reached,
+            left,
             events,
             deliveries,
             attempts,

@@ -83,6 +83,9 @@ pub struct PrunedKeys {
     pub deleted: u64,
     /// The latest expiry among them.
     pub reached: Option<i64>,
+    /// The earliest expiry before `reached` at which a key is left (one updated between the
+    /// batch's pick and its delete): where the sweep must come back to.
+    pub left: Option<i64>,
 }
 
 /// An existing key row, as a claim that lost the insert reads it.
@@ -583,10 +586,25 @@ where
             .bind(from)
             .fetch_all(&mut *tx)
             .await?;
+        let reached = expired.iter().max().copied();
+        let left = match reached {
+            Some(reached) => {
+                sqlx::query_scalar(
+                    "SELECT MIN(expires_at) FROM idempotency_keys \
+                     WHERE expires_at >= $1 AND expires_at < $2",
+                )
+                .bind(from)
+                .bind(reached)
+                .fetch_one(&mut *tx)
+                .await?
+            }
+            None => None,
+        };
         tx.commit().await?;
         Ok(PrunedKeys {
             deleted: expired.len() as u64,
-            reached: expired.iter().max().copied(),
+            reached,
+            left,
         })
     }
 }

@@ -28,7 +28,8 @@
 //! - [`activity`]: the console's reads (filtered events, live numbers, playbook history);
 //! - [`console_sessions`]: the console's sign-in sessions (stored hashed, tied to their key);
 //! - [`operator`]: an operator's way back (unlock, lift a deny, close a case);
-//! - [`feeds`]: SET transmitters and CAMARA subscriptions of the standard feeds.
+//! - [`feeds`]: SET transmitters and CAMARA subscriptions of the standard feeds;
+//! - [`sweep`]: where the pruner's sweep has got to.
 
 pub mod actions;
 pub mod activity;
@@ -47,6 +48,7 @@ pub mod pipeline;
 pub mod playbooks;
 pub mod ports;
 pub(crate) mod rows;
+pub mod sweep;
 pub mod tenants;
 pub mod usage;
 
@@ -81,6 +83,7 @@ pub use pipeline::{
     Expected, Finished, HeldKey, PipelineStore, Render, RequestDraft,
 };
 pub use playbooks::{DecisionInputs, EndpointTarget, PlaybookStore, StoredPlaybook};
+pub use sweep::{SweepPosition, SweepStore};
 pub use tenants::{NewTenant, SealedSecret, SecretPurpose, TenantRecord, TenantStore};
 
 /// The store's limits, which the callers above it size their work by.

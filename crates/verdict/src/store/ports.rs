@@ -6,7 +6,7 @@
 use super::{
     ActionStore, ActivityStore, ApiKeyStore, ConnectorStore, ConsoleSessionStore, DeliveryStore,
     EndpointStore, EventStore, FeedStore, KeyStore, OperatorStore, PipelineStore, PlaybookStore,
-    TenantStore,
+    SweepStore, TenantStore,
 };
 
 /// What tenant administration and [`Credentials`] read and write: tenants, their secrets,
@@ -46,14 +46,16 @@ impl<T: ?Sized + KeyStore + PlaybookStore + PipelineStore + DeliveryStore + Send
 }
 
 /// What retention deletes from: events (with their deliveries), playbook versions and ended
-/// console sessions, and the expired idempotency keys the pruner deletes beside them.
+/// console sessions, and the expired idempotency keys the pruner deletes beside them; and
+/// where its sweep has got to.
 pub trait RetentionStore:
-    EventStore + PlaybookStore + KeyStore + ConsoleSessionStore + Send + Sync
+    EventStore + PlaybookStore + KeyStore + ConsoleSessionStore + SweepStore + Send + Sync
 {
 }
 
-impl<T: ?Sized + EventStore + PlaybookStore + KeyStore + ConsoleSessionStore + Send + Sync>
-    RetentionStore for T
+impl<
+    T: ?Sized + EventStore + PlaybookStore + KeyStore + ConsoleSessionStore + SweepStore + Send + Sync,
+> RetentionStore for T
 {
 }
 

@@ -3,7 +3,7 @@
 //! playbook versions go unless an event names them. Rows are back-dated; `verdict prune` and the
 //! server's pruner do the deleting.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use verdict::retention::{RESWEEP_EVERY, RetentionSettings, Sweep, prune as retention_prune};
 
@@ -359,22 +359,112 @@ async fn an_event_passed_over_while_its_delivery_was_pending_goes_in_the_next_sw
         }
     };
 
-    let (events, sweep) = run(Sweep::new()).await;
+    let (events, sweep) = run(Sweep::new(verdict::clock::now_ms())).await;
     assert_eq!(events, 1, "the settled one goes, the pending one stays");
+    let kept_at = db.scalar("SELECT created_at FROM events").await;
+    assert_eq!(
+        sweep.position().events_left,
+        Some(kept_at),
+        "the sweep notes where it left the pending one"
+    );
+    assert!(sweep.position().events_from > kept_at);
 
     // Settled now, but older than where the sweep got to: it waits for the next sweep (a
-    // delay the sweep accepts, so that no batch reads the rows deleted before it again).
+    // delay the sweep accepts, so that no batch reads the rows deleted before it again),
+    // which goes back to where it was left, not to the oldest rows.
     db.exec("UPDATE deliveries SET status = 'dead' WHERE status = 'pending'")
         .await;
     let (events, sweep) = run(sweep).await;
     assert_eq!(events, 0);
-    let (events, _) = run(sweep.renewed(Instant::now() + RESWEEP_EVERY)).await;
+    let every = i64::try_from(RESWEEP_EVERY.as_millis()).unwrap();
+    let resweep = sweep.renewed(sweep.position().started_at + every);
+    assert_eq!(resweep.position().events_from, kept_at);
+    let (events, _) = run(resweep).await;
     assert_eq!(events, 1);
     assert_eq!(db.count("events").await, 0);
 }
 
+async fn a_restarted_pruner_resumes_the_sweep_where_the_last_one_left_it(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let receiver = Receiver::start(vec![Step::status(204)]).await;
+    let tenant = db.tenant(&["--callback-url", &receiver.url]);
+    {
+        let server = Server::start(&db, &quiet_pruner());
+        for phone in ["+447700900943", "+447700900944"] {
+            let reply = server
+                .send(&tenant, Some(&new_key()), &sim_swap(phone))
+                .await;
+            assert_eq!(reply.status, 200);
+        }
+        wait_for_attempts(&db, 2).await;
+    }
+    db.exec(format!(
+        "UPDATE events SET created_at = created_at - {}",
+        91 * DAY_MS
+    ))
+    .await;
+    let newest = db.scalar("SELECT MAX(created_at) FROM events").await;
+
+    // This server's pruner runs at its start, and saves where its sweep got to.
+    let server = Server::start(&db, &quiet_pruner());
+    let mut saved = None;
+    for _ in 0..200 {
+        if db.scalar("SELECT COUNT(*) FROM retention_sweep").await == 1 {
+            saved = Some(db.scalar("SELECT events_from FROM retention_sweep").await);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(saved, Some(newest), "the sweep is saved where it got to");
+    assert_eq!(db.count("events").await, 0);
+    let reply = server
+        .send(&tenant, Some(&new_key()), &sim_swap("+447700900945"))
+        .await;
+    assert_eq!(reply.status, 200);
+    // The first two went with their deliveries.
+    wait_for_attempts(&db, 1).await;
+    server.kill();
+
+    // An event past retention but behind where the sweep got to (as a pending one is once
+    // settled): the next server resumes the saved sweep, past it, and leaves it for the next
+    // resweep rather than walking every row pruned before.
+    db.exec(format!("UPDATE events SET created_at = {}", newest - 1))
+        .await;
+    let server = Server::start(&db, &quiet_pruner());
+    assert!(server.logged("pruner resumes the saved sweep").await);
+    // Its run at start, from there: nothing to delete.
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(
+            db.count("events").await,
+            1,
+            "the server's resumed sweep is past it"
+        );
+    }
+    let store = verdict::store::connect(&db.url).await.unwrap();
+    let now = verdict::clock::now_ms();
+    let settings = RetentionSettings {
+        events: Duration::from_secs(90 * 86_400),
+    };
+    let mut sweep = Sweep::resumed(
+        verdict::store::SweepStore::sweep_position(&*store)
+            .await
+            .unwrap()
+            .expect("a saved sweep"),
+    );
+    let (pruned, _) = retention_prune(&*store, settings, now, usize::MAX, &mut sweep)
+        .await
+        .unwrap();
+    assert_eq!(pruned.events, 0, "the saved sweep is past it");
+    let (pruned, _) = retention_prune(&*store, settings, now, usize::MAX, &mut Sweep::new(now))
+        .await
+        .unwrap();
+    assert_eq!(pruned.events, 1, "a sweep from the oldest rows finds it");
+}
+
 on_both_backends!(
     an_event_passed_over_while_its_delivery_was_pending_goes_in_the_next_sweep,
+    a_restarted_pruner_resumes_the_sweep_where_the_last_one_left_it,
     events_past_retention_go_with_their_deliveries_but_never_a_pending_one,
     a_backlog_past_one_runs_bound_is_pruned_without_waiting_for_the_next_tick,
     the_servers_pruner_applies_the_configured_retention,
