@@ -98,8 +98,11 @@ past_retention() {
 UPDATE events SET created_at = (extract(epoch FROM now()) * 1000)::bigint - 91 * 86400000::bigint
 WHERE ctid = ANY (ARRAY(
     SELECT ctid FROM events ORDER BY created_at LIMIT :n));
-UPDATE idempotency_keys SET expires_at = 0 WHERE ctid = ANY (ARRAY(
-    SELECT ctid FROM idempotency_keys WHERE expires_at > 0 LIMIT :n));
+-- Expired just now, as time would: after where the pruner's saved sweep got to.
+UPDATE idempotency_keys SET expires_at = (extract(epoch FROM now()) * 1000)::bigint - 1
+WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM idempotency_keys WHERE expires_at > (extract(epoch FROM now()) * 1000)::bigint
+    LIMIT :n));
 CHECKPOINT;
 SQL
 }
