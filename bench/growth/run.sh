@@ -88,17 +88,19 @@ growth_run() {
         "$(awk -v ns=$((ended - started)) 'BEGIN { printf "%.2f", ns / 1e9 }')" "$BENCH_rps" \
         "${longest:-0}" "$BENCH_p99" "$left" >>"$GROWTH_OUT"
     log "$scenario round $round: pruned $pruned events in $(((ended - started) / 1000000)) ms beside $BENCH_rps signals/s; longest batch ${longest:-0} ms, p99 $BENCH_p99 ms"
+    # Without pruning the grown side is not the scenario: refuse the run rather than print it.
+    [ "$pruned" -gt 0 ] || die "$scenario round $round: the grown database's pruner deleted nothing"
 }
 
 # past_retention N: moves the N oldest live signals of the grown database past retention (their
-# events 91 days old, their keys expired), as time would.
+# events a second past the 90 days, their keys expired just now), as time would: ahead of where
+# the pruner's saved sweep got to, which is where time moves rows past retention.
 past_retention() {
     psql -q -d "$GROWTH_GROWN" -v n="$1" >/dev/null <<'SQL'
 \set ON_ERROR_STOP on
-UPDATE events SET created_at = (extract(epoch FROM now()) * 1000)::bigint - 91 * 86400000::bigint
+UPDATE events SET created_at = (extract(epoch FROM now()) * 1000)::bigint - 90 * 86400000::bigint - 1000
 WHERE ctid = ANY (ARRAY(
     SELECT ctid FROM events ORDER BY created_at LIMIT :n));
--- Expired just now, as time would: after where the pruner's saved sweep got to.
 UPDATE idempotency_keys SET expires_at = (extract(epoch FROM now()) * 1000)::bigint - 1
 WHERE ctid = ANY (ARRAY(
     SELECT ctid FROM idempotency_keys WHERE expires_at > (extract(epoch FROM now()) * 1000)::bigint
