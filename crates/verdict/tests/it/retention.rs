@@ -9,7 +9,7 @@ use verdict::retention::{RESWEEP_EVERY, RetentionSettings, Sweep, prune as reten
 
 use crate::common::receiver::{Receiver, Step};
 use crate::common::{
-    ALL_ACTIONS_PLAYBOOK, Backend, MANUAL_WORKER, Server, TestDb, new_key, sim_swap,
+    ALL_ACTIONS_PLAYBOOK, Backend, MANUAL_WORKER, Server, Tenant, TestDb, new_key, sim_swap,
 };
 use serde_json::Value;
 
@@ -34,6 +34,19 @@ async fn wait_for_attempts(db: &TestDb, n: i64) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     panic!("fewer than {n} attempts were recorded");
+}
+
+/// Sends a fresh SIM swap per phone through a server of its own, and waits until each
+/// callback was attempted.
+async fn signals_sent(db: &TestDb, tenant: &Tenant, phones: &[&str]) {
+    let server = Server::start(db, &quiet_pruner());
+    for phone in phones {
+        let reply = server
+            .send(tenant, Some(&new_key()), &sim_swap(phone))
+            .await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+    }
+    wait_for_attempts(db, i64::try_from(phones.len()).unwrap()).await;
 }
 
 async fn events_past_retention_go_with_their_deliveries_but_never_a_pending_one(backend: Backend) {
@@ -324,16 +337,7 @@ async fn an_event_passed_over_while_its_delivery_was_pending_goes_in_the_next_sw
     let db = TestDb::new(backend).await;
     let receiver = Receiver::start(vec![Step::status(500), Step::status(200)]).await;
     let tenant = db.tenant(&["--callback-url", &receiver.url]);
-    {
-        let server = Server::start(&db, &quiet_pruner());
-        for phone in ["+447700900941", "+447700900942"] {
-            let reply = server
-                .send(&tenant, Some(&new_key()), &sim_swap(phone))
-                .await;
-            assert_eq!(reply.status, 200);
-        }
-        wait_for_attempts(&db, 2).await;
-    }
+    signals_sent(&db, &tenant, &["+447700900941", "+447700900942"]).await;
     // The pending one (a 500 to retry) is the older of the two past retention.
     db.exec(format!(
         "UPDATE events SET created_at = created_at - CASE WHEN EXISTS (SELECT 1 FROM \
@@ -388,16 +392,7 @@ async fn a_restarted_pruner_resumes_the_sweep_where_the_last_one_left_it(backend
     let db = TestDb::new(backend).await;
     let receiver = Receiver::start(vec![Step::status(204)]).await;
     let tenant = db.tenant(&["--callback-url", &receiver.url]);
-    {
-        let server = Server::start(&db, &quiet_pruner());
-        for phone in ["+447700900943", "+447700900944"] {
-            let reply = server
-                .send(&tenant, Some(&new_key()), &sim_swap(phone))
-                .await;
-            assert_eq!(reply.status, 200);
-        }
-        wait_for_attempts(&db, 2).await;
-    }
+    signals_sent(&db, &tenant, &["+447700900943", "+447700900944"]).await;
     db.exec(format!(
         "UPDATE events SET created_at = created_at - {}",
         91 * DAY_MS
