@@ -96,7 +96,8 @@ impl Sweep {
     /// clock moved back) counts as due.
     pub fn renewed(self, now: i64) -> Self {
         let due = |since: i64, every: Duration| {
-            now < since || now - since >= i64::try_from(every.as_millis()).unwrap_or(i64::MAX)
+            now < since
+                || now.saturating_sub(since) >= i64::try_from(every.as_millis()).unwrap_or(i64::MAX)
         };
         let at = self.0;
         if due(at.whole_started_at, RESWEEP_ALL_EVERY) {
@@ -341,6 +342,13 @@ mod tests {
         sweep.0.started_at = 20 * MINUTE;
         assert_eq!(sweep.renewed(5 * MINUTE).position().events_from, 700);
         sweep.0.whole_started_at = 20 * MINUTE;
+        assert_eq!(sweep.renewed(5 * MINUTE), Sweep::new(5 * MINUTE));
+    }
+
+    #[test]
+    fn a_sweep_saved_at_the_oldest_time_is_due_without_overflow() {
+        let mut sweep = under_way();
+        sweep.0.whole_started_at = i64::MIN;
         assert_eq!(sweep.renewed(5 * MINUTE), Sweep::new(5 * MINUTE));
     }
 
