@@ -21,9 +21,8 @@ use crate::feeds::set::SetReceiver;
 use crate::http;
 use crate::ingest::Ingest;
 use crate::rate_limit::RateLimits;
-use crate::retention::{self, RetentionSettings, RetentionStore};
+use crate::retention::{self, Pruner, RetentionSettings, RetentionStore};
 use crate::secrets::{Keyring, SecretsError};
-use crate::store::SweepPosition;
 use crate::store::{self, Store};
 use crate::tenant::Credentials;
 
@@ -208,8 +207,7 @@ async fn prune(
     stop: CancellationToken,
 ) {
     let mut ticker = tokio::time::interval(every);
-    let mut sweep = resumed_sweep(&*store).await;
-    let mut saved = sweep.position();
+    let mut pruner = Pruner::resumed(&*store, now_ms()).await;
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
@@ -218,53 +216,16 @@ async fn prune(
         // A run that stopped at its bound with rows left is followed by another at once, so a
         // backlog is worked off without waiting for the next tick.
         loop {
-            sweep = sweep.renewed(now_ms());
             let progress = tokio::select! {
                 _ = stop.cancelled() => return,
-                progress = prune_run(&*store, retention, &mut sweep) => progress,
+                progress = prune_run(&*store, retention, &mut pruner) => progress,
             };
-            saved = save_sweep(&*store, sweep, saved).await;
+            if let Err(err) = pruner.save(&*store).await {
+                tracing::warn!(error = ?err, "saving the pruner's sweep failed");
+            }
             if progress == retention::Progress::Done {
                 break;
             }
-        }
-    }
-}
-
-/// The sweep the last pruner saved, or a new one from the oldest rows.
-async fn resumed_sweep(store: &dyn RetentionStore) -> retention::Sweep {
-    match store.sweep_position().await {
-        Ok(Some(position)) => {
-            tracing::info!(
-                keys_from = position.keys_from,
-                events_from = position.events_from,
-                "pruner resumes the saved sweep"
-            );
-            retention::Sweep::resumed(position)
-        }
-        Ok(None) => retention::Sweep::new(now_ms()),
-        Err(err) => {
-            tracing::warn!(error = ?err, "reading the pruner's saved sweep failed");
-            retention::Sweep::new(now_ms())
-        }
-    }
-}
-
-/// Saves `sweep`'s position if it moved since `saved`; returns what is saved now.
-async fn save_sweep(
-    store: &dyn RetentionStore,
-    sweep: retention::Sweep,
-    saved: SweepPosition,
-) -> SweepPosition {
-    let position = sweep.position();
-    if position == saved {
-        return saved;
-    }
-    match store.save_sweep_position(&position).await {
-        Ok(()) => position,
-        Err(err) => {
-            tracing::warn!(error = ?err, "saving the pruner's sweep failed");
-            saved
         }
     }
 }
@@ -273,9 +234,12 @@ async fn save_sweep(
 async fn prune_run(
     store: &dyn RetentionStore,
     retention: RetentionSettings,
-    sweep: &mut retention::Sweep,
+    pruner: &mut Pruner,
 ) -> retention::Progress {
-    match retention::prune(store, retention, now_ms(), PRUNE_BATCHES_PER_RUN, sweep).await {
+    match pruner
+        .run(store, retention, now_ms(), PRUNE_BATCHES_PER_RUN)
+        .await
+    {
         Ok((pruned, progress)) => {
             if !pruned.is_empty() {
                 tracing::info!(

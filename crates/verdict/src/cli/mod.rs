@@ -12,7 +12,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 use crate::config::{Config, DatabaseArgs, DeliveryArgs, RetentionArgs, ServeArgs, ServeConfig};
-use crate::retention::RetentionSettings;
+use crate::retention::{Pruner, RetentionSettings, Sweep};
 use crate::store;
 
 use camara::run_camara;
@@ -175,12 +175,11 @@ async fn run_prune(config: &Config, retention: RetentionSettings) -> anyhow::Res
         .await
         .context("connecting to the database")?;
     let now = crate::clock::now_ms();
-    let mut sweep = crate::retention::Sweep::new(now);
-    let (pruned, _) =
-        crate::retention::prune(&*store, retention, now, usize::MAX, &mut sweep).await?;
+    let mut pruner = Pruner::new(Sweep::new(now));
+    let (pruned, _) = pruner.run(&*store, retention, now, usize::MAX).await?;
     // A whole sweep: a server's pruner goes on from where it ended, not over what it deleted.
     store
-        .save_sweep_position(&sweep.position())
+        .save_sweep_position(&pruner.sweep().position())
         .await
         .context("saving where the sweep got to")?;
     println!("{}", serde_json::to_value(pruned)?);

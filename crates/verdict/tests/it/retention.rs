@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use verdict::retention::{RESWEEP_EVERY, RetentionSettings, Sweep, prune as retention_prune};
+use verdict::retention::{Pruner, RESWEEP_EVERY, RetentionSettings, Sweep};
 
 use crate::common::receiver::{Receiver, Step};
 use crate::common::{
@@ -352,14 +352,16 @@ async fn an_event_passed_over_while_its_delivery_was_pending_goes_in_the_next_sw
         events: Duration::from_secs(90 * 86_400),
     };
     // One server run of the pruner: the events it deleted, and where its sweep got to.
-    let run = |mut sweep: Sweep| {
+    let run = |sweep: Sweep| {
         let store = store.clone();
         async move {
             let now = verdict::clock::now_ms();
-            let (pruned, _) = retention_prune(&*store, settings, now, usize::MAX, &mut sweep)
+            let mut pruner = Pruner::new(sweep);
+            let (pruned, _) = pruner
+                .run(&*store, settings, now, usize::MAX)
                 .await
                 .unwrap();
-            (pruned.events, sweep)
+            (pruned.events, pruner.sweep())
         }
     };
 
@@ -441,17 +443,14 @@ async fn a_restarted_pruner_resumes_the_sweep_where_the_last_one_left_it(backend
     let settings = RetentionSettings {
         events: Duration::from_secs(90 * 86_400),
     };
-    let mut sweep = Sweep::resumed(
-        verdict::store::SweepStore::sweep_position(&*store)
-            .await
-            .unwrap()
-            .expect("a saved sweep"),
-    );
-    let (pruned, _) = retention_prune(&*store, settings, now, usize::MAX, &mut sweep)
+    let (pruned, _) = Pruner::resumed(&*store, now)
+        .await
+        .run(&*store, settings, now, usize::MAX)
         .await
         .unwrap();
     assert_eq!(pruned.events, 0, "the saved sweep is past it");
-    let (pruned, _) = retention_prune(&*store, settings, now, usize::MAX, &mut Sweep::new(now))
+    let (pruned, _) = Pruner::new(Sweep::new(now))
+        .run(&*store, settings, now, usize::MAX)
         .await
         .unwrap();
     assert_eq!(pruned.events, 1, "a sweep from the oldest rows finds it");
