@@ -38,7 +38,7 @@ pub struct SqliteStore {
     _checkpoints: Arc<AbortOnDrop>,
     /// Checkpoints the checkpointer has started and finished.
     #[cfg_attr(not(test), allow(dead_code))]
-    checkpoints_run: Arc<CheckpointCounts>,
+    checkpoint_counts: Arc<CheckpointCounts>,
 }
 
 /// How many checkpoints the checkpointer has started and finished (tests read them).
@@ -125,7 +125,7 @@ impl SqliteStore {
                     .pragma("wal_autocheckpoint", WRITER_CHECKPOINT_PAGES),
             )
             .await?;
-        let checkpoints_run = Arc::new(CheckpointCounts::default());
+        let checkpoint_counts = Arc::new(CheckpointCounts::default());
         let checkpoints = checkpoint_every(
             SqlitePoolOptions::new()
                 .max_connections(1)
@@ -134,7 +134,7 @@ impl SqliteStore {
                 .await?,
             writer.clone(),
             writes,
-            Arc::clone(&checkpoints_run),
+            Arc::clone(&checkpoint_counts),
         );
         let reader = SqlitePoolOptions::new()
             .max_connections(4)
@@ -146,7 +146,7 @@ impl SqliteStore {
             writer,
             reader,
             _checkpoints: Arc::new(AbortOnDrop(checkpoints)),
-            checkpoints_run,
+            checkpoint_counts,
         })
     }
 
@@ -266,12 +266,12 @@ impl super::backend::Backend for SqliteStore {
 /// Runs [`checkpoint`] every [`CHECKPOINT_EVERY`] on `pool`'s connection, except while
 /// `writes` (the writer connection's releases) stays where it was when a checkpoint last found
 /// the log copied whole: an idle server checkpoints once every [`RESTING_CHECK`]. Counts the
-/// checkpoints in `run`.
+/// checkpoints in `counts`.
 fn checkpoint_every(
     pool: SqlitePool,
     writer: SqlitePool,
     writes: Arc<AtomicU64>,
-    run: Arc<CheckpointCounts>,
+    counts: Arc<CheckpointCounts>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut every = tokio::time::interval(CHECKPOINT_EVERY);
@@ -289,9 +289,9 @@ fn checkpoint_every(
             }
             last_run = tokio::time::Instant::now();
             let may_restart = tokio::time::Instant::now() >= restart_after;
-            run.started.fetch_add(1, Ordering::Relaxed);
+            counts.started.fetch_add(1, Ordering::Relaxed);
             let done = checkpoint(&pool, &writer, may_restart).await;
-            run.finished.fetch_add(1, Ordering::Relaxed);
+            counts.finished.fetch_add(1, Ordering::Relaxed);
             match done {
                 Ok(restart) => {
                     failing = false;
@@ -397,7 +397,7 @@ mod tests {
 
     /// Checkpoints the checkpointer has started.
     fn checkpoints_started(store: &SqliteStore) -> u64 {
-        store.checkpoints_run.started.load(Ordering::Relaxed)
+        store.checkpoint_counts.started.load(Ordering::Relaxed)
     }
 
     /// Waits (at most 10 s) until the checkpointer has finished every checkpoint it started
@@ -411,7 +411,7 @@ mod tests {
         while quiet < 4 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(CHECKPOINT_EVERY).await;
             let now = checkpoints_started(store);
-            let running = now != store.checkpoints_run.finished.load(Ordering::Relaxed);
+            let running = now != store.checkpoint_counts.finished.load(Ordering::Relaxed);
             quiet = if now == count && !running {
                 quiet + 1
             } else {
