@@ -52,6 +52,17 @@ const PIPELINE_CONNECTIONS: u32 = COMMITTERS as u32 + super::DECISION_READERS as
 /// Connections of the main pool: the rest.
 const MAIN_CONNECTIONS: u32 = CONNECTIONS - PIPELINE_CONNECTIONS;
 
+/// Set on every connection when it opens: no statement is compiled with JIT.
+///
+/// PostgreSQL compiles a statement whose estimated cost passes `jit_above_cost` (100,000 by
+/// default), at every execution, and the estimates grow with the tables. Every statement here
+/// reads or writes a few rows by index, so the compilation is all cost: on a database of 1.3
+/// million events, the playbook pruner's statement (costed at 124,540 for a merge anti join
+/// over `events_by_playbook_version`, though it read no row) took 21-27 ms with JIT and
+/// 0.25-0.29 without, and on the grown benchmark's 10 million it was the pruner's longest
+/// batch after the events' (p90 37-43 ms). A `SET`, for the reason [`PIPELINE_PLANNING`] gives.
+const NO_JIT: &str = "SET jit = off";
+
 /// How pipeline connections plan: for lookups by key, whatever the tables' statistics say.
 ///
 /// The pipeline's array statements are planned once per connection and their plan kept (a
@@ -79,7 +90,8 @@ const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
 /// `ping_idle`, one idle longer than [`PING_AFTER_IDLE`]; and with several hosts (`follow`),
 /// new connections refused on a host that does not take writes and those opened before a
 /// switch to another host closed.
-/// `pipeline` connections are planned for lookups by key ([`PIPELINE_PLANNING`]).
+/// Every connection compiles nothing with JIT ([`NO_JIT`]); `pipeline` connections are planned
+/// for lookups by key ([`PIPELINE_PLANNING`]).
 fn pool_options(
     max: u32,
     follow: Option<(Arc<Notify>, Arc<Switched>)>,
@@ -106,12 +118,10 @@ fn pool_options(
         });
     }
     let wake = follow.map(|(wake, _)| wake);
-    if wake.is_none() && !pipeline {
-        return options;
-    }
     options.after_connect(move |conn, _| {
         let wake = wake.clone();
         Box::pin(async move {
+            sqlx::raw_sql(NO_JIT).execute(&mut *conn).await?;
             if pipeline {
                 sqlx::raw_sql(PIPELINE_PLANNING).execute(&mut *conn).await?;
             }

@@ -185,22 +185,31 @@ async fn three_instances_through_pgbouncer_stay_within_its_pool_and_lose_nothing
     let receiver = Receiver::start(Vec::new()).await;
     let tenant = db.tenant(&["--callback-url", &receiver.url]);
 
-    // PgBouncer refuses the startup packet's `options`: the pipeline pool sets its planning
-    // with `SET` once connected instead, which a session keeps.
+    // PgBouncer refuses the startup packet's `options`: the pools set their planning and
+    // JIT with `SET` once connected instead, which a session keeps.
     let store = verdict::store::PostgresStore::connect(&bouncer.url(&database))
         .await
         .expect("verdict's store connects through PgBouncer");
-    let show = |pool: &sqlx::PgPool| {
+    let show = |pool: &sqlx::PgPool, setting: &'static str| {
         let pool = pool.clone();
         async move {
-            sqlx::query_scalar::<_, String>("SHOW plan_cache_mode")
+            sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(format!("SHOW {setting}")))
                 .fetch_one(&pool)
                 .await
                 .expect("a pooled connection answers")
         }
     };
-    assert_eq!(show(store.decisions()).await, "force_generic_plan");
-    assert_eq!(show(store.read()).await, "auto", "only the pipeline's plan");
+    assert_eq!(
+        show(store.decisions(), "plan_cache_mode").await,
+        "force_generic_plan"
+    );
+    assert_eq!(
+        show(store.read(), "plan_cache_mode").await,
+        "auto",
+        "only the pipeline's plan"
+    );
+    assert_eq!(show(store.read(), "jit").await, "off");
+    assert_eq!(show(store.decisions(), "jit").await, "off");
     store.decisions().close().await;
     store.read().close().await;
     drop(store);
