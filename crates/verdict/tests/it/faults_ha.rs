@@ -162,8 +162,8 @@ impl Drop for StopOnDrop {
 /// Three instances through PgBouncer in session mode (why not transaction mode: the test below
 /// and docs/reliability.md): every signal decided exactly once, one callback each, no signal
 /// meeting a 503, and the server's connections to the database, sampled all along under
-/// load, never above the pooler's `default_pool_size`. Also: the pipeline's planning settings
-/// hold through the pooler.
+/// load, never above the pooler's `default_pool_size`. Also: the pools' planning and JIT
+/// settings hold through the pooler.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_instances_through_pgbouncer_stay_within_its_pool_and_lose_nothing() {
     let scenario = "three instances through PgBouncer";
