@@ -12,41 +12,6 @@ use uuid::Uuid;
 use super::StoreError;
 use super::backend::{Backend, SqlDb};
 
-/// How a backend passes a list of (tenant, bytes) keys into a statement: as a table whose
-/// columns are `column1` and `column2`, usable after `FROM` or `IN`.
-pub(crate) trait KeyList: sqlx::Database {
-    /// Pushes the table for `keys`.
-    fn push_keys(q: &mut sqlx::QueryBuilder<Self>, keys: &[(Uuid, Vec<u8>)]);
-}
-
-impl KeyList for sqlx::Postgres {
-    /// Two arrays, so the statement has one shape whatever the number of keys: PostgreSQL
-    /// parses and plans it once per connection instead of once per list length.
-    fn push_keys(q: &mut sqlx::QueryBuilder<Self>, keys: &[(Uuid, Vec<u8>)]) {
-        q.push("(SELECT * FROM unnest(");
-        q.push_bind(keys.iter().map(|(tenant, _)| *tenant).collect::<Vec<_>>());
-        q.push("::uuid[], ");
-        q.push_bind(keys.iter().map(|(_, key)| key.clone()).collect::<Vec<_>>());
-        q.push("::bytea[]) AS k(column1, column2))");
-    }
-}
-
-impl KeyList for sqlx::Sqlite {
-    /// `(VALUES (a, b), (c, d))`: SQLite has no arrays, and prepares in process.
-    fn push_keys(q: &mut sqlx::QueryBuilder<Self>, keys: &[(Uuid, Vec<u8>)]) {
-        q.push("(VALUES ");
-        let mut list = q.separated(", ");
-        for (tenant, key) in keys {
-            list.push("(");
-            list.push_bind_unseparated(*tenant);
-            list.push_unseparated(", ");
-            list.push_bind_unseparated(key.clone());
-            list.push_unseparated(")");
-        }
-        q.push(")");
-    }
-}
-
 /// Who an action is about and which event applies it.
 #[derive(Clone, Debug)]
 pub struct ActionTarget {
@@ -97,12 +62,6 @@ pub trait ActionStore {
         tenant_id: Uuid,
         subject_hash: &[u8],
     ) -> Result<Option<SubjectState>, StoreError>;
-}
-
-/// Pushes a list of (tenant, bytes) keys as a table with columns `column1` and
-/// `column2` (see [`crate::store::actions::KeyList`]).
-pub(crate) fn push_keys<DB: KeyList>(q: &mut sqlx::QueryBuilder<DB>, keys: &[(Uuid, Vec<u8>)]) {
-    DB::push_keys(q, keys)
 }
 
 #[async_trait]

@@ -56,7 +56,7 @@ mod sealed {
 /// connection executes) are not implied by a trait's where-clauses, so each generic impl block
 /// states them: see the `where` list on the aggregates' impls, the same in each. Each backend's
 /// file implements it for its database.
-pub(crate) trait SqlDb: Database + sealed::Sealed + super::actions::KeyList {
+pub(crate) trait SqlDb: Database + sealed::Sealed + super::lists::Lists {
     /// Whether a query may hold several statements.
     const MULTI_STATEMENT: bool;
     /// Rows a statement changed.

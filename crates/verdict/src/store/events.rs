@@ -1,7 +1,7 @@
 //! Events: each decided signal, without raw identifiers, with what its decision evaluated.
 
 use async_trait::async_trait;
-use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Type};
+use sqlx::{ColumnIndex, Decode, Encode, Executor, IntoArguments, Type};
 use uuid::Uuid;
 
 use super::StoreError;
@@ -143,19 +143,6 @@ pub struct PrunedEvents {
     pub attempts: u64,
 }
 
-/// Pushes `(a, b, c)` for a list of ids.
-pub(crate) fn push_ids<DB: Database>(q: &mut sqlx::QueryBuilder<DB>, ids: &[Uuid])
-where
-    for<'e> Uuid: Encode<'e, DB> + Type<DB>,
-{
-    q.push("(");
-    let mut list = q.separated(", ");
-    for id in ids {
-        list.push_bind(*id);
-    }
-    q.push(")");
-}
-
 #[async_trait]
 impl<B: Backend<Db = DB>, DB: SqlDb> EventStore for B
 where
@@ -214,8 +201,8 @@ where
         let ids: Vec<uuid::Uuid> = picked.iter().map(|(id, _)| *id).collect();
         let (deliveries, attempts) = delete_settled_deliveries(&mut *tx, &ids).await?;
         // A delivery that became pending since (a redelivery) keeps its event.
-        let mut q = sqlx::QueryBuilder::<DB>::new("DELETE FROM events WHERE id IN ");
-        push_ids(&mut q, &ids);
+        let mut q = sqlx::QueryBuilder::<DB>::new("DELETE FROM events WHERE id");
+        DB::push_in_ids(&mut q, &ids);
         q.push(
             " AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.event_id = events.id \
              LIMIT 1 OFFSET 0)",

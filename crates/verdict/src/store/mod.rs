@@ -43,6 +43,7 @@ pub mod events;
 pub(crate) mod failpoint;
 pub mod feeds;
 pub mod keys;
+pub(crate) mod lists;
 pub mod operator;
 pub mod pipeline;
 pub mod playbooks;

@@ -7,7 +7,6 @@ use sqlx::{ColumnIndex, Decode, Encode, Executor, IntoArguments, Type};
 use uuid::Uuid;
 
 use super::StoreError;
-use super::actions::push_keys;
 use super::backend::{Backend, SqlDb};
 
 /// A playbook document as stored.
@@ -249,7 +248,7 @@ where
              ep.sealed_secret AS endpoint_secret, ep.signal_types, ep.decisions, ep.feeds, \
              ep.disabled AS endpoint_disabled FROM ",
         );
-        push_keys(&mut q, subjects);
+        DB::push_keys(&mut q, subjects);
         q.push(
             " AS v JOIN tenants t ON t.id = v.column1 \
              LEFT JOIN subjects s ON s.tenant_id = v.column1 \

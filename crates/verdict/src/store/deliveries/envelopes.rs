@@ -8,7 +8,6 @@ use super::DueDelivery;
 use crate::domain::ActionKind;
 use crate::store::StoreError;
 use crate::store::backend::SqlDb;
-use crate::store::events::push_ids;
 
 /// An event's columns a callback's envelope is rendered from.
 #[derive(Debug, sqlx::FromRow)]
@@ -85,10 +84,9 @@ where
     if in_event.is_empty() {
         return Ok(due);
     }
-    let mut q = sqlx::QueryBuilder::<DB>::new(format!(
-        "SELECT {ENVELOPE_COLUMNS} FROM events WHERE id IN "
-    ));
-    push_ids(&mut q, &in_event);
+    let mut q =
+        sqlx::QueryBuilder::<DB>::new(format!("SELECT {ENVELOPE_COLUMNS} FROM events WHERE id"));
+    DB::push_in_ids(&mut q, &in_event);
     let events: Vec<EnvelopeColumns> = q.build_query_as().fetch_all(exec).await?;
     // A callback whose envelope cannot be rendered is left out of this lease and made dead
     // with why (an operator can redeliver it once its event is mended), not allowed to fail

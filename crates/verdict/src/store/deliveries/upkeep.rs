@@ -5,7 +5,6 @@ use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Type}
 use uuid::Uuid;
 
 use crate::store::backend::SqlDb;
-use crate::store::events::push_ids;
 
 /// Deletes the deliveries of `events` that are settled (not pending), and their
 /// attempts; returns how many of each (an inline attempt recorded on its delivery counts).
@@ -40,9 +39,9 @@ where
     // that writer committed. No foreign key keeps attempts from outliving their delivery
     // (postgres/0028): this order does.
     let mut q = sqlx::QueryBuilder::<DB>::new(
-        "DELETE FROM deliveries WHERE status <> 'pending' AND event_id IN ",
+        "DELETE FROM deliveries WHERE status <> 'pending' AND event_id",
     );
-    push_ids(&mut q, events);
+    DB::push_in_ids(&mut q, events);
     q.push(
         " RETURNING id, CAST(CASE WHEN inline_attempted_at IS NULL THEN 0 ELSE 1 END AS BIGINT)",
     );
@@ -51,9 +50,8 @@ where
         return Ok((0, 0));
     }
     let ids: Vec<Uuid> = gone.iter().map(|(id, _)| *id).collect();
-    let mut q =
-        sqlx::QueryBuilder::<DB>::new("DELETE FROM delivery_attempts WHERE delivery_id IN ");
-    push_ids(&mut q, &ids);
+    let mut q = sqlx::QueryBuilder::<DB>::new("DELETE FROM delivery_attempts WHERE delivery_id");
+    DB::push_in_ids(&mut q, &ids);
     let rows = DB::rows_affected(&q.build().execute(&mut *conn).await?);
     let deliveries = gone.len() as u64;
     let attempts = rows
