@@ -20,6 +20,17 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn begin(
         &self,
     ) -> impl Future<Output = Result<Transaction<'static, Self::Db>, sqlx::Error>> + Send;
+    /// Begins a write transaction whose statements are each planned once for any parameters,
+    /// in the same round trip as its `BEGIN`; [`Self::begin`] where planning never reads the
+    /// tables.
+    ///
+    /// PostgreSQL plans a statement again for its parameters, and a bound near either end of
+    /// an index's range makes it read the index's end for the actual value there
+    /// (`get_actual_variable_range`), walking every dead entry on the way. Where rows go oldest
+    /// first, those are all the rows deleted since the last vacuum.
+    fn begin_generic(
+        &self,
+    ) -> impl Future<Output = Result<Transaction<'static, Self::Db>, sqlx::Error>> + Send;
     /// How a read that must see one snapshot begins.
     const READ_SNAPSHOT: &'static str;
     /// Makes other write transactions that run it for the same tenant (bound as `$1`) wait
@@ -66,14 +77,6 @@ pub(crate) trait SqlDb: Database + sealed::Sealed + super::lists::Lists {
     /// A condition that holds for the rows whose addresses `subquery` selects, found by address
     /// (a TID scan on PostgreSQL) rather than by a key's index.
     fn address_in(subquery: &str) -> String;
-    /// Makes the rest of a transaction plan each statement once for any parameters, or `None`
-    /// where planning never reads the tables.
-    ///
-    /// PostgreSQL plans a statement again for its parameters, and a bound near either end of
-    /// an index's range makes it read the index's end for the actual value there
-    /// (`get_actual_variable_range`), walking every dead entry on the way. Where rows go oldest
-    /// first, those are all the rows deleted since the last vacuum.
-    const GENERIC_PLANS: Option<&'static str>;
     /// What a `SELECT` ends with to lock the rows it reads against a concurrent update until
     /// the transaction ends, so that it reads their latest version (PostgreSQL's
     /// `FOR SHARE`); nothing on SQLite, whose one writer already serializes it.
@@ -81,19 +84,6 @@ pub(crate) trait SqlDb: Database + sealed::Sealed + super::lists::Lists {
     /// A query for the ids of the events of tenant `$1` about subject `$2`, in no order: on
     /// PostgreSQL one probe of `events_by_subject` for each day the tenant has events on.
     const SUBJECT_EVENT_IDS: &'static str;
-}
-
-/// Runs [`SqlDb::GENERIC_PLANS`] in `tx`, where the database has it (a `SET LOCAL` outside a
-/// transaction would do nothing).
-pub(crate) async fn plan_generically<DB>(tx: &mut Transaction<'_, DB>) -> Result<(), sqlx::Error>
-where
-    DB: SqlDb,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-{
-    if let Some(set) = DB::GENERIC_PLANS {
-        sqlx::raw_sql(set).execute(&mut **tx).await?;
-    }
-    Ok(())
 }
 
 /// Runs what `q` holds, if anything, and empties it for the next statements.

@@ -172,8 +172,7 @@ where
         suspended_before: i64,
         limit: i64,
     ) -> Result<crate::store::PrunedEvents, crate::store::StoreError> {
-        let mut tx = self.begin().await?;
-        crate::store::backend::plan_generically(&mut tx).await?;
+        let mut tx = self.begin_generic().await?;
         // Only a delivery made at the insert is suspended, so one selected here stays past
         // the bound: the deletes below take it, unless it was resumed (pending) meanwhile.
         // Both `NOT EXISTS` here end in `LIMIT 1 OFFSET 0`, which keeps each a probe of

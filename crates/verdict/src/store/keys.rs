@@ -578,8 +578,7 @@ where
                 DB::ROW_ADDRESS
             ))
         );
-        let mut tx = self.begin().await?;
-        crate::store::backend::plan_generically(&mut tx).await?;
+        let mut tx = self.begin_generic().await?;
         let expired: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
             .bind(now)
             .bind(limit)

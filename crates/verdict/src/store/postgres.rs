@@ -303,6 +303,10 @@ fn broken_connection(err: &sqlx::Error) -> bool {
     matches!(err, sqlx::Error::Io(_) | sqlx::Error::Protocol(_))
 }
 
+/// How a transaction whose statements are planned once for any parameters begins: one simple
+/// query, so one round trip.
+const BEGIN_GENERIC: &str = "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan";
+
 /// How a read that must see one snapshot begins (one snapshot for every statement of a read transaction).
 const READ_SNAPSHOT: &str = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY";
 
@@ -340,9 +344,6 @@ impl super::backend::SqlDb for Postgres {
         format!("ctid = ANY (ARRAY({subquery}))")
     }
 
-    const GENERIC_PLANS: Option<&'static str> =
-        Some("SET LOCAL plan_cache_mode = force_generic_plan");
-
     const SHARE_ROWS: &'static str = " FOR SHARE";
 
     // `events_by_subject` leads with the event's day (`postgres/0035`), so that a grown
@@ -375,6 +376,10 @@ impl super::backend::Backend for PostgresStore {
 
     async fn begin(&self) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
         PostgresStore::begin(self).await
+    }
+
+    async fn begin_generic(&self) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+        self.begin_with(BEGIN_GENERIC).await
     }
 
     const READ_SNAPSHOT: &'static str = READ_SNAPSHOT;

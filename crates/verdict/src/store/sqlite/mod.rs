@@ -218,8 +218,6 @@ impl super::backend::SqlDb for Sqlite {
         format!("rowid IN ({subquery})")
     }
 
-    const GENERIC_PLANS: Option<&'static str> = None;
-
     const SHARE_ROWS: &'static str = "";
 
     const SUBJECT_EVENT_IDS: &'static str =
@@ -242,6 +240,10 @@ impl super::backend::Backend for SqliteStore {
     }
 
     async fn begin(&self) -> Result<Transaction<'static, Sqlite>, sqlx::Error> {
+        SqliteStore::begin(self).await
+    }
+
+    async fn begin_generic(&self) -> Result<Transaction<'static, Sqlite>, sqlx::Error> {
         SqliteStore::begin(self).await
     }
 
