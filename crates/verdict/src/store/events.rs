@@ -181,12 +181,20 @@ where
         // reads both ids' lowest index entries: the rows pruned before, dead until a vacuum.
         // On a grown database that was 5,000–8,000 buffers and 8–30 ms of planning for each
         // statement, every batch, against 0.2 ms.
-        let picked: Vec<(uuid::Uuid, i64)> = sqlx::query_as(
-            "SELECT e.id, e.created_at FROM events e \
-             WHERE e.created_at >= $4 AND e.created_at < $1 AND NOT EXISTS \
-             (SELECT 1 FROM deliveries d WHERE d.event_id = e.id AND (d.status = 'pending' \
-                OR (d.status = 'suspended' AND e.created_at >= $3)) LIMIT 1 OFFSET 0) \
-             ORDER BY e.created_at LIMIT $2",
+        // Each row also carries the earliest event the span up to the last one picked keeps
+        // (a delivery pending or suspended): where the sweep must come back to, found in the
+        // same round trip as the pick.
+        let picked: Vec<(uuid::Uuid, i64, Option<i64>)> = sqlx::query_as(
+            "WITH picked AS (SELECT e.id, e.created_at FROM events e \
+               WHERE e.created_at >= $4 AND e.created_at < $1 AND NOT EXISTS \
+               (SELECT 1 FROM deliveries d WHERE d.event_id = e.id AND (d.status = 'pending' \
+                  OR (d.status = 'suspended' AND e.created_at >= $3)) LIMIT 1 OFFSET 0) \
+               ORDER BY e.created_at LIMIT $2) \
+             SELECT p.id, p.created_at, (SELECT MIN(k.created_at) FROM events k \
+               WHERE k.created_at >= $4 \
+                 AND k.created_at < (SELECT MAX(m.created_at) FROM picked m) \
+                 AND k.id NOT IN (SELECT n.id FROM picked n)) \
+             FROM picked p",
         )
         .bind(created_before)
         .bind(limit)
@@ -194,35 +202,40 @@ where
         .bind(created_from)
         .fetch_all(&mut *tx)
         .await?;
-        if picked.is_empty() {
+        let Some(reached) = picked.iter().map(|(_, created_at, _)| *created_at).max() else {
             return Ok(Default::default());
-        }
-        let ids: Vec<uuid::Uuid> = picked.iter().map(|(id, _)| *id).collect();
+        };
+        let ids: Vec<uuid::Uuid> = picked.iter().map(|(id, _, _)| *id).collect();
         let (deliveries, attempts) = delete_settled_deliveries(&mut *tx, &ids).await?;
         // A delivery that became pending since (a redelivery) keeps its event.
         let mut q = sqlx::QueryBuilder::<DB>::new("DELETE FROM events WHERE id");
         DB::push_in_ids(&mut q, &ids);
         q.push(
             " AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.event_id = events.id \
-             LIMIT 1 OFFSET 0)",
+             LIMIT 1 OFFSET 0) RETURNING id",
         );
-        let events = DB::rows_affected(&q.build().execute(&mut *tx).await?);
-        let reached = picked.iter().map(|(_, created_at)| *created_at).max();
-        // What this batch walked past and kept. Not the events at `reached` itself: the next
-        // batch starts there.
-        let left: Option<i64> = sqlx::query_scalar(
-            "SELECT MIN(created_at) FROM events WHERE created_at >= $1 AND created_at < $2",
-        )
-        .bind(created_from)
-        .bind(reached.unwrap_or(created_from))
-        .fetch_one(&mut *tx)
-        .await?;
+        let deleted: std::collections::HashSet<uuid::Uuid> = q
+            .build_query_scalar()
+            .fetch_all(&mut *tx)
+            .await?
+            .into_iter()
+            .collect();
+        // What this batch walked past and kept: what the pick saw kept, and what it picked
+        // that the delete kept. Not the events at `reached` itself: the next batch starts
+        // there.
+        let kept_since = picked
+            .iter()
+            .filter(|(id, created_at, _)| *created_at < reached && !deleted.contains(id))
+            .map(|(_, created_at, _)| *created_at);
+        let left = kept_since
+            .chain(picked.first().and_then(|(_, _, left)| *left))
+            .min();
         tx.commit().await?;
         Ok(crate::store::PrunedEvents {
             selected: ids.len() as u64,
-            reached,
+            reached: Some(reached),
             left,
-            events,
+            events: deleted.len() as u64,
             deliveries,
             attempts,
         })
