@@ -7,6 +7,7 @@ use uuid::Uuid;
 use super::StoreError;
 use super::backend::{Backend, SqlDb};
 use super::deliveries::delete_settled_deliveries;
+use super::failpoint::failpoint;
 use crate::domain::{Decision, Feed};
 
 /// An event (the signal without raw identifiers, and its decision) to persist.
@@ -205,6 +206,7 @@ where
         let Some(reached) = picked.iter().map(|(_, created_at, _)| *created_at).max() else {
             return Ok(Default::default());
         };
+        failpoint!("prune::after_pick");
         let ids: Vec<uuid::Uuid> = picked.iter().map(|(id, _, _)| *id).collect();
         let (deliveries, attempts) = delete_settled_deliveries(&mut *tx, &ids).await?;
         // A delivery that became pending since (a redelivery) keeps its event.

@@ -1,4 +1,5 @@
-//! Named failpoints between ingest phases, compiled in only with the `failpoints` feature.
+//! Named failpoints between ingest phases, and one inside the pruner's event batch, compiled in
+//! only with the `failpoints` feature.
 //!
 //! Configure with `FAILPOINTS="ingest::after_claim=return(abort)"` (the `fail` crate's syntax):
 //! - `return(abort)` aborts the process on the spot, as a crash would;

@@ -456,6 +456,71 @@ async fn a_restarted_pruner_resumes_the_sweep_where_the_last_one_left_it(backend
     assert_eq!(pruned.events, 1, "a sweep from the oldest rows finds it");
 }
 
+/// On PostgreSQL a redelivery can land between an event batch's pick and its deletes (on
+/// SQLite the batch holds the one writer throughout): the event stays, and the sweep notes
+/// where it was left, so its next pass comes back to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_an_event_redelivered_between_the_pick_and_the_delete_stays_and_is_noted() {
+    let db = TestDb::new(Backend::Postgres).await;
+    let receiver = Receiver::start(vec![Step::status(204)]).await;
+    let tenant = db.tenant(&["--callback-url", &receiver.url]);
+    signals_sent(&db, &tenant, &["+447700900946", "+447700900947"]).await;
+    // Both past retention, a second apart: the redelivered one is not where the batch ends.
+    db.exec(format!(
+        "UPDATE events SET created_at = CASE WHEN id = \
+         (SELECT id FROM events ORDER BY id LIMIT 1) THEN {past} ELSE {past} + 1000 END",
+        past = verdict::clock::now_ms() - 91 * DAY_MS
+    ))
+    .await;
+    let older = db.scalar("SELECT MIN(created_at) FROM events").await;
+
+    // The server's pruner runs at its start, and holds its event batch after the pick.
+    let mut env = quiet_pruner();
+    env.push(("FAILPOINTS", "prune::after_pick=1*return(delay_ms=3000)"));
+    let _server = Server::start(&db, &env);
+    let mut held = false;
+    for _ in 0..200 {
+        if db
+            .scalar(
+                "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() \
+                 AND state = 'idle in transaction' AND query LIKE 'WITH picked%'",
+            )
+            .await
+            == 1
+        {
+            held = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(held, "the pruner holds its batch after the pick");
+    // What a redelivery does to the older one's callback, meanwhile.
+    db.exec(
+        "UPDATE deliveries SET status = 'pending' \
+         WHERE event_id = (SELECT id FROM events ORDER BY created_at LIMIT 1)",
+    )
+    .await;
+
+    let mut saved = None;
+    for _ in 0..200 {
+        if db.scalar("SELECT COUNT(*) FROM retention_sweep").await == 1 {
+            saved = Some(
+                db.scalar("SELECT COALESCE(events_left, -1) FROM retention_sweep")
+                    .await,
+            );
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(db.count("events").await, 1, "the redelivered event stays");
+    assert_eq!(
+        db.scalar("SELECT created_at FROM events").await,
+        older,
+        "and it is the older one"
+    );
+    assert_eq!(saved, Some(older), "the sweep notes where it left it");
+}
+
 on_both_backends!(
     an_event_passed_over_while_its_delivery_was_pending_goes_in_the_next_sweep,
     a_restarted_pruner_resumes_the_sweep_where_the_last_one_left_it,
