@@ -214,30 +214,33 @@ where
         DB::push_in_ids(&mut q, &ids);
         q.push(
             " AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.event_id = events.id \
-             LIMIT 1 OFFSET 0) RETURNING id",
+             LIMIT 1 OFFSET 0)",
         );
-        let deleted: std::collections::HashSet<uuid::Uuid> = q
-            .build_query_scalar()
-            .fetch_all(&mut *tx)
-            .await?
-            .into_iter()
-            .collect();
+        let events = DB::rows_affected(&q.build().execute(&mut *tx).await?);
         // What this batch walked past and kept: what the pick saw kept, and what it picked
-        // that the delete kept. Not the events at `reached` itself: the next batch starts
-        // there.
-        let kept_since = picked
-            .iter()
-            .filter(|(id, created_at, _)| *created_at < reached && !deleted.contains(id))
-            .map(|(_, created_at, _)| *created_at);
-        let left = kept_since
-            .chain(picked.first().and_then(|(_, _, left)| *left))
+        // that the delete kept, looked up only when the delete fell short (rarely). Not the
+        // events at `reached` itself: the next batch starts there.
+        let kept_picked: Option<i64> = if events < ids.len() as u64 {
+            let mut q = sqlx::QueryBuilder::<DB>::new(
+                "SELECT MIN(created_at) FROM events WHERE created_at < ",
+            );
+            q.push_bind(reached);
+            q.push(" AND id");
+            DB::push_in_ids(&mut q, &ids);
+            q.build_query_scalar().fetch_one(&mut *tx).await?
+        } else {
+            None
+        };
+        let left = [kept_picked, picked.first().and_then(|(_, _, left)| *left)]
+            .into_iter()
+            .flatten()
             .min();
         tx.commit().await?;
         Ok(crate::store::PrunedEvents {
             selected: ids.len() as u64,
             reached: Some(reached),
             left,
-            events: deleted.len() as u64,
+            events,
             deliveries,
             attempts,
         })
